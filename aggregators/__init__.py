@@ -1,0 +1,48 @@
+"""Robust aggregation rules and pre-aggregators, all on one ``(n, d)`` tensor.
+
+    >>> import aggregators, torch
+    >>> agg = aggregators.build("nnm+trimmed-mean", f=2)
+    >>> agg(torch.randn(10, 4)).shape
+    torch.Size([4])
+
+``names()`` lists the stages; a spec chains pre-aggregators and one final rule with ``+``.
+"""
+
+from __future__ import annotations
+
+from . import (  # noqa: F401  (each module registers its stage)
+    arc,
+    bucketing,
+    bulyan,
+    caf,
+    centered_clipping,
+    clip,
+    geometric_median,
+    krum,
+    mda,
+    meamed,
+    mean,
+    median,
+    multi_krum,
+    nnm,
+    trimmed_mean,
+)
+from .base import REGISTRY
+from .chain import Chain, build
+
+__all__ = ["Chain", "build", "names", "rules", "pre_aggregators"]
+
+
+def names() -> list[str]:
+    """Every stage name a spec may use, sorted."""
+    return sorted(REGISTRY)
+
+
+def rules() -> list[str]:
+    """The final rules (a spec ends with one of these)."""
+    return sorted(k for k, c in REGISTRY.items() if c.is_rule)
+
+
+def pre_aggregators() -> list[str]:
+    """The stages that may precede a rule."""
+    return sorted(k for k, c in REGISTRY.items() if not c.is_rule)

@@ -1,0 +1,40 @@
+"""Bucketing (Karimireddy, He & Jaggi, ICLR 2022, "Byzantine-robust learning on
+heterogeneous datasets via bucketing").
+
+Rows are shuffled by a permutation seeded with ``seed`` and averaged in consecutive buckets
+of ``s`` rows (the last bucket may be smaller): ``y_b = mean_{i in bucket b} x_pi(i)``, giving
+``ceil(n/s)`` rows. The next rule keeps the same f. The permutation depends only on
+``(seed, n)``, so the same input gives the same output; vary ``seed`` per round for fresh
+buckets.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import PreAggregator, register
+
+
+@register
+class Bucketing(PreAggregator):
+    name = "bucketing"
+
+    def __init__(self, f: int, *, s: int = 2, seed: int = 0) -> None:
+        super().__init__(f)
+        if s < 1:
+            raise ValueError(f"bucketing s must be >= 1 (got s={s}): it is the bucket size")
+        self.s, self.seed = s, seed
+
+    def rows(self, n: int) -> int:
+        return -(-n // self.s)
+
+    def transform(self, X: torch.Tensor) -> torch.Tensor:
+        n = X.shape[0]
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
+        bucket = torch.empty(n, dtype=torch.long)
+        bucket[perm] = torch.arange(n) // self.s
+        sizes = torch.bincount(bucket, minlength=self.rows(n)).to(X.dtype)
+        members = torch.zeros(self.rows(n), n, dtype=X.dtype)
+        members[bucket, torch.arange(n)] = 1.0
+        members = members.to(X.device)
+        return (members @ X) / sizes.to(X.device)[:, None]

@@ -1,0 +1,54 @@
+"""Covariance-bound agnostic filter, CAF (Allouah, Guerraoui & Stephan, ICML 2025,
+"Towards trustworthy federated learning with untrusted participants").
+
+Weights ``c = 1``; while ``sum(c) > n - 2f``: ``mu_c = sum_i c_i x_i / sum(c)``,
+``Sigma_c = sum_i c_i (x_i - mu_c)(x_i - mu_c)^T / sum(c)``; take its top eigenpair
+``(lambda, v)``; remember ``mu_c`` if ``lambda`` is the smallest so far; then
+``tau_i = ((x_i - mu_c) . v)^2`` and ``c_i <- c_i (1 - tau_i / max_j tau_j)``. Returns the
+remembered ``mu_c`` (the mean when f = 0). Needs ``n > 2f``.
+
+Unlike the reference code (one power-method step from an unseeded random vector), the top
+eigenpair here is exact and deterministic: ``Sigma_c`` has the nonzero spectrum of the
+``(n, n)`` matrix ``diag(sqrt c) K diag(sqrt c) / sum(c)``, with ``K`` the Gram matrix of the
+rows centred at ``mu_c``, obtained from the exact squared distances ``D`` as
+``K = -(D - D w 1^T - 1 w^T D + w^T D w) / 2`` with ``w = c / sum(c)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._distances import sq_distances, weighted_sum
+from .base import Rule, register
+
+
+def caf_weights(dist: torch.Tensor, f: int) -> torch.Tensor:
+    """Convex weights ``w`` of the CAF output ``sum_i w_i x_i``."""
+    n = dist.shape[0]
+    c = torch.ones(n, dtype=torch.float64, device=dist.device)
+    best_w, best_lam = c / n, torch.inf
+    while float(c.sum()) > n - 2 * f:
+        w = c / c.sum()
+        dw = dist @ w
+        gram = -0.5 * (dist - dw[:, None] - dw[None, :] + w @ dw)
+        root = c.sqrt()
+        evals, evecs = torch.linalg.eigh(root[:, None] * gram * root[None, :] / c.sum())
+        lam = float(evals[-1])
+        if lam < best_lam:
+            best_w, best_lam = w, lam
+        tau = (gram @ (root * evecs[:, -1])).square()  # proportional to ((x_i - mu_c) . v)^2
+        if lam <= 0 or float(tau.max()) <= 0:
+            break  # the weighted rows coincide: nothing left to filter
+        c = c * (1.0 - tau / tau.max())
+    return best_w
+
+
+@register
+class CAF(Rule):
+    name = "caf"
+
+    def check_n(self, n: int) -> None:
+        self._require(n > 2 * self.f, "> 2f", n)
+
+    def aggregate(self, X: torch.Tensor) -> torch.Tensor:
+        return weighted_sum(X, caf_weights(sq_distances(X), self.f))

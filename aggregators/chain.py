@@ -1,0 +1,80 @@
+"""A spec chain: pre-aggregators applied in order, then one rule."""
+
+from __future__ import annotations
+
+import torch
+
+from robust.spec import format_spec, parse
+
+from .base import REGISTRY, PreAggregator, Rule, Stage, check_updates
+
+
+class Chain:
+    """``agg(X)``: ``X`` of shape ``(n, d)`` -> aggregate of shape ``(d,)``, same dtype/device.
+
+    Built by :func:`aggregators.build`. The input is validated (finite float matrix) and the
+    row count is checked against every stage before any work; the input is never modified.
+    """
+
+    def __init__(self, stages: list[Stage], spec: str) -> None:
+        self.stages = stages
+        self.spec = spec
+        self.f = stages[-1].f
+
+    @property
+    def pre(self) -> list[PreAggregator]:
+        return self.stages[:-1]  # type: ignore[return-value]
+
+    @property
+    def rule(self) -> Rule:
+        return self.stages[-1]  # type: ignore[return-value]
+
+    def check_n(self, n: int) -> None:
+        """Raise ``ValueError`` if ``n`` rows cannot be served, naming the stage at fault."""
+        rows = n
+        for stage in self.stages:
+            try:
+                stage.check_n(rows)
+            except ValueError as err:
+                if rows != n:
+                    raise ValueError(f"{err} [n={rows} is what reaches {stage.name} from {n} rows]") from None
+                raise
+            if isinstance(stage, PreAggregator):
+                rows = stage.rows(rows)
+
+    def __call__(self, X: torch.Tensor) -> torch.Tensor:
+        check_updates(X)
+        self.check_n(X.shape[0])
+        X = X.detach()
+        for stage in self.pre:
+            X = stage.transform(X)
+        return self.rule.aggregate(X)
+
+    def __repr__(self) -> str:
+        return f"aggregators.build({self.spec!r}, f={self.f})"
+
+
+def build(spec: str, f: int) -> Chain:
+    """Build the chain described by ``spec`` (e.g. ``"bucketing:s=2+centered-clipping:tau=10"``)."""
+    components = parse(spec)
+    stages: list[Stage] = []
+    for position, comp in enumerate(components):
+        cls = REGISTRY.get(comp.name)
+        if cls is None:
+            raise ValueError(
+                f"unknown aggregator {comp.name!r} in {spec!r}: choose from {', '.join(sorted(REGISTRY))}"
+            )
+        last = position == len(components) - 1
+        if last and not cls.is_rule:
+            raise ValueError(
+                f"{spec!r} ends with the pre-aggregator {comp.name!r}: end it with a rule, "
+                f"e.g. '{spec}+trimmed-mean'"
+            )
+        if not last and cls.is_rule:
+            raise ValueError(
+                f"{comp.name!r} is a final rule but is followed by more stages in {spec!r}: "
+                "only pre-aggregators (" + ", ".join(sorted(k for k, c in REGISTRY.items() if not c.is_rule))
+                + ") may come before the rule"
+            )
+        stages.append(cls.from_params(f, comp.params))
+    return Chain(stages, format_spec(components))

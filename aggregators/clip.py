@@ -1,0 +1,32 @@
+"""Static norm clipping: every row scaled to norm at most ``c``.
+
+``x_i <- x_i * min(1, c / ||x_i||)``. A pre-aggregator; it bounds any single row's influence
+but by itself is not robust.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._distances import row_sq_norms
+from .base import PreAggregator, register
+
+
+def clip_rows(X: torch.Tensor, norms: torch.Tensor, c: float) -> torch.Tensor:
+    """A new tensor with each row of ``X`` scaled to norm ``<= c`` (``norms`` are its row norms)."""
+    scale = torch.where(norms > c, c / norms, 1.0)
+    return X * scale.to(X.dtype)[:, None]
+
+
+@register
+class Clip(PreAggregator):
+    name = "clip"
+
+    def __init__(self, f: int, *, c: float = 1.0) -> None:
+        super().__init__(f)
+        if c <= 0:
+            raise ValueError(f"clip c must be > 0 (got {c}): it is the largest norm a row may keep")
+        self.c = c
+
+    def transform(self, X: torch.Tensor) -> torch.Tensor:
+        return clip_rows(X, row_sq_norms(X).sqrt(), self.c)

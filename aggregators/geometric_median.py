@@ -1,0 +1,71 @@
+"""Geometric median by smoothed Weiszfeld (Pillutla et al., IEEE TSP 2022, "Robust
+aggregation for federated learning", RFA).
+
+``F(X) = argmin_z sum_i max(nu, ||z - x_i||)`` (nu-smoothed), found by the iteration
+``z <- sum_i beta_i x_i / sum_i beta_i`` with ``beta_i = 1 / max(nu, ||z - x_i||)``, from the
+mean, until the objective's relative decrease is below ``tol`` (or ``max_iter`` iterations).
+
+Every iterate is a convex combination ``z = sum_j w_j x_j``, so the iteration runs on the
+weights alone with ``||z - x_i||^2 = (D w)_i - w^T D w / 2`` (D the exact squared-distance
+matrix): O(n^2) per iteration, one pass over ``X`` at the end. Needs ``n > 2f`` (its
+breakdown point is 1/2).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ._distances import sq_distances, weighted_sum
+from .base import Rule, register
+
+log = logging.getLogger(__name__)
+
+
+def weiszfeld_weights(
+    dist: torch.Tensor, nu: float, max_iter: int, tol: float
+) -> tuple[torch.Tensor, bool]:
+    """Weights ``w`` of the smoothed geometric median in the rows' convex hull, and convergence."""
+    n = dist.shape[0]
+    w = torch.full((n,), 1.0 / n, dtype=torch.float64, device=dist.device)
+    previous = torch.inf
+    for _ in range(max_iter):
+        dw = dist @ w
+        radii = (dw - 0.5 * (w @ dw)).clamp_min(0.0).sqrt().clamp_min(nu)
+        objective = float(radii.sum())
+        if previous - objective <= tol * objective:
+            return w, True
+        previous = objective
+        beta = 1.0 / radii
+        w = beta / beta.sum()
+    return w, False
+
+
+@register
+class GeometricMedian(Rule):
+    name = "geometric-median"
+
+    def __init__(
+        self, f: int, *, nu: float = 1e-6, max_iter: int = 1000, tol: float = 1e-10
+    ) -> None:
+        super().__init__(f)
+        if nu <= 0:
+            raise ValueError(f"geometric-median nu must be > 0 (got {nu}): it smooths ||z - x_i||")
+        if max_iter < 1:
+            raise ValueError(f"geometric-median max_iter must be >= 1 (got {max_iter})")
+        if tol < 0:
+            raise ValueError(f"geometric-median tol must be >= 0 (got {tol})")
+        self.nu, self.max_iter, self.tol = nu, max_iter, tol
+
+    def check_n(self, n: int) -> None:
+        self._require(n > 2 * self.f, "> 2f", n)
+
+    def aggregate(self, X: torch.Tensor) -> torch.Tensor:
+        w, converged = weiszfeld_weights(sq_distances(X), self.nu, self.max_iter, self.tol)
+        if not converged:
+            log.warning(
+                "geometric-median did not reach tol=%g in %d iterations; raise max_iter",
+                self.tol, self.max_iter,
+            )
+        return weighted_sum(X, w)

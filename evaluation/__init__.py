@@ -1,0 +1,1 @@
+"""Benchmarks: aggregation speed (``robust agg-bench``) and, later, attacks against defences."""

@@ -1,0 +1,163 @@
+"""``robust agg-bench``: time every aggregation rule, and Flower's equivalents, on the same input.
+
+For each size (n, d) with f = n // 5, each method is called until it has ``repeats`` timed
+calls after a warm-up call (or its time budget is spent); the median is reported with the
+speed-up over the fastest Flower equivalent and the peak resident memory the call added,
+as a multiple of the input's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+import aggregators
+from aggregators.base import REGISTRY
+from robust.spec import parse
+
+from .flower_baselines import baselines
+from .memory import peak_extra_bytes
+
+DEFAULT_SIZES = [(20, 100_000), (50, 1_000_000), (100, 1_000_000)]
+QUICK_SIZES = [(20, 100_000)]
+# The issue's targets at n=100, d=1e6, f=20 on this 2-core machine (ms).
+TARGETS_MS = {
+    "krum": 225, "multi-krum": 225, "median": 600, "trimmed-mean": 700,
+    "geometric-median": 100, "centered-clipping": 50, "nnm": 800, "bulyan": 3000,
+}
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    sizes = []
+    for item in text.split(","):
+        try:
+            n, d = (int(float(v)) for v in item.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"bad size {item!r}: write NxD, e.g. 100x1000000") from None
+        if n < 1 or d < 1:
+            raise ValueError(f"bad size {item!r}: n and d must be >= 1")
+        sizes.append((n, d))
+    return sizes
+
+
+def time_calls(
+    prepare: Callable[[], object], run: Callable[[object], object], repeats: int, budget: float
+) -> tuple[list[float], int]:
+    """Seconds of each timed call (a warm-up call first), and the largest memory a call added."""
+    times: list[float] = []
+    peak = 0
+    start = time.perf_counter()
+    while len(times) < repeats + 1 and (not times or time.perf_counter() - start < budget):
+        state = prepare()
+
+        def timed() -> float:
+            t0 = time.perf_counter()
+            run(state)
+            return time.perf_counter() - t0
+
+        elapsed, extra = peak_extra_bytes(timed)
+        times.append(elapsed)
+        peak = max(peak, extra)
+        del state
+    return (times[1:] if len(times) > 1 else times), peak
+
+
+def our_method(spec: str, f: int, X: torch.Tensor) -> Callable[[object], object]:
+    """A call of ``spec`` on ``X``; a lone pre-aggregator is timed on its own."""
+    comps = parse(spec)
+    if len(comps) == 1 and comps[0].name in REGISTRY and not REGISTRY[comps[0].name].is_rule:
+        stage = REGISTRY[comps[0].name].from_params(f, comps[0].params)
+        stage.check_n(X.shape[0])
+        return lambda _: stage.transform(X)
+    agg = aggregators.build(spec, f)
+    agg.check_n(X.shape[0])
+    return lambda _: agg(X)
+
+
+def bench_size(
+    n: int, d: int, specs: list[str], args: argparse.Namespace, emit: Callable[[dict], None]
+) -> None:
+    f = n // 5
+    dtype = getattr(torch, args.dtype)
+    X = torch.randn(n, d, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    size = X.numel() * X.element_size()
+    for spec in specs:
+        rows = []
+        for base in [] if args.no_flower else baselines(spec, X, f):
+            print(f"  timing {base.name} at {n}x{d} ...", file=sys.stderr, flush=True)
+            times, peak = time_calls(base.prepare, base.run, args.repeats, args.budget)
+            rows.append(_record(base.name, spec, "flower", n, d, f, times, peak, size))
+        print(f"  timing {spec} at {n}x{d} ...", file=sys.stderr, flush=True)
+        times, peak = time_calls(lambda: None, our_method(spec, f, X), args.repeats, args.budget)
+        ours = _record(spec, spec, "robust", n, d, f, times, peak, size)
+        if rows:
+            ours["speedup_vs_flower"] = min(r["ms"] for r in rows) / ours["ms"]
+        if (n, d) == (100, 1_000_000) and spec in TARGETS_MS:
+            ours["target_ms"] = TARGETS_MS[spec]
+        for row in [ours, *rows]:
+            emit(row)
+
+
+def _record(method, spec, kind, n, d, f, times, peak, size) -> dict:
+    return {
+        "method": method, "rule": spec, "kind": kind, "n": n, "d": d, "f": f,
+        "ms": 1000 * statistics.median(times), "calls": len(times),
+        "ms_all": [round(1000 * t, 3) for t in times],
+        "peak_extra_bytes": peak, "input_bytes": size,
+    }
+
+
+def _print_row(row: dict) -> None:
+    speed = f"{row['speedup_vs_flower']:.1f}x" if "speedup_vs_flower" in row else ""
+    target = ""
+    if "target_ms" in row:
+        target = f"{row['target_ms']} {'ok' if row['ms'] <= row['target_ms'] else 'MISSED'}"
+    name = row["method"] if row["kind"] == "robust" else "  " + row["method"]
+    print(
+        f"{row['n']:>4}x{row['d']:<8} {name:<44} {row['ms']:>10.1f} {row['calls']:>5} "
+        f"{speed:>8} {row['peak_extra_bytes'] / 2**20:>9.0f} {row['peak_extra_bytes'] / row['input_bytes']:>6.2f} "
+        f"{target:>12}",
+        flush=True,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
+    if args.sizes:
+        sizes = parse_sizes(args.sizes)
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1 (got {args.repeats})")
+    specs = args.rules.split(",") if args.rules else aggregators.rules() + aggregators.pre_aggregators()
+    for spec in specs:  # fail on a bad spec before any timing
+        our_method(spec, 0, torch.zeros(max(n for n, _ in sizes), 1))
+    import flwr
+
+    print(
+        f"robust agg-bench: {platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, flwr {flwr.__version__}, "
+        f"{args.dtype}, f = n // 5, median of {args.repeats} calls after a warm-up"
+    )
+    print(
+        f"{'size':<13} {'method':<44} {'ms':>10} {'calls':>5} {'vs flwr':>8} "
+        f"{'peak MB':>9} {'xinput':>6} {'target ms':>12}"
+    )
+    results: list[dict] = []
+
+    def emit(row: dict) -> None:
+        results.append(row)
+        _print_row(row)
+
+    for n, d in sizes:
+        bench_size(n, d, specs, args, emit)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"results": results}, out, indent=1)
+        print(f"results written to {args.json}")
+    return 0

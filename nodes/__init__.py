@@ -1,0 +1,1 @@
+"""The coordinator (ServerApp and round logic), the volunteer (ClientApp) and their launchers."""

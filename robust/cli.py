@@ -1,0 +1,63 @@
+"""The ``robust`` command. Subcommands import their packages lazily, so ``--help`` is instant."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __version__
+
+
+def _agg_bench(args: argparse.Namespace) -> int:
+    from evaluation.agg_bench import main
+
+    return main(args)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="robust",
+        description="Byzantine-robust training on untrusted volunteer machines.",
+    )
+    p.add_argument("--version", action="version", version=f"robust {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    bench = sub.add_parser(
+        "agg-bench",
+        help="time every aggregation rule against Flower's built-in ones",
+        description="Time every aggregation rule (median of repeats) and Flower's built-in "
+        "equivalents on the same inputs; print ms, speed-up over Flower and peak extra memory.",
+    )
+    bench.add_argument("--quick", action="store_true", help="one small size (20x100000): about a minute")
+    bench.add_argument(
+        "--sizes", metavar="NxD,...", help="sizes to time, e.g. 100x1000000,50x1000000 "
+        "(default: 20x100000,50x1000000,100x1000000)",
+    )
+    bench.add_argument("--rules", metavar="SPEC,...", help="specs to time (default: every rule, and the pre-aggregators before trimmed-mean)")
+    bench.add_argument("--repeats", type=int, default=5, help="timed calls per method (median reported; default 5)")
+    bench.add_argument("--budget", type=float, default=60.0, metavar="S", help="stop repeating a method after S seconds (default 60)")
+    bench.add_argument("--no-flower", action="store_true", help="skip Flower's implementations")
+    bench.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    bench.set_defaults(run=_agg_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if not getattr(args, "run", None):
+        p.print_help()
+        return 0
+    try:
+        return args.run(args)
+    except ValueError as err:  # user errors carry their fix in the message
+        print(f"robust {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"robust {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
