@@ -21,18 +21,22 @@ BLOCK = 4096
 
 
 def reduce_sorted_columns(
-    X: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor]
+    X: torch.Tensor,
+    reduce: Callable[[torch.Tensor], torch.Tensor],
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``out[j] = reduce(sorted column j)``, computed on blocks.
+    """``out[j] = reduce(sorted column j of X[rows])``, computed on blocks.
 
-    ``reduce`` receives a ``(b, n)`` tensor whose rows are the sorted columns of a block and
+    ``reduce`` receives a ``(b, m)`` tensor whose rows are the sorted columns of a block and
     returns ``(b,)`` values (any float dtype); the result has ``X``'s dtype and device.
+    ``rows`` (default: all) selects the rows without copying ``X``.
     """
-    n, d = X.shape
+    d = X.shape[1]
     out = torch.empty(d, dtype=X.dtype, device=X.device)
 
     def work(start: int) -> None:
-        block = X[:, start : start + BLOCK].T.contiguous()
+        block = X[:, start : start + BLOCK]
+        block = (block if rows is None else block[rows]).T.contiguous()
         if block.is_cuda:
             block = torch.sort(block, dim=1).values
         else:
@@ -66,10 +70,8 @@ def mean_closest_to_median(S: torch.Tensor, k: int) -> torch.Tensor:
     ``s`` is the number of positions where it holds.
     """
     m = S.shape[1]
-    S64 = S.to(torch.float64)
     med = median_of_sorted(S)[:, None]
-    slide = (med - S64[:, : m - k]) > (S64[:, k:] - med)
+    slide = (med - S[:, : m - k].to(torch.float64)) > (S[:, k:].to(torch.float64) - med)
     start = slide.sum(dim=1, keepdim=True)
-    j = torch.arange(m, device=S.device)
-    inside = (j >= start) & (j < start + k)
-    return torch.where(inside, S64, 0.0).sum(dim=1) / k
+    window = S.gather(1, start + torch.arange(k, device=S.device))
+    return window.to(torch.float64).sum(dim=1) / k

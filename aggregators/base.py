@@ -83,7 +83,10 @@ class PreAggregator(Stage):
         """How many rows this stage outputs for ``n`` input rows."""
         return n
 
-    def transform(self, X: torch.Tensor) -> torch.Tensor:
+    def transform(self, X: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+        """The transformed rows. ``inplace=True`` means ``X`` is an earlier stage's output,
+        owned by the chain, and may be overwritten: a chain then never holds more than one
+        extra copy of its input."""
         raise NotImplementedError
 
 
@@ -95,11 +98,12 @@ def check_updates(X: torch.Tensor) -> None:
         raise ValueError(f"updates must have shape (n, d) with n, d >= 1 (got {tuple(X.shape)})")
     if X.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"updates must be float32 or float64 (got {X.dtype}): convert with X.float()")
-    if not bool(torch.isfinite(X).all()):
-        bad = (~torch.isfinite(X)).any(dim=1).nonzero().flatten().tolist()
-        raise ValueError(
-            f"rows {bad} contain NaN or Inf: reject those updates before aggregation"
-        )
+    # A row sum is finite only if the row is (inf and nan propagate); it may also overflow
+    # for finite huge values, so only the rows it flags are checked exactly.
+    suspects = (~torch.isfinite(X.sum(dim=1))).nonzero().flatten().tolist()
+    bad = [i for i in suspects if not bool(torch.isfinite(X[i]).all())]
+    if bad:
+        raise ValueError(f"rows {bad} contain NaN or Inf: reject those updates before aggregation")
 
 
 def _coerce(stage: str, key: str, value: Value, annotation: object) -> Value:

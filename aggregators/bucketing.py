@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ._distances import mix_rows
 from .base import PreAggregator, register
 
 
@@ -28,13 +29,13 @@ class Bucketing(PreAggregator):
     def rows(self, n: int) -> int:
         return -(-n // self.s)
 
-    def transform(self, X: torch.Tensor) -> torch.Tensor:
-        n = X.shape[0]
+    def transform(self, X: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+        n, d = X.shape
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
         bucket = torch.empty(n, dtype=torch.long)
         bucket[perm] = torch.arange(n) // self.s
-        sizes = torch.bincount(bucket, minlength=self.rows(n)).to(X.dtype)
-        members = torch.zeros(self.rows(n), n, dtype=X.dtype)
-        members[bucket, torch.arange(n)] = 1.0
-        members = members.to(X.device)
-        return (members @ X) / sizes.to(X.device)[:, None]
+        sizes = torch.bincount(bucket, minlength=self.rows(n)).to(torch.float64)
+        means = torch.zeros(self.rows(n), n, dtype=torch.float64)
+        means[bucket, torch.arange(n)] = 1.0 / sizes[bucket]
+        out = X[: self.rows(n)] if inplace else X.new_empty(self.rows(n), d)
+        return mix_rows(X, means.to(X.device), out)

@@ -42,6 +42,6 @@ class Bulyan(Rule):
     def aggregate(self, X: torch.Tensor) -> torch.Tensor:
         n, f = X.shape[0], self.f
         theta = n - 2 * f
-        selected = X[bulyan_selection(sq_distances(X), f, theta)]
+        selected = bulyan_selection(sq_distances(X), f, theta)
         beta = theta - 2 * f
-        return reduce_sorted_columns(selected, lambda S: mean_closest_to_median(S, beta))
+        return reduce_sorted_columns(X, lambda S: mean_closest_to_median(S, beta), selected)

@@ -10,7 +10,7 @@ remembered ``mu_c`` (the mean when f = 0). Needs ``n > 2f``.
 Unlike the reference code (one power-method step from an unseeded random vector), the top
 eigenpair here is exact and deterministic: ``Sigma_c`` has the nonzero spectrum of the
 ``(n, n)`` matrix ``diag(sqrt c) K diag(sqrt c) / sum(c)``, with ``K`` the Gram matrix of the
-rows centred at ``mu_c``, obtained from the exact squared distances ``D`` as
+rows centred at ``mu_c``, obtained from the squared distances ``D`` as
 ``K = -(D - D w 1^T - 1 w^T D + w^T D w) / 2`` with ``w = c / sum(c)``.
 """
 
@@ -51,4 +51,4 @@ class CAF(Rule):
         self._require(n > 2 * self.f, "> 2f", n)
 
     def aggregate(self, X: torch.Tensor) -> torch.Tensor:
-        return weighted_sum(X, caf_weights(sq_distances(X), self.f))
+        return weighted_sum(X, caf_weights(sq_distances(X, exact=False), self.f))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._distances import row_sq_norms, weighted_sum
+from ._distances import row_norms, weighted_sum
 from .base import Rule, register
 
 
@@ -44,7 +44,7 @@ class CenteredClipping(Rule):
             else self.center.to(device=X.device, dtype=torch.float64)
         )
         for _ in range(self.iters):
-            radius = row_sq_norms(X, v).sqrt()
+            radius = row_norms(X, v)
             scale = torch.where(radius > self.tau, self.tau / radius, 1.0)
             # v + (1/n) sum_i c_i (x_i - v) = v (1 - sum(c)/n) + (1/n) sum_i c_i x_i
             v = v * (1.0 - float(scale.sum()) / n) + weighted_sum(X, scale / n).to(torch.float64)

@@ -45,9 +45,9 @@ class Chain:
     def __call__(self, X: torch.Tensor) -> torch.Tensor:
         check_updates(X)
         self.check_n(X.shape[0])
-        X = X.detach()
+        original = X = X.detach()
         for stage in self.pre:
-            X = stage.transform(X)
+            X = stage.transform(X, inplace=X is not original)
         return self.rule.aggregate(X)
 
     def __repr__(self) -> str:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from ._distances import row_sq_norms
+from ._distances import row_norms
 from .base import PreAggregator, register
 
 
-def clip_rows(X: torch.Tensor, norms: torch.Tensor, c: float) -> torch.Tensor:
-    """A new tensor with each row of ``X`` scaled to norm ``<= c`` (``norms`` are its row norms)."""
-    scale = torch.where(norms > c, c / norms, 1.0)
-    return X * scale.to(X.dtype)[:, None]
+def clip_rows(X: torch.Tensor, norms: torch.Tensor, c: float, inplace: bool) -> torch.Tensor:
+    """Each row of ``X`` scaled to norm ``<= c`` (``norms`` are its row norms)."""
+    scale = torch.where(norms > c, c / norms, 1.0).to(X.dtype)[:, None]
+    return X.mul_(scale) if inplace else X * scale
 
 
 @register
@@ -28,5 +28,5 @@ class Clip(PreAggregator):
             raise ValueError(f"clip c must be > 0 (got {c}): it is the largest norm a row may keep")
         self.c = c
 
-    def transform(self, X: torch.Tensor) -> torch.Tensor:
-        return clip_rows(X, row_sq_norms(X).sqrt(), self.c)
+    def transform(self, X: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+        return clip_rows(X, row_norms(X), self.c, inplace)

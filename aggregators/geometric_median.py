@@ -6,8 +6,8 @@ aggregation for federated learning", RFA).
 mean, until the objective's relative decrease is below ``tol`` (or ``max_iter`` iterations).
 
 Every iterate is a convex combination ``z = sum_j w_j x_j``, so the iteration runs on the
-weights alone with ``||z - x_i||^2 = (D w)_i - w^T D w / 2`` (D the exact squared-distance
-matrix): O(n^2) per iteration, one pass over ``X`` at the end. Needs ``n > 2f`` (its
+weights alone with ``||z - x_i||^2 = (D w)_i - w^T D w / 2`` (D the squared-distance matrix,
+~1e-6 relative error for float32 input): O(n^2) per iteration, one pass over ``X`` at the end. Needs ``n > 2f`` (its
 breakdown point is 1/2).
 """
 
@@ -62,7 +62,8 @@ class GeometricMedian(Rule):
         self._require(n > 2 * self.f, "> 2f", n)
 
     def aggregate(self, X: torch.Tensor) -> torch.Tensor:
-        w, converged = weiszfeld_weights(sq_distances(X), self.nu, self.max_iter, self.tol)
+        dist = sq_distances(X, exact=False)
+        w, converged = weiszfeld_weights(dist, self.nu, self.max_iter, self.tol)
         if not converged:
             log.warning(
                 "geometric-median did not reach tol=%g in %d iterations; raise max_iter",
