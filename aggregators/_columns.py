@@ -36,7 +36,8 @@ def reduce_sorted_columns(
 
     def work(start: int) -> None:
         block = X[:, start : start + BLOCK]
-        block = (block if rows is None else block[rows]).T.contiguous()
+        # clone, not contiguous(): a column-major X would hand back its own memory to sort
+        block = (block if rows is None else block[rows]).T.clone(memory_format=torch.contiguous_format)
         if block.is_cuda:
             block = torch.sort(block, dim=1).values
         else:

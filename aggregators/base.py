@@ -9,6 +9,8 @@ number of rows they can serve is checked before any work is done.
 from __future__ import annotations
 
 import inspect
+import math
+import typing
 from typing import ClassVar
 
 import torch
@@ -40,6 +42,11 @@ class Stage:
     def check_n(self, n: int) -> None:
         """Raise ``ValueError`` if this stage cannot serve ``n`` rows with its ``f``."""
 
+    def _check_param(self, key: str, value: float, ok: bool, rule: str) -> None:
+        """Refuse a parameter that is not finite or fails ``ok``, saying what it must be."""
+        if not ok or not math.isfinite(value):
+            raise ValueError(f"{self.name} {key} must be {rule} (got {key}={value!r})")
+
     def _require(self, ok: bool, formula: str, n: int) -> None:
         if not ok:
             raise ValueError(
@@ -56,12 +63,13 @@ class Stage:
     def from_params(cls, f: int, params: dict[str, Value]) -> Stage:
         """Build from parsed spec parameters, checking names and types against ``__init__``."""
         known = cls.parameters()
+        hints = typing.get_type_hints(cls.__init__)
         kwargs = {}
         for key, value in params.items():
             if key not in known:
                 listed = ", ".join(known) or "none"
                 raise ValueError(f"{cls.name} has no parameter {key!r} (its parameters: {listed})")
-            kwargs[key] = _coerce(cls.name, key, value, known[key].annotation)
+            kwargs[key] = _coerce(cls.name, key, value, hints[key])
         return cls(f, **kwargs)
 
 
@@ -107,9 +115,11 @@ def check_updates(X: torch.Tensor) -> None:
 
 
 def _coerce(stage: str, key: str, value: Value, annotation: object) -> Value:
-    kind = {"int": int, "float": float, "bool": bool, "str": str}.get(str(annotation).split(" ")[0])
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+    """``value`` as the type ``annotation`` names (``int``, ``float``, ``bool``, ``str``, ``X | None``)."""
+    kinds = [k for k in typing.get_args(annotation) or (annotation,) if k is not type(None)]
+    kind = kinds[0] if kinds else None
+    if kind is float and type(value) is int:
         return float(value)
-    if kind is not None and (type(value) is not kind):
+    if kind in (int, float, bool, str) and type(value) is not kind:
         raise ValueError(f"{stage} parameter {key} must be {kind.__name__} (got {value!r})")
     return value

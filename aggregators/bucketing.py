@@ -22,8 +22,7 @@ class Bucketing(PreAggregator):
 
     def __init__(self, f: int, *, s: int = 2, seed: int = 0) -> None:
         super().__init__(f)
-        if s < 1:
-            raise ValueError(f"bucketing s must be >= 1 (got s={s}): it is the bucket size")
+        self._check_param("s", s, s >= 1, ">= 1: it is the bucket size")
         self.s, self.seed = s, seed
 
     def rows(self, n: int) -> int:

@@ -4,11 +4,12 @@
 Weights ``c = 1``; while ``sum(c) > n - 2f``: ``mu_c = sum_i c_i x_i / sum(c)``,
 ``Sigma_c = sum_i c_i (x_i - mu_c)(x_i - mu_c)^T / sum(c)``; take its top eigenpair
 ``(lambda, v)``; remember ``mu_c`` if ``lambda`` is the smallest so far; then
-``tau_i = ((x_i - mu_c) . v)^2`` and ``c_i <- c_i (1 - tau_i / max_j tau_j)``. Returns the
-remembered ``mu_c`` (the mean when f = 0). Needs ``n > 2f``.
+``tau_i = ((x_i - mu_c) . v)^2`` and ``c_i <- c_i (1 - tau_i / max_{j: c_j > 0} tau_j)``.
+Returns the remembered ``mu_c`` (the mean when f = 0). Needs ``n > 2f``.
 
-Unlike the reference code (one power-method step from an unseeded random vector), the top
-eigenpair here is exact and deterministic: ``Sigma_c`` has the nonzero spectrum of the
+Unlike the reference code, the max of tau runs over live rows only (there, a far outlier
+whose weight is already 0 keeps the max and the loop can run forever), and the top eigenpair
+is exact and deterministic, not one power-method step from an unseeded random vector: ``Sigma_c`` has the nonzero spectrum of the
 ``(n, n)`` matrix ``diag(sqrt c) K diag(sqrt c) / sum(c)``, with ``K`` the Gram matrix of the
 rows centred at ``mu_c``, obtained from the squared distances ``D`` as
 ``K = -(D - D w 1^T - 1 w^T D + w^T D w) / 2`` with ``w = c / sum(c)``.
@@ -36,7 +37,9 @@ def caf_weights(dist: torch.Tensor, f: int) -> torch.Tensor:
         lam = float(evals[-1])
         if lam < best_lam:
             best_w, best_lam = w, lam
-        tau = (gram @ (root * evecs[:, -1])).square()  # proportional to ((x_i - mu_c) . v)^2
+        # proportional to ((x_i - mu_c) . v)^2; rows already filtered out (c_i = 0) are left
+        # out of the max, so every pass zeroes one live row and the loop ends within n passes
+        tau = (gram @ (root * evecs[:, -1])).square() * (c > 0)
         if lam <= 0 or float(tau.max()) <= 0:
             break  # the weighted rows coincide: nothing left to filter
         c = c * (1.0 - tau / tau.max())

@@ -20,10 +20,8 @@ class CenteredClipping(Rule):
 
     def __init__(self, f: int, *, tau: float = 10.0, iters: int = 1) -> None:
         super().__init__(f)
-        if tau <= 0:
-            raise ValueError(f"centered-clipping tau must be > 0 (got {tau}): it is the clipping radius")
-        if iters < 1:
-            raise ValueError(f"centered-clipping iters must be >= 1 (got {iters})")
+        self._check_param("tau", tau, tau > 0, "> 0: it is the clipping radius")
+        self._check_param("iters", iters, iters >= 1, ">= 1")
         self.tau, self.iters = tau, iters
         self.center: torch.Tensor | None = None
 

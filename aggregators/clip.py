@@ -24,8 +24,7 @@ class Clip(PreAggregator):
 
     def __init__(self, f: int, *, c: float = 1.0) -> None:
         super().__init__(f)
-        if c <= 0:
-            raise ValueError(f"clip c must be > 0 (got {c}): it is the largest norm a row may keep")
+        self._check_param("c", c, c > 0, "> 0: it is the largest norm a row may keep")
         self.c = c
 
     def transform(self, X: torch.Tensor, inplace: bool = False) -> torch.Tensor:

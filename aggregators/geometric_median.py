@@ -50,12 +50,9 @@ class GeometricMedian(Rule):
         self, f: int, *, nu: float = 1e-6, max_iter: int = 1000, tol: float = 1e-10
     ) -> None:
         super().__init__(f)
-        if nu <= 0:
-            raise ValueError(f"geometric-median nu must be > 0 (got {nu}): it smooths ||z - x_i||")
-        if max_iter < 1:
-            raise ValueError(f"geometric-median max_iter must be >= 1 (got {max_iter})")
-        if tol < 0:
-            raise ValueError(f"geometric-median tol must be >= 0 (got {tol})")
+        self._check_param("nu", nu, nu > 0, "> 0: it smooths ||z - x_i|| near the data")
+        self._check_param("max_iter", max_iter, max_iter >= 1, ">= 1")
+        self._check_param("tol", tol, tol >= 0, ">= 0: the relative objective decrease to stop at")
         self.nu, self.max_iter, self.tol = nu, max_iter, tol
 
     def check_n(self, n: int) -> None:

@@ -20,8 +20,8 @@ class MultiKrum(Rule):
 
     def __init__(self, f: int, *, m: int | None = None) -> None:
         super().__init__(f)
-        if m is not None and m < 1:
-            raise ValueError(f"multi-krum m must be >= 1 (got m={m}): it is how many rows to average")
+        if m is not None:
+            self._check_param("m", m, m >= 1, ">= 1: it is how many rows to average")
         self.m = m
 
     def check_n(self, n: int) -> None:

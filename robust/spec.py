@@ -64,7 +64,9 @@ def _parse_component(text: str, spec: str) -> Component:
                     "write key=value, e.g. 'krum' or 'multi-krum:m=5'"
                 )
             if key in params:
-                raise ValueError(f"parameter {key!r} given twice to {name!r} in spec {spec!r}")
+                raise ValueError(
+                    f"parameter {key!r} given twice to {name!r} in spec {spec!r}: keep one of them"
+                )
             params[key] = _parse_value(raw.strip())
     return Component(name, params)
 
@@ -84,4 +86,6 @@ def _parse_value(raw: str) -> Value:
 def _format_value(value: Value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value).replace("e+", "e")  # '1e+16' would split the chain at '+'
     return str(value)

@@ -152,23 +152,12 @@ def test_float_values_round_trip_exactly():
         assert comp.params["v"] == v and type(comp.params["v"]) is float
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: format_spec writes floats >= 1e16 as str() does, e.g. '1e+16'; the '+' then "
-    "splits the chain, so parse(format_spec(...)) raises \"bad name '16'\" (format_spec is "
-    "documented as the inverse of parse; Chain.spec/repr are affected too)",
-)
 @pytest.mark.parametrize("v", [1e16, 2.5e20, 1.7976931348623157e308])
 def test_large_float_round_trips(v):
     comps = [Component("clip", {"c": v}), Component("mean")]
     assert parse(format_spec(comps)) == comps
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: build() stores format_spec() as Chain.spec, so a chain built with c=1e16 "
-    "gets spec 'clip:c=1e+16+mean', which build() itself rejects",
-)
 def test_chain_spec_can_be_rebuilt_with_large_float():
     import aggregators
 
@@ -256,11 +245,6 @@ def test_duplicate_key():
         parse("multi-krum:m=2,m=3")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the duplicate-key message only states the problem; unlike every other spec "
-    "error it does not say what to change (e.g. 'keep one of them')",
-)
 def test_duplicate_key_message_says_what_to_change():
     with pytest.raises(ValueError, match=r"(?i)(keep|remove|give it once|only once)"):
         parse("multi-krum:m=2,m=3")
