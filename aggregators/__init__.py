@@ -30,19 +30,19 @@ from . import (  # noqa: F401  (each module registers its stage)
 from .base import REGISTRY
 from .chain import Chain, build
 
-__all__ = ["Chain", "build", "names", "rules", "pre_aggregators"]
+__all__ = ["Chain", "build", "names", "pre_aggregators", "rules"]
 
 
 def names() -> list[str]:
     """Every stage name a spec may use, sorted."""
-    return sorted(REGISTRY)
+    return REGISTRY.names()
 
 
 def rules() -> list[str]:
     """The final rules (a spec ends with one of these)."""
-    return sorted(k for k, c in REGISTRY.items() if c.is_rule)
+    return [k for k in REGISTRY.names() if REGISTRY.entries[k].is_rule]
 
 
 def pre_aggregators() -> list[str]:
     """The stages that may precede a rule."""
-    return sorted(k for k, c in REGISTRY.items() if not c.is_rule)
+    return [k for k in REGISTRY.names() if not REGISTRY.entries[k].is_rule]

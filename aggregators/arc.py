@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._distances import row_norms
+from robust.geometry import row_norms
 from .base import PreAggregator, register
 from .clip import clip_rows
 

@@ -8,69 +8,29 @@ number of rows they can serve is checked before any work is done.
 
 from __future__ import annotations
 
-import inspect
-import math
-import typing
 from typing import ClassVar
 
 import torch
 
-from robust.spec import Value
+from robust.registry import Component, Registry
 
-REGISTRY: dict[str, type[Stage]] = {}
-
-
-def register(cls: type[Stage]) -> type[Stage]:
-    """Class decorator: make ``cls`` buildable from a spec under ``cls.name``."""
-    if cls.name in REGISTRY:
-        raise RuntimeError(f"two aggregators are named {cls.name!r}")
-    REGISTRY[cls.name] = cls
-    return cls
+REGISTRY: Registry[Stage] = Registry("aggregator")
+register = REGISTRY.register
 
 
-class Stage:
+class Stage(Component):
     """Base of rules and pre-aggregators; ``f`` is the number of Byzantine rows tolerated."""
 
-    name: ClassVar[str]
     is_rule: ClassVar[bool]
-
-    def __init__(self, f: int) -> None:
-        if isinstance(f, bool) or not isinstance(f, int) or f < 0:
-            raise ValueError(f"f must be a whole number >= 0 (got {f!r})")
-        self.f = f
 
     def check_n(self, n: int) -> None:
         """Raise ``ValueError`` if this stage cannot serve ``n`` rows with its ``f``."""
-
-    def _check_param(self, key: str, value: float, ok: bool, rule: str) -> None:
-        """Refuse a parameter that is not finite or fails ``ok``, saying what it must be."""
-        if not ok or not math.isfinite(value):
-            raise ValueError(f"{self.name} {key} must be {rule} (got {key}={value!r})")
 
     def _require(self, ok: bool, formula: str, n: int) -> None:
         if not ok:
             raise ValueError(
                 f"{self.name} needs n {formula} (got n={n}, f={self.f}): lower f or add nodes"
             )
-
-    @classmethod
-    def parameters(cls) -> dict[str, inspect.Parameter]:
-        """The spec parameters of this stage (its keyword-only ``__init__`` arguments)."""
-        sig = inspect.signature(cls.__init__)
-        return {k: p for k, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY}
-
-    @classmethod
-    def from_params(cls, f: int, params: dict[str, Value]) -> Stage:
-        """Build from parsed spec parameters, checking names and types against ``__init__``."""
-        known = cls.parameters()
-        hints = typing.get_type_hints(cls.__init__)
-        kwargs = {}
-        for key, value in params.items():
-            if key not in known:
-                listed = ", ".join(known) or "none"
-                raise ValueError(f"{cls.name} has no parameter {key!r} (its parameters: {listed})")
-            kwargs[key] = _coerce(cls.name, key, value, hints[key])
-        return cls(f, **kwargs)
 
 
 class Rule(Stage):
@@ -112,14 +72,3 @@ def check_updates(X: torch.Tensor) -> None:
     bad = [i for i in suspects if not bool(torch.isfinite(X[i]).all())]
     if bad:
         raise ValueError(f"rows {bad} contain NaN or Inf: reject those updates before aggregation")
-
-
-def _coerce(stage: str, key: str, value: Value, annotation: object) -> Value:
-    """``value`` as the type ``annotation`` names (``int``, ``float``, ``bool``, ``str``, ``X | None``)."""
-    kinds = [k for k in typing.get_args(annotation) or (annotation,) if k is not type(None)]
-    kind = kinds[0] if kinds else None
-    if kind is float and type(value) is int:
-        return float(value)
-    if kind in (int, float, bool, str) and type(value) is not kind:
-        raise ValueError(f"{stage} parameter {key} must be {kind.__name__} (got {value!r})")
-    return value

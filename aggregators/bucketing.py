@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ._distances import mix_rows
+from robust.geometry import mix_rows
 from .base import PreAggregator, register
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ._columns import mean_closest_to_median, reduce_sorted_columns
-from ._distances import sq_distances
+from robust.geometry import sq_distances
 from .base import Rule, register
 from .krum import krum_scores
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ._distances import sq_distances, weighted_sum
+from robust.geometry import sq_distances, weighted_sum
 from .base import Rule, register
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._distances import row_norms, weighted_sum
+from robust.geometry import row_norms, weighted_sum
 from .base import Rule, register
 
 

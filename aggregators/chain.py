@@ -59,11 +59,7 @@ def build(spec: str, f: int) -> Chain:
     components = parse(spec)
     stages: list[Stage] = []
     for position, comp in enumerate(components):
-        cls = REGISTRY.get(comp.name)
-        if cls is None:
-            raise ValueError(
-                f"unknown aggregator {comp.name!r} in {spec!r}: choose from {', '.join(sorted(REGISTRY))}"
-            )
+        cls = REGISTRY.lookup(comp.name, spec)
         last = position == len(components) - 1
         if last and not cls.is_rule:
             raise ValueError(
@@ -73,7 +69,7 @@ def build(spec: str, f: int) -> Chain:
         if not last and cls.is_rule:
             raise ValueError(
                 f"{comp.name!r} is a final rule but is followed by more stages in {spec!r}: "
-                "only pre-aggregators (" + ", ".join(sorted(k for k, c in REGISTRY.items() if not c.is_rule))
+                "only pre-aggregators (" + ", ".join(k for k, c in sorted(REGISTRY.entries.items()) if not c.is_rule)
                 + ") may come before the rule"
             )
         stages.append(cls.from_params(f, comp.params))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._distances import row_norms
+from robust.geometry import row_norms
 from .base import PreAggregator, register
 
 

@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-from ._distances import sq_distances, weighted_sum
+from robust.geometry import sq_distances, weighted_sum
 from .base import Rule, register
 
 log = logging.getLogger(__name__)

@@ -2,14 +2,14 @@
 
 ``score_i = sum_{j in N_i} ||x_i - x_j||^2`` with ``N_i`` the ``n - f - 2`` rows nearest to
 ``x_i`` (itself excluded); ``F(X) = x_{i*}`` with ``i* = argmin_i score_i``, ties to the lowest
-row index. Needs ``n >= 2f + 3``. Distances are exact (float64, centred; see ``_distances``).
+row index. Needs ``n >= 2f + 3``. Distances are exact (float64, centred; see ``robust.geometry``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._distances import sq_distances
+from robust.geometry import sq_distances
 from .base import Rule, register
 
 

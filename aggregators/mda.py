@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ._distances import sq_distances, weighted_sum
+from robust.geometry import sq_distances, weighted_sum
 from .base import Rule, register
 
 MAX_SUBSETS = 1_000_000

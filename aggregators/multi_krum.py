@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._distances import weighted_sum, sq_distances
+from robust.geometry import sq_distances, weighted_sum
 from .base import Rule, register
 from .krum import krum_scores
 

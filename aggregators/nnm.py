@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._distances import mix_rows, sq_distances
+from robust.geometry import mix_rows, sq_distances
 from .base import PreAggregator, register
 
 

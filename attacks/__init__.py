@@ -1,1 +1,33 @@
-"""Byzantine behaviours: omniscient attacks on the round's updates and node-side attacks."""
+"""Byzantine behaviours: omniscient attacks on the round's updates and node-side attacks.
+
+    >>> import attacks, torch
+    >>> attack = attacks.build("alie:z=1.5", f=2)
+    >>> rows = attack(torch.randn(8, 4), attacks.Context(n=10, generator=torch.Generator()))
+    >>> rows.shape
+    torch.Size([2, 4])
+
+The spec grammar is the aggregators' (``name:key=value,...``); ``names()`` lists attacks.
+"""
+
+from __future__ import annotations
+
+from robust.spec import parse
+
+from . import alie, fang, ipm, mimic, min_max, optimal, simple  # noqa: F401  (registration)
+from .base import REGISTRY, Attack, Context, NodeAttack, OmniscientAttack
+
+__all__ = ["Attack", "Context", "NodeAttack", "OmniscientAttack", "build", "names"]
+
+
+def build(spec: str, f: int) -> Attack:
+    """The attack described by ``spec`` (one component, e.g. ``"ipm:eps=0.5"``)."""
+    components = parse(spec)
+    if len(components) != 1:
+        raise ValueError(f"an attack spec names one attack (got {spec!r}): drop the '+'")
+    comp = components[0]
+    return REGISTRY.lookup(comp.name, spec).from_params(f, comp.params)
+
+
+def names() -> list[str]:
+    """Every attack a spec may name, sorted."""
+    return REGISTRY.names()

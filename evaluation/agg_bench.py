@@ -72,8 +72,9 @@ def time_calls(
 def our_method(spec: str, f: int, X: torch.Tensor) -> Callable[[object], object]:
     """A call of ``spec`` on ``X``; a lone pre-aggregator is timed on its own."""
     comps = parse(spec)
-    if len(comps) == 1 and comps[0].name in REGISTRY and not REGISTRY[comps[0].name].is_rule:
-        stage = REGISTRY[comps[0].name].from_params(f, comps[0].params)
+    entry = REGISTRY.entries.get(comps[0].name)
+    if len(comps) == 1 and entry is not None and not entry.is_rule:
+        stage = entry.from_params(f, comps[0].params)
         stage.check_n(X.shape[0])
         return lambda _: stage.transform(X, inplace=False)
     agg = aggregators.build(spec, f)

@@ -1,4 +1,4 @@
-"""Pairwise geometry of the rows of ``X``, shared by the distance-based rules.
+"""Pairwise geometry of the rows of ``X``, shared by aggregators and attacks.
 
 Why not ``||a||^2 + ||b||^2 - 2 a.b`` in the input dtype: when rows share a large common
 component (model updates usually do) the float32 Gram matrix cancels catastrophically and

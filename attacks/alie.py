@@ -1,0 +1,40 @@
+"""A little is enough, ALIE (Baruch, Baruch & Goldberg, NeurIPS 2019).
+
+Every Byzantine row is ``mean(H) - z * std(H)`` (per coordinate, population standard
+deviation of the honest rows). Default ``z`` from the paper: with ``s = floor(n/2 + 1) - f``
+supporters needed, ``z = Phi^-1((n - f - s) / (n - f))``; e.g. ``z(n=50, f=12) = 0.336``.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import torch
+
+from .base import Context, OmniscientAttack, register
+
+
+def alie_z(n: int, f: int) -> float:
+    """The paper's z for n nodes of which f are Byzantine (0 when no z helps)."""
+    s = math.floor(n / 2 + 1) - f
+    p = (n - f - s) / (n - f)
+    return NormalDist().inv_cdf(p) if 0 < p < 1 else 0.0
+
+
+def alie_row(H: torch.Tensor, z: float) -> torch.Tensor:
+    return H.mean(dim=0) - z * H.std(dim=0, correction=0)
+
+
+@register
+class ALIE(OmniscientAttack):
+    name = "alie"
+
+    def __init__(self, f: int, *, z: float | None = None) -> None:
+        super().__init__(f)
+        if z is not None:
+            self._check_param("z", z, True, "a finite number")
+        self.z = z
+
+    def craft(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
+        return alie_row(H, self.z if self.z is not None else alie_z(ctx.n, self.f))

@@ -1,0 +1,72 @@
+"""What every attack shares: the round context it sees, the registry, the two kinds.
+
+*Omniscient* attacks run on the coordinator's side of the threat model (benchmark mode
+only): they see the round's honest updates, the aggregator actually deployed, the previous
+aggregate and a seeded generator, and return the ``f`` Byzantine rows. Byzantine nodes may
+collude: one call crafts all ``f`` rows. *Node-side* attacks change what a Byzantine node
+trains on; its update is then computed like an honest one.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from robust.registry import Component, Registry
+
+REGISTRY: Registry[Attack] = Registry("attack")
+register = REGISTRY.register
+
+
+@dataclass
+class Context:
+    """What an omniscient attack knows about the round it attacks."""
+
+    n: int  # rows the aggregator will see: honest + Byzantine
+    generator: torch.Generator  # seeded from (run seed, round, "attack")
+    aggregator: Callable[[torch.Tensor], torch.Tensor] | None = None  # the deployed chain
+    previous: torch.Tensor | None = None  # previous aggregate, (d,)
+    own: torch.Tensor | None = None  # the Byzantine nodes' own honest updates, (f, d)
+    round: int = 0
+    state: dict = field(default_factory=dict)
+
+    def aggregate(self, X: torch.Tensor) -> torch.Tensor:
+        """The deployed aggregator on ``X`` without touching its state (for searches)."""
+        if self.aggregator is None:
+            raise ValueError("this attack searches against the aggregator: pass it in the Context")
+        return copy.deepcopy(self.aggregator)(X)
+
+
+class Attack(Component):
+    """Base of every attack; ``f`` is the number of Byzantine nodes."""
+
+    kind: ClassVar[str]
+
+
+class OmniscientAttack(Attack):
+    """Crafts the ``f`` Byzantine rows from the honest rows ``H`` of shape ``(h, d)``."""
+
+    kind = "omniscient"
+
+    def __call__(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
+        if H.dim() != 2 or H.shape[0] < 1:
+            raise ValueError(f"{self.name} needs at least one honest row (got shape {tuple(H.shape)})")
+        rows = self.craft(H, ctx)
+        return rows.expand(self.f, -1).clone() if rows.dim() == 1 else rows
+
+    def craft(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """The Byzantine rows ``(f, d)``, or one ``(d,)`` row that all ``f`` nodes send."""
+        raise NotImplementedError
+
+
+class NodeAttack(Attack):
+    """Changes a Byzantine node's training data; its update is computed as an honest one."""
+
+    kind = "node"
+
+    def poison(self, x: torch.Tensor, y: torch.Tensor, classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError

@@ -1,0 +1,80 @@
+"""Min-Max and Min-Sum (Shejwalkar & Houmansadr, NDSS 2021, "Manipulating the Byzantine").
+
+Every Byzantine row is ``m = mean(H) - gamma * p`` with the perturbation ``p`` one of
+``unit`` (``mean/||mean||``), ``sign`` (``sign(mean)``) or ``std`` (per-coordinate std of H),
+and ``gamma`` the largest value (found by the paper's halving search from ``gamma_init``
+to precision ``tol``) that keeps ``m`` inside the honest cloud:
+
+- ``min-max``: ``max_i ||m - h_i|| <= max_{i,j} ||h_i - h_j||``;
+- ``min-sum``: ``sum_i ||m - h_i||^2 <= max_i sum_j ||h_i - h_j||^2``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from robust.geometry import row_norms, sq_distances
+
+from .base import Context, OmniscientAttack, register
+
+
+def perturbation(H: torch.Tensor, kind: str) -> torch.Tensor:
+    mean = H.mean(dim=0)
+    if kind == "unit":
+        return mean / mean.norm().clamp_min(torch.finfo(mean.dtype).tiny)
+    if kind == "sign":
+        return torch.sign(mean)
+    return H.std(dim=0, correction=0)
+
+
+def largest_gamma(accept, gamma_init: float, tol: float) -> float:
+    """The paper's search: step up after an accepted gamma, down after a refused one."""
+    gamma, step, good = gamma_init, gamma_init, 0.0
+    while abs(good - gamma) > tol:
+        if accept(gamma):
+            good = gamma
+            gamma += step / 2
+        else:
+            gamma -= step / 2
+        step /= 2
+    return good
+
+
+class MinMaxSum(OmniscientAttack):
+    """Shared parameters and search of min-max and min-sum."""
+
+    def __init__(self, f: int, *, dev: str = "unit", gamma_init: float = 10.0, tol: float = 1e-5) -> None:
+        super().__init__(f)
+        if dev not in ("unit", "sign", "std"):
+            raise ValueError(f"{self.name} dev must be unit, sign or std (got dev={dev!r})")
+        self._check_param("gamma_init", gamma_init, gamma_init > 0, "> 0")
+        self._check_param("tol", tol, tol > 0, "> 0")
+        self.dev, self.gamma_init, self.tol = dev, gamma_init, tol
+
+    def fits(self, radii_sq: torch.Tensor, honest_sq: torch.Tensor) -> bool:
+        raise NotImplementedError
+
+    def craft(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
+        mean, p = H.mean(dim=0), perturbation(H, self.dev)
+        honest_sq = sq_distances(H)
+
+        def accept(gamma: float) -> bool:
+            return self.fits(row_norms(H, mean - gamma * p).square(), honest_sq)
+
+        return mean - largest_gamma(accept, self.gamma_init, self.tol) * p
+
+
+@register
+class MinMax(MinMaxSum):
+    name = "min-max"
+
+    def fits(self, radii_sq: torch.Tensor, honest_sq: torch.Tensor) -> bool:
+        return bool(radii_sq.max() <= honest_sq.max())
+
+
+@register
+class MinSum(MinMaxSum):
+    name = "min-sum"
+
+    def fits(self, radii_sq: torch.Tensor, honest_sq: torch.Tensor) -> bool:
+        return bool(radii_sq.sum() <= honest_sq.sum(dim=1).max())
