@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from robust.spec import parse
 
-from . import alie, fang, ipm, mimic, min_max, optimal, simple  # noqa: F401  (registration)
+from . import alie, fang, ipm, mimic, min_max, node, optimal, simple  # noqa: F401  (registration)
 from .base import REGISTRY, Attack, Context, NodeAttack, OmniscientAttack
 
 __all__ = ["Attack", "Context", "NodeAttack", "OmniscientAttack", "build", "names"]

@@ -68,5 +68,12 @@ class NodeAttack(Attack):
 
     kind = "node"
 
-    def poison(self, x: torch.Tensor, y: torch.Tensor, classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def poison(
+        self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The node's poisoned copy of its training data."""
         raise NotImplementedError
+
+    def scale(self) -> float:
+        """Factor the node applies to its update before sending it."""
+        return 1.0

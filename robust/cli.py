@@ -15,6 +15,12 @@ def _agg_bench(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from evaluation.bench import main
+
+    return main(args)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="robust",
@@ -22,6 +28,22 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"robust {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser(
+        "bench",
+        help="play attacks against defences on a scenario grid; report damage and detectability",
+        description="Run every cell (aggregator x attack x seed x scenario values) of a scenario "
+        "file, append results to DIR/results.jsonl, and write DIR/summary.md and plots. "
+        "Re-running skips finished cells.",
+    )
+    run.add_argument("--config", metavar="FILE", help="scenario TOML, e.g. evaluation/scenarios/quick.toml")
+    run.add_argument("--out", metavar="DIR", required=True, help="results and report folder")
+    run.add_argument("--jobs", type=int, default=1, help="cells run in parallel processes (default 1)")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a scenario key (repeatable)")
+    run.add_argument("--no-vectorize", action="store_true", help="compute each node's update one by one, as a volunteer does")
+    run.add_argument("--sweep", metavar="ATTACK:PARAM=LO..HI", help="stealth frontier: sweep one attack parameter, e.g. alie:z=0.1..3")
+    run.add_argument("--sweep-points", type=int, default=8, help="values in the sweep (default 8)")
+    run.set_defaults(run=_bench)
 
     bench = sub.add_parser(
         "agg-bench",

@@ -1,0 +1,107 @@
+"""``robust bench``: run a scenario grid, append each finished cell to ``DIR/results.jsonl``,
+then write the report (``summary.md`` and plots) into ``DIR``.
+
+Ctrl-C safe: a cell's record is written (and flushed to disk) the moment it finishes, so an
+interrupted run loses only the cells in flight; running the same command again skips every
+cell already in ``results.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+
+from .engine import Cell, run_cell
+from .report import read_results, write_report
+from .scenario import cell_id, cells, load_scenario
+
+
+def _run(cell: Cell, vectorize: bool) -> dict:
+    record = run_cell(cell, vectorize=vectorize)
+    return {"cell": cell_id(cell), **record}
+
+
+class Progress:
+    """A one-line progress bar on stderr: cells done, ETA, the last result."""
+
+    def __init__(self, total: int, done: int) -> None:
+        self.total, self.done, self.start, self.ran = total, done, time.perf_counter(), 0
+
+    def update(self, record: dict) -> None:
+        self.done += 1
+        self.ran += 1
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed / self.ran * (self.total - self.done)
+        width = 24
+        bar = "#" * round(width * self.done / self.total)
+        print(
+            f"\r[{bar:<{width}}] {self.done}/{self.total} cells, ETA {eta:5.0f} s | "
+            f"{record['aggregator']} vs {record['attack']} seed {record['seed']}: "
+            f"accuracy {100 * record['final_accuracy']:.1f}%   ",
+            end="", file=sys.stderr, flush=True,
+        )
+
+
+def main(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.config, args.set or [])
+    todo_all = cells(scenario, args.sweep, args.sweep_points)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.jsonl"
+    finished = {r["cell"] for r in read_results(results)} if results.exists() else set()
+    todo = [c for c in todo_all if cell_id(c) not in finished]
+    print(
+        f"robust bench: {len(todo_all)} cells ({len(todo_all) - len(todo)} already in {results}), "
+        f"{args.jobs} job(s), {'vectorised' if not args.no_vectorize else 'per-node'} engine",
+        file=sys.stderr,
+    )
+    progress = Progress(len(todo_all), len(todo_all) - len(todo))
+    if results.exists() and results.stat().st_size and not results.read_bytes().endswith(b"\n"):
+        with results.open("a") as sink:  # a killed run's cut-short line ends here, not in ours
+            sink.write("\n")
+    with results.open("a") as sink:
+
+        def save(record: dict) -> None:
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
+            os.fsync(sink.fileno())
+            progress.update(record)
+
+        try:
+            if args.jobs == 1:
+                for cell in todo:
+                    save(_run(cell, not args.no_vectorize))
+            else:
+                _run_parallel(todo, args, save)
+        except KeyboardInterrupt:
+            print(
+                f"\ninterrupted: {progress.done} of {len(todo_all)} cells are saved in {results}; "
+                "run the same command again to finish the rest",
+                file=sys.stderr,
+            )
+            return 130
+    print(file=sys.stderr)
+    paths = write_report(results, out)
+    print(f"report: {out / 'summary.md'} ({len(paths)} files in {out})")
+    return 0
+
+
+def _run_parallel(todo: list[Cell], args: argparse.Namespace, save) -> None:
+    context = multiprocessing.get_context("spawn")  # no forked torch thread pools
+    with ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
+        pending = {pool.submit(_run, cell, not args.no_vectorize) for cell in todo}
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    save(future.result())
+        except KeyboardInterrupt:
+            for future in pending:
+                future.cancel()
+            raise

@@ -1,0 +1,119 @@
+"""Per-round suspicion scores: how suspicious each row of a round's update matrix looks.
+
+``score_round(X, f, kept)`` returns one float64 ``(n,)`` tensor per detector, rows in the
+canonical order of ``X``; higher means more suspicious. All detectors share one exact
+float64 squared-distance matrix ``D`` (``robust.geometry.sq_distances``) and one
+coordinate-wise median ``m``; memory beyond ``X`` is O(n^2 + n * BLOCK + d).
+
+- ``norm``: ``||x_i||``. Catches scaled or boosted updates (sign-flip with a large factor,
+  gaussian noise, model replacement).
+- ``median-distance``: ``||x_i - m||``. Catches rows far from the bulk even when their norm is
+  ordinary (a large shift of a coordinate group, a Fang-style reversed update).
+- ``median-cosine``: ``1 - cos(x_i, m)``, the cosine taken as 0 when ``x_i`` or ``m`` is the
+  zero vector (score 1, never NaN). Catches direction attacks whose norm is disguised
+  (sign-flip, IPM with a large epsilon).
+- ``krum-score``: Krum's score ``sum_{j in N_i} ||x_i - x_j||^2`` over the
+  ``k = n - f - 2`` nearest other rows, clamped to ``1 <= k <= n - 1`` (``k = 0``, score 0,
+  only when ``n = 1``) so that small rounds still get a score. Catches isolated rows; misses
+  rows that hide inside the honest cloud (ALIE, mimic).
+- ``spectral``: ``|<x_i - mu, v>|`` with ``mu`` the row mean and ``v`` the top right-singular
+  vector of the centred matrix ``C``. Catches colluding rows that all push one direction
+  (ALIE, IPM, min-max), which dominate the top principal direction even when each row looks
+  plausible on its own.
+- Every score but ``spectral`` and ``discarded`` is two-sided, ``|s_i - median_j s_j|`` of
+  the statistic above: a Byzantine row can be suspiciously *typical* (ALIE and mimic rows sit
+  closer to the centre and to each other than honest rows do; a sign-flipped mean is shorter
+  than any honest row), and a one-sided score would rank it least suspicious.
+- ``discarded``: 1 where the aggregator did not keep the row, else 0 (only when ``kept`` is
+  given). Measures what the defence itself flagged (Krum, Multi-Krum, Bulyan selections).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from aggregators._columns import median_of_sorted, reduce_sorted_columns
+from aggregators.base import check_updates
+from aggregators.krum import krum_scores
+from robust.geometry import BLOCK, row_norms, sq_distances
+
+DETECTORS: tuple[str, ...] = (
+    "norm",
+    "median-distance",
+    "median-cosine",
+    "krum-score",
+    "spectral",
+    "discarded",
+)
+
+F64 = torch.float64
+
+
+def score_round(
+    X: torch.Tensor, f: int, kept: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
+    """Suspicion scores of every row of ``X`` (float ``(n, d)``), keyed by detector name.
+
+    ``f`` is the number of Byzantine rows Krum assumes; ``kept`` (bool ``(n,)``) says which
+    rows the aggregator kept and adds the ``discarded`` detector. Raises ``ValueError`` on a
+    malformed ``X``, ``f`` or ``kept``.
+    """
+    check_updates(X)
+    n = X.shape[0]
+    if isinstance(f, bool) or not isinstance(f, int) or f < 0:
+        raise ValueError(f"f must be a whole number >= 0 (got {f!r})")
+    if kept is not None and (kept.dtype != torch.bool or tuple(kept.shape) != (n,)):
+        raise ValueError(
+            f"kept must be a bool tensor of shape ({n},) (got {kept.dtype}, {tuple(kept.shape)})"
+        )
+    med = reduce_sorted_columns(X, median_of_sorted)
+    dist = sq_distances(X)
+    norms = row_norms(X)
+    scores = {
+        "norm": two_sided(norms),
+        "median-distance": two_sided(row_norms(X, center=med)),
+        "median-cosine": two_sided(median_cosine(X, med.to(F64), norms)),
+        "krum-score": two_sided(krum_score(dist, f)),
+        "spectral": spectral(dist),
+    }
+    if kept is not None:
+        scores["discarded"] = (~kept).to(F64)
+    return scores
+
+
+def two_sided(statistic: torch.Tensor) -> torch.Tensor:
+    """``|s_i - median(s)|``: atypical in either direction is suspicious."""
+    return (statistic - statistic.median()).abs()
+
+
+def median_cosine(X: torch.Tensor, med: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+    """``1 - <x_i, m> / (||x_i|| ||m||)``; 1 (cosine 0) where either vector is zero."""
+    dots = torch.zeros(X.shape[0], dtype=F64, device=X.device)
+    for s in range(0, X.shape[1], BLOCK):  # float64 dot products without a float64 copy of X
+        dots += X[:, s : s + BLOCK].to(F64) @ med[s : s + BLOCK]
+    denom = norms * torch.linalg.vector_norm(med)
+    cos = torch.where(denom > 0, dots / torch.where(denom > 0, denom, 1.0), 0.0)
+    return 1.0 - cos.clamp(-1.0, 1.0)
+
+
+def krum_score(dist: torch.Tensor, f: int) -> torch.Tensor:
+    """Krum score with ``k = clamp(n - f - 2, 1, n - 1)`` neighbours (see module docstring)."""
+    n = dist.shape[0]
+    k = min(max(n - f - 2, 1), n - 1)
+    return krum_scores(dist, n - 2 - k)  # krum_scores takes n - f - 2 neighbours
+
+
+def spectral(dist: torch.Tensor) -> torch.Tensor:
+    """``|<c_i, v>| = sqrt(lambda_max) |u_i|`` from the centred rows' ``(n, n)`` Gram matrix.
+
+    With ``C = U S V^T``, ``C v = s_1 u`` where ``u`` is the top eigenvector of ``G = C C^T``
+    and ``s_1^2 = lambda_max``, so ``v`` (a ``d``-vector) is never formed. ``G`` comes from the
+    squared distances by double centring, ``G = -1/2 J D J`` with ``J = I - 11^T / n``, so it
+    inherits their exact float64 accumulation. ``eigh`` is a deterministic LAPACK call and the
+    sign ambiguity of ``u`` vanishes in the absolute value.
+    """
+    row_mean = dist.mean(dim=1)
+    gram = -0.5 * (dist - row_mean[:, None] - row_mean[None, :] + row_mean.mean())
+    gram = 0.5 * (gram + gram.T)
+    eigvals, eigvecs = torch.linalg.eigh(gram)
+    return eigvals[-1].clamp_min(0.0).sqrt() * eigvecs[:, -1].abs()

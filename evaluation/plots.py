@@ -1,0 +1,154 @@
+"""Plots of ``robust bench`` records, drawn on matplotlib's Agg canvas.
+
+Figures are built without pyplot, so no backend or global figure list is touched and nothing
+stays open once a figure is saved. Each function writes one PNG and returns its path, or
+returns ``None`` and writes nothing when the records hold nothing it can plot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from .report import CLEAN, STEALTH_AUC, Group, Results, format_value, partition
+
+
+def _figure(width: float, height: float) -> Figure:
+    figure = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _save(figure: Figure, path: str | Path) -> Path:
+    figure.savefig(path, dpi=120)
+    return Path(path)
+
+
+def _colours(attacks: Sequence[str]) -> dict[str, str]:
+    """A fixed colour per attack (the clean run in black), the same in every panel."""
+    others = [a for a in attacks if a != CLEAN]
+    return {CLEAN: "black", **{a: f"C{i}" for i, a in enumerate(others)}}
+
+
+def heatmap(records: Sequence[dict], path: str | Path) -> Path | None:
+    """Aggregator x attack grid of mean final accuracy, rows by worst case as in the summary."""
+    res = Results(records)
+    rows, attacks = res.accuracy_rows(), res.attacks()
+    if not rows:
+        return None
+    values = np.array([[100 * row.cells[a].mean if a in row.cells else math.nan for a in attacks]
+                       for row in rows])
+    label_width = max(len(row.label) for row in rows)
+    figure = _figure(2.5 + 0.08 * label_width + 1.1 * len(attacks), 1.5 + 0.45 * len(rows))
+    ax = figure.add_subplot()
+    image = ax.imshow(np.ma.masked_invalid(values), cmap="viridis", aspect="auto")
+    for (i, j), value in np.ndenumerate(values):
+        dark = math.isnan(value) or image.norm(value) < 0.5
+        ax.text(j, i, "—" if math.isnan(value) else f"{value:.1f}", ha="center", va="center",
+                color="white" if dark else "black", fontsize=9)
+    ax.set_xticks(range(len(attacks)), attacks, rotation=30, ha="right")
+    ax.set_yticks(range(len(rows)), [row.label for row in rows])
+    ax.set(xlabel="attack", ylabel="aggregator", title="Final accuracy (%), mean over seeds")
+    figure.colorbar(image, ax=ax, label="final accuracy (%)")
+    return _save(figure, path)
+
+
+def accuracy_curves(records: Sequence[dict], path: str | Path) -> Path | None:
+    """One panel per aggregator (and scenario), one line per attack: accuracy per round."""
+    res = Results(records)
+    panels = partition(res.grid, lambda k: (k.aggregator, k.scenario))
+    if not panels:
+        return None
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    figure = _figure(4.2 * columns + 1.8, 3.2 * rows + 0.5)
+    axes = figure.subplots(rows, columns, sharey=True, squeeze=False).flat
+    colours = _colours(res.attacks())
+    for i, (ax, ((aggregator, scenario), groups)) in enumerate(zip(axes, panels.items())):
+        for group in groups:
+            curve = group.curve
+            clean = group.key.attack == CLEAN  # wide and underneath: visible where lines overlap
+            ax.plot(range(len(curve)), [100 * a for a in curve], label=group.key.attack,
+                    color=colours[group.key.attack], linewidth=3 if clean else 1.5,
+                    zorder=1 if clean else 2)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(title=res.label(aggregator, scenario), xlabel="round",
+               ylabel="accuracy (%)" if i % columns == 0 else "")
+        ax.grid(alpha=0.3)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    lines = {line.get_label(): line for ax in axes for line in ax.get_lines()}
+    figure.legend(lines.values(), lines.keys(), title="attack", loc="outside right upper")
+    figure.suptitle("Test accuracy per round, mean over seeds")
+    return _save(figure, path)
+
+
+def _point(res: Results, group: Group) -> tuple[float, float] | None:
+    """(best detector's mean AUC, damage in pp) of ``group``, if both are known."""
+    damage = res.damage(group)
+    if damage is None or group.detection is None:
+        return None
+    return group.detection.auc, 100 * damage
+
+
+def _damage_axes(figure: Figure, title: str) -> Axes:
+    ax = figure.add_subplot()
+    ax.axvline(STEALTH_AUC, color="grey", linestyle="--", label=f"AUC {STEALTH_AUC}")
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set(xlim=(-0.02, 1.02), title=title, xlabel="best detector AUC (mean over seeds)",
+           ylabel="damage (accuracy pp below the clean run)")
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def damage_vs_detectability(records: Sequence[dict], path: str | Path) -> Path | None:
+    """Each attacked (aggregator, attack): damage against its best detector's AUC."""
+    res = Results(records)
+    attacked = [g for g in res.grid if g.key.attack != CLEAN and _point(res, g)]
+    if not attacked:
+        return None
+    figure = _figure(8, 5.5)
+    ax = _damage_axes(figure, "Damage vs detectability (upper left: harmful and stealthy)")
+    colours = _colours(res.attacks())
+    for attack, groups in partition(attacked, lambda k: k.attack).items():
+        points = [_point(res, g) for g in groups]
+        ax.scatter(*zip(*points), color=colours[attack], label=attack, zorder=3)
+        for group, point in zip(groups, points):
+            ax.annotate(res.label(group.key.aggregator, group.key.scenario), point,
+                        textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.legend(title="attack", loc="best", fontsize=8)
+    return _save(figure, path)
+
+
+def stealth_frontier(records: Sequence[dict], path: str | Path) -> Path | None:
+    """Sweep records: damage against best AUC, one line per swept attack and aggregator,
+    each point marked with its parameter value."""
+    res = Results(records)
+    lines = {}
+    for (attack, param, aggregator, scenario), groups in partition(
+        res.sweeps, lambda k: (k.sweep[0], k.sweep[1], k.aggregator, k.scenario)
+    ).items():
+        points = sorted((g.key.sweep[2], p) for g in groups if (p := _point(res, g)))
+        if points:
+            lines[res.label(f"{attack} / {aggregator}", scenario)] = (param, points)
+    if not lines:
+        return None
+    figure = _figure(8, 5.5)
+    ax = _damage_axes(figure, "Stealth frontier: damage vs detectability along each sweep")
+    for label, (param, points) in lines.items():
+        ax.plot(*zip(*(p for _, p in points)), marker="o", label=label)
+        for value, point in points:
+            ax.annotate(f"{param}={format_value(value)}", point, textcoords="offset points", xytext=(4, 4),
+                        fontsize=8)
+    ax.legend(title="attack / aggregator", loc="best", fontsize=8)
+    return _save(figure, path)
+
+
+ALL = (heatmap, accuracy_curves, damage_vs_detectability, stealth_frontier)

@@ -1,0 +1,413 @@
+"""The report of ``robust bench``: ``results.jsonl`` in, ``summary.md`` and plots out.
+
+A record is one finished cell (aggregator x attack x seed x scenario). Records that differ
+only by their seed form a :class:`Group` (mean and minimum over seeds). A group's *clean*
+group has the same aggregator and scenario and attack ``none``; its *damage* is the clean
+mean final accuracy minus its own. Sweep records (``--sweep``) are kept apart from the grid:
+they feed the stealth frontier, with the grid's clean groups as baselines. Rounds count
+from 0 as in the engine's records (``accuracy[0]``, ``rounds_to_detect``). "Never" is
+``math.inf`` wherever a median of rounds is taken, so a median that lands on an undetected
+cell reads "never".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import warnings
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from .metrics import leaves_band
+
+CLEAN = "none"
+STEALTH_AUC = 0.6
+REQUIRED = ("cell", "aggregator", "attack", "seed", "config", "final_accuracy", "accuracy")
+# A cell's own axes, should the engine echo them in its config: not part of the scenario.
+CELL_AXES = frozenset({"seed", "aggregator", "attack", "sweep"})
+
+Scenario = tuple[tuple[str, str], ...]  # sorted (config key, JSON text of its value)
+
+
+def read_results(path: str | Path) -> list[dict]:
+    """The records of ``path``, one JSON object a line; a rerun cell's last record wins.
+
+    A killed run leaves a cut-short line, and a resumed run may append its next record to
+    it: such a line is skipped with a warning, keeping a whole record that follows the cut
+    (the cut cell has no record, so the next run redoes it). A record without the schema's
+    keys is a ``ValueError`` naming its line.
+    """
+    records: dict[str, dict] = {}
+    with open(path, encoding="utf-8", errors="replace") as file:
+        for number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            record, cut = _whole_record(line)
+            if cut:
+                kept = ", kept the whole record after the cut" if record else ""
+                warnings.warn(f"{path} line {number}: skipped a cell cut short by a killed run{kept}")
+            if record is None:
+                continue
+            missing = [k for k in REQUIRED if k not in record]
+            if missing:
+                raise ValueError(f"{path} line {number} lacks {missing}: not a robust bench record")
+            records[record["cell"]] = record
+    return list(records.values())
+
+
+def _whole_record(line: str) -> tuple[dict | None, bool]:
+    """The JSON object that ends ``line``, and whether text precedes it (the line starts with
+    a cut-short record). After a cut only a whole record counts: a cut can end just after a
+    nested object."""
+    for start in (i for i, char in enumerate(line) if char == "{"):
+        try:
+            record = json.loads(line[start:])
+        except json.JSONDecodeError:
+            continue
+        cut = bool(line[:start].strip())
+        if isinstance(record, dict) and (not cut or all(k in record for k in REQUIRED)):
+            return record, cut
+    return None, True
+
+
+def validation_detect_round(attacked: Sequence[float], clean: Sequence[Sequence[float]]) -> int | None:
+    """First round (0-based, as ``rounds_to_detect``) where ``attacked`` leaves the [min, max]
+    band of the ``clean`` curves at that round (:func:`evaluation.metrics.leaves_band`);
+    ``None`` if it never does or if there are no clean curves."""
+    return leaves_band(list(attacked), [list(c) for c in clean]) if clean else None
+
+
+def median_round(rounds: Iterable[float | None]) -> float | None:
+    """Median of rounds with ``None`` (never) as ``inf``; ``None`` when there are none."""
+    values = [math.inf if r is None else r for r in rounds]
+    return statistics.median(values) if values else None
+
+
+def _finite(values: Iterable[float | None]) -> list[float]:
+    return [v for v in values if v is not None and not math.isnan(v)]
+
+
+@dataclass(frozen=True)
+class Detection:
+    """A detector's scores pooled over cells: mean AUC and TPR at 5% FPR, median rounds."""
+
+    name: str
+    auc: float
+    tpr: float
+    rounds: float | None
+
+
+def best_detector(records: Iterable[dict]) -> Detection | None:
+    """The detector of highest mean AUC over ``records`` (NaN AUCs left out; ties to the
+    first name in sorted order); ``None`` if no detector has a finite AUC."""
+    scores: dict[str, list[dict]] = {}
+    for record in records:
+        for name, score in (record.get("detect") or {}).items():
+            scores.setdefault(name, []).append(score)
+    best = None
+    for name in sorted(scores):
+        aucs = _finite(s.get("auc") for s in scores[name])
+        if not aucs or (best and statistics.fmean(aucs) <= best.auc):
+            continue
+        tprs = _finite(s.get("tpr_at_5fpr") for s in scores[name])
+        best = Detection(
+            name, statistics.fmean(aucs), statistics.fmean(tprs) if tprs else math.nan,
+            median_round(s.get("rounds_to_detect") for s in scores[name]),
+        )
+    return best
+
+
+@dataclass(frozen=True)
+class Key:
+    """What a group's records share: all but the seed."""
+
+    aggregator: str
+    attack: str
+    scenario: Scenario
+    sweep: tuple[str, str, float] | None  # (attack, param, value)
+
+
+def key_of(record: dict) -> Key:
+    """The group key of ``record``."""
+    config = record["config"]
+    scenario = tuple(sorted(
+        (k, json.dumps(v, sort_keys=True)) for k, v in config.items() if k not in CELL_AXES
+    ))
+    sweep = record.get("sweep")
+    sweep_key = (sweep["attack"], sweep["param"], sweep["value"]) if sweep else None
+    return Key(record["aggregator"], record["attack"], scenario, sweep_key)
+
+
+@dataclass
+class Group:
+    """The records of one cell over its seeds."""
+
+    key: Key
+    records: list[dict]
+
+    @property
+    def mean(self) -> float:
+        """Mean final accuracy over seeds."""
+        return statistics.fmean(r["final_accuracy"] for r in self.records)
+
+    @property
+    def minimum(self) -> float:
+        """Lowest final accuracy over seeds."""
+        return min(r["final_accuracy"] for r in self.records)
+
+    @property
+    def curve(self) -> list[float]:
+        """Accuracy per round, mean over seeds (as long as the shortest run)."""
+        return [statistics.fmean(a) for a in zip(*(r["accuracy"] for r in self.records))]
+
+    @cached_property
+    def detection(self) -> Detection | None:
+        """Best detector over the seeds."""
+        return best_detector(self.records)
+
+
+def partition(groups: Iterable[Group], by: Callable[[Key], Hashable]) -> dict[Hashable, list[Group]]:
+    """``groups`` split by ``by(group.key)``, parts and members in first-seen order."""
+    parts: dict[Hashable, list[Group]] = {}
+    for group in groups:
+        parts.setdefault(by(group.key), []).append(group)
+    return parts
+
+
+@dataclass
+class AccuracyRow:
+    """One aggregator in one scenario: its group per attack, and the worst attacked one."""
+
+    label: str
+    cells: dict[str, Group]
+    worst: Group | None
+
+
+class Results:
+    """All records grouped over seeds, with the scenario keys that differ between them."""
+
+    def __init__(self, records: Sequence[dict]):
+        self.records = list(records)
+        grouped: dict[Key, list[dict]] = {}
+        for record in self.records:
+            grouped.setdefault(key_of(record), []).append(record)
+        self.groups = {key: Group(key, members) for key, members in grouped.items()}
+        self.config_keys = list(dict.fromkeys(
+            k for r in self.records for k in r["config"] if k not in CELL_AXES
+        ))
+        self.varying = [k for k in self.config_keys if len(self.values(k)) > 1]
+
+    def values(self, key: str) -> list[str]:
+        """The distinct values (as text) config ``key`` takes, ``—`` where a cell lacks it."""
+        return list(dict.fromkeys(
+            _show(r["config"][key]) if key in r["config"] else "—" for r in self.records
+        ))
+
+    @property
+    def grid(self) -> list[Group]:
+        """Groups from the grid (not from a sweep)."""
+        return [g for g in self.groups.values() if g.key.sweep is None]
+
+    @property
+    def sweeps(self) -> list[Group]:
+        """Groups from a sweep."""
+        return [g for g in self.groups.values() if g.key.sweep is not None]
+
+    def label(self, name: str, scenario: Scenario) -> str:
+        """``name``, followed by the varying scenario keys' values when there are any."""
+        config = dict(scenario)
+        shown = ", ".join(
+            f"{k}={_show(json.loads(config[k])) if k in config else '—'}" for k in self.varying
+        )
+        return f"{name} ({shown})" if shown else name
+
+    def clean(self, key: Key) -> Group | None:
+        """The clean grid group of ``key``'s aggregator and scenario."""
+        return self.groups.get(Key(key.aggregator, CLEAN, key.scenario, None))
+
+    def damage(self, group: Group) -> float | None:
+        """Clean minus attacked mean final accuracy (a fraction); ``None`` without a clean run."""
+        clean = self.clean(group.key)
+        return clean.mean - group.mean if clean else None
+
+    def mean_damage(self, groups: Iterable[Group]) -> float | None:
+        """Mean damage over the groups that have a clean run."""
+        damages = _finite(self.damage(g) for g in groups)
+        return statistics.fmean(damages) if damages else None
+
+    def attacks(self) -> list[str]:
+        """Grid attacks, ``none`` first, the others in first-seen order."""
+        seen = dict.fromkeys(g.key.attack for g in self.grid)
+        return sorted(seen, key=lambda a: a != CLEAN)
+
+    def accuracy_rows(self) -> list[AccuracyRow]:
+        """One row per grid aggregator and scenario, by worst case descending (none last)."""
+        rows = []
+        for (aggregator, scenario), groups in partition(
+            self.grid, lambda k: (k.aggregator, k.scenario)
+        ).items():
+            cells = {g.key.attack: g for g in groups}
+            attacked = [g for a, g in cells.items() if a != CLEAN]
+            worst = min(attacked, key=lambda g: g.mean, default=None)
+            rows.append(AccuracyRow(self.label(aggregator, scenario), cells, worst))
+        return sorted(rows, key=lambda row: -row.worst.mean if row.worst else math.inf)
+
+
+def _show(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def format_value(value: object) -> str:
+    """A swept parameter value as the engine writes it in the attack spec."""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _pct(fraction: float | None) -> str:
+    return "—" if fraction is None else f"{100 * fraction:.1f}"
+
+
+def _num(value: float | None) -> str:
+    return "—" if value is None or math.isnan(value) else f"{value:.2f}"
+
+
+def _rounds(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return "never" if math.isinf(value) else f"{value:g}"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
+
+
+def _scenario_section(res: Results) -> list[str]:
+    shared = [f"{k}={res.values(k)[0]}" for k in res.config_keys if k not in res.varying]
+    lines = ["## Scenario", "", ", ".join(shared) or "(no shared config)", ""]
+    lines += [f"- varying {k}: {', '.join(res.values(k))}" for k in res.varying]
+    grid = [r for g in res.grid for r in g.records]
+    aggregators = {r["aggregator"] for r in grid}
+    seeds = {r["seed"] for r in grid}
+    lines += [
+        f"- grid: {len(grid)} cells ({len(aggregators)} aggregators x {len(res.attacks())} "
+        f"attacks x {len(seeds)} seeds); sweeps: {len(res.records) - len(grid)} cells", "",
+    ]
+    return lines
+
+
+def _accuracy_section(res: Results) -> list[str]:
+    attacks = res.attacks()
+
+    def cell(row: AccuracyRow, attack: str) -> str:
+        group = row.cells.get(attack)
+        if group is None:
+            return "—"
+        low = f" ({_pct(group.minimum)})" if len(group.records) > 1 else ""
+        return _pct(group.mean) + low
+
+    rows = [
+        [row.label, *(cell(row, a) for a in attacks),
+         _pct(row.worst.mean) if row.worst else "—", row.worst.key.attack if row.worst else "—"]
+        for row in res.accuracy_rows()
+    ]
+    return [
+        "## Accuracy", "",
+        "Final accuracy (%), mean over seeds (lowest seed in brackets). Worst case: the lowest "
+        "mean over the attacks other than none.",
+        "", *_table(["aggregator", *attacks, "worst case", "worst attack"], rows),
+    ]
+
+
+def _kappa(groups: Sequence[Group]) -> str:
+    def top(field: str) -> float | None:
+        return max(_finite(r.get(field) for g in groups for r in g.records), default=None)
+
+    worst, bound = top("kappa_max"), top("kappa_bound")
+    if worst is None or bound is None:
+        return "—"
+    return f"{worst:.2f} {'≤' if worst <= bound else '>'} {bound:.2f}"
+
+
+def _detect_section(res: Results) -> list[str]:
+    rows = []
+    attacked = [g for g in res.grid if g.key.attack != CLEAN]
+    for (attack, scenario), groups in partition(attacked, lambda k: (k.attack, k.scenario)).items():
+        best = best_detector(r for g in groups for r in g.records)
+        validation = median_round(
+            validation_detect_round(g.curve, [r["accuracy"] for r in clean.records])
+            for g in groups if (clean := res.clean(g.key))
+        )
+        rows.append([
+            res.label(attack, scenario), _pct(res.mean_damage(groups)),
+            best.name if best else "—", _num(best and best.auc), _num(best and best.tpr),
+            _rounds(best and best.rounds), _rounds(validation), _kappa(groups),
+        ])
+    header = ["attack", "damage (pp)", "best detector", "AUC", "TPR@5%FPR",
+              "rounds to detect", "validation detect", "κ max vs bound"]
+    return [
+        "## Detectability", "",
+        "Damage: clean minus attacked final accuracy, mean over aggregators and seeds. Best "
+        "detector: highest mean AUC; its rounds to detect are a median over cells. Validation "
+        "detect: first round the attacked accuracy leaves the clean runs' band (median over "
+        "aggregators). Rounds count from 0. κ: largest kappa_max and kappa_bound over cells.",
+        "", *_table(header, rows),
+    ]
+
+
+def _frontier_section(res: Results) -> list[str]:
+    lines = ["## Stealth frontier", ""]
+    sweeps = partition(res.sweeps, lambda k: (k.sweep[0], k.sweep[1], k.scenario))
+    for (attack, param, scenario), groups in sweeps.items():
+        points = []
+        for value, part in sorted(partition(groups, lambda k: k.sweep[2]).items()):
+            best = best_detector(r for g in part for r in g.records)
+            points.append((value, res.mean_damage(part), best))
+        stealthy = [(d, v) for v, d, b in points if d is not None and b and b.auc <= STEALTH_AUC]
+        if stealthy:
+            damage, value = max(stealthy, key=lambda p: p[0])
+            verdict = f"largest damage with best-detector AUC <= {STEALTH_AUC}: " \
+                      f"{_pct(damage)} pp at {param}={format_value(value)}"
+        else:
+            verdict = f"none stays below AUC {STEALTH_AUC}"
+        rows = [[format_value(v), _pct(d), b.name if b else "—", _num(b and b.auc)] for v, d, b in points]
+        lines += [f"### {res.label(attack, scenario)}", "",
+                  *_table([param, "damage (pp)", "best detector", "AUC"], rows), verdict, ""]
+    return lines
+
+
+def write_summary(records: Sequence[dict], out_dir: str | Path, figures: Sequence[Path] = ()) -> Path:
+    """Write ``out_dir/summary.md`` (scenario, accuracy, detectability, stealth frontier when
+    there are sweep records, links to ``figures``); return its path."""
+    res = Results(records)
+    lines = ["# robust bench report", ""]
+    if not res.records:
+        lines += ["No finished cells yet.", ""]
+    else:
+        lines += _scenario_section(res)
+        if res.grid:
+            lines += _accuracy_section(res)
+        if any(g.key.attack != CLEAN for g in res.grid):
+            lines += _detect_section(res)
+        if res.sweeps:
+            lines += _frontier_section(res)
+    if figures:
+        lines += ["## Figures", ""]
+        lines += [f"![{Path(f).stem}]({Path(f).name})" for f in figures] + [""]
+    path = Path(out_dir) / "summary.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def write_report(results_path: str | Path, out_dir: str | Path) -> list[Path]:
+    """Read ``results_path``; write the plots that have data and ``summary.md`` into
+    ``out_dir``; return the written paths, summary first."""
+    from . import plots  # plots uses this module's helpers: import it only when needed
+
+    records = read_results(results_path)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = [p for plot in plots.ALL if (p := plot(records, out / f"{plot.__name__}.png"))]
+    return [write_summary(records, out, figures), *figures]

@@ -1,0 +1,47 @@
+"""The coordinator's round steps that know nothing about Flower: validate, order, aggregate.
+
+The harness's local engine and the Flower ServerApp both call these, so both give the same
+bits for the same inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def rejection_reason(row: torch.Tensor, d: int, max_norm: float | None) -> str | None:
+    """Why a node's row cannot be used (``None`` if it can)."""
+    if not isinstance(row, torch.Tensor) or row.dim() != 1 or row.numel() != d:
+        shape = tuple(row.shape) if isinstance(row, torch.Tensor) else type(row).__name__
+        return f"wrong shape {shape}, expected ({d},)"
+    if row.dtype not in (torch.float32, torch.float64):
+        return f"wrong dtype {row.dtype}"
+    if not bool(torch.isfinite(row).all()):
+        return "non-finite values"
+    if max_norm is not None:
+        norm = float(torch.linalg.vector_norm(row.to(torch.float64)))
+        if not math.isfinite(norm) or norm > max_norm:
+            return f"norm {norm:.4g} above the bound {max_norm:.4g}"
+    return None
+
+
+def canonical(rows: dict[int, torch.Tensor]) -> tuple[list[int], torch.Tensor]:
+    """Node ids sorted, and their rows stacked in that order: the aggregation input."""
+    ids = sorted(rows)
+    return ids, torch.stack([rows[i] for i in ids])
+
+
+def rejected_rows(rows: torch.Tensor, max_norm: float | None) -> dict[int, str]:
+    """Reasons for the rows of a stacked ``(n, d)`` matrix that cannot be used.
+
+    One vectorised screen (a row norm is finite and in bounds only if the row is), then
+    :func:`rejection_reason` on the flagged rows alone, so the reasons are the same words.
+    """
+    norms = torch.linalg.vector_norm(rows, dim=1)
+    flagged = ~torch.isfinite(norms)
+    if max_norm is not None:
+        flagged |= norms > max_norm
+    reasons = {i: rejection_reason(rows[i], rows.shape[1], max_norm) for i in flagged.nonzero().flatten().tolist()}
+    return {i: r for i, r in reasons.items() if r is not None}

@@ -1,0 +1,67 @@
+"""What a volunteer computes in a round: its update from the global model and its data.
+
+One function, :func:`local_update`, written with ``torch.func`` so that the harness can run
+it per node (as a volunteer does) or ``vmap`` it over all nodes at once; both modes compute
+the same mathematics.
+
+- ``local_steps == 1`` (D-SGD): the node sends its worker momentum
+  ``m <- beta m + g`` (PyTorch SGD convention) of the gradient ``g`` on one batch; the server
+  steps ``w <- w - lr F(m_1..m_n)``.
+- ``local_steps > 1`` (FedAvg-style): the node runs that many SGD steps with momentum
+  ``beta`` from ``w`` and sends the model delta ``w_local - w``; the server steps
+  ``w <- w + F(delta_1..delta_n)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad
+
+from robust.params import unflatten
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    local_steps: int = 1
+
+
+def loss_fn(model: nn.Module, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the model with flat parameters ``w`` on ``(x, y)``."""
+    return F.cross_entropy(functional_call(model, unflatten(w, model), (x,)), y)
+
+
+def local_update(
+    model: nn.Module, cfg: TrainConfig, w: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor,
+    m: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(row to send, new worker momentum)`` from batches ``xs[s], ys[s]``, one per local step."""
+    g_of = grad(lambda v, x, y: loss_fn(model, v, x, y))
+    if cfg.local_steps == 1:
+        m = cfg.momentum * m + g_of(w, xs[0], ys[0])
+        return m, m
+    v, local = torch.zeros_like(w), w
+    for s in range(cfg.local_steps):
+        v = cfg.momentum * v + g_of(local, xs[s], ys[s])
+        local = local - cfg.lr * v
+    return local - w, m
+
+
+def apply_update(w: torch.Tensor, aggregate: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """The server's step with the robust aggregate of the rows."""
+    if cfg.local_steps == 1:
+        return w - cfg.lr * aggregate
+    return w + aggregate
+
+
+def batch_indices(part: torch.Tensor, size: int, gen: torch.Generator) -> torch.Tensor:
+    """``size`` indices from a node's partition: without replacement when it is big enough."""
+    if part.numel() >= size:
+        return part[torch.randperm(part.numel(), generator=gen)[:size]]
+    return part[torch.randint(part.numel(), (size,), generator=gen)]

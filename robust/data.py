@@ -1,0 +1,264 @@
+"""Data sets as tensors, built or read offline (the machines that train have no network).
+
+Three sets are generated on the spot ("digits", "mnist1d", "synthetic"); three are read from
+files the user downloaded elsewhere, in the folder ``root`` ("mnist", "fashion-mnist" as IDX
+files, "cifar10" as the python pickle batches). Every loader returns numpy arrays; ``_finish``
+standardises them and converts them to torch once, so there is one code path per step.
+
+Inputs are standardised with the train set's mean and std per channel (dim 1: the colour
+channel of an image, the single channel of a 1-d signal, a feature of a flat vector), so the
+test set is scaled exactly like the data the model trains on.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import pickle
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A train/test split: float32 inputs ``(N, *shape)``, int64 labels in ``[0, classes)``."""
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    classes: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of one sample."""
+        return tuple(self.x_train.shape[1:])
+
+
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # x_train, y_train, x_test, y_test
+CLASSES = 10  # every set here has ten classes
+
+
+def _digits(root: Path | None, seed: int) -> Arrays:
+    """scikit-learn's bundled 8x8 digits (values 0..16), split 80/20 stratified by label."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x_train, x_test, y_train, y_test = train_test_split(
+        digits.images[:, None], digits.target, test_size=0.2, stratify=digits.target,
+        random_state=seed,
+    )
+    return x_train, y_train, x_test, y_test
+
+
+def _mnist1d(root: Path | None, seed: int) -> Arrays:
+    """Greydanus's MNIST-1D, generated with the package's default arguments and ``seed``."""
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.seed = seed
+    # make_dataset seeds and draws from the global RNGs: give the caller its state back.
+    states = random.getstate(), np.random.get_state()
+    try:
+        data = make_dataset(args)
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+    return data["x"][:, None], data["y"], data["x_test"][:, None], data["y_test"]
+
+
+SYNTHETIC_RADIUS = 3.0  # distance of class means from 0 in noise stds; logistic regression ~87%
+
+
+def _synthetic(root: Path | None, seed: int) -> Arrays:
+    """10 unit-variance Gaussian classes in 32-d, means drawn once at ``SYNTHETIC_RADIUS``.
+
+    Means on a sphere (not free Gaussian draws) keep the overlap, hence the accuracy a linear
+    model can reach, nearly the same for every seed.
+    """
+    rng = np.random.default_rng(seed)
+    means = rng.standard_normal((10, 32))
+    means *= SYNTHETIC_RADIUS / np.linalg.norm(means, axis=1, keepdims=True)
+    y_train = rng.permutation(np.arange(3000) % 10)
+    y_test = rng.permutation(np.arange(1000) % 10)
+    x_train = means[y_train] + rng.standard_normal((3000, 32))
+    x_test = means[y_test] + rng.standard_normal((1000, 32))
+    return x_train, y_train, x_test, y_test
+
+
+IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+def _read_idx(path: Path, ndim: int) -> np.ndarray:
+    """An IDX file of unsigned bytes: magic ``0x0000080<ndim>``, big-endian uint32 dims, data."""
+    raw = _read_bytes(path)
+    expected = 0x0800 | ndim
+    header = 4 + 4 * ndim
+    magic = int.from_bytes(raw[:4], "big")
+    if len(raw) < header or magic != expected:
+        raise ValueError(f"{path} is not an IDX file of {ndim}-d unsigned bytes (magic number "
+                         f"{magic:#010x}, expected {expected:#010x}): re-download it")
+    dims = tuple(int.from_bytes(raw[i:i + 4], "big") for i in range(4, header, 4))
+    data = np.frombuffer(raw, np.uint8, offset=header)
+    if data.size != math.prod(dims):
+        raise ValueError(f"{path} holds {data.size} bytes of data but its header says {dims}: "
+                         "it is truncated or corrupt, re-download it")
+    return data.reshape(dims)
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The content of ``path``, gunzipped if its name ends in .gz."""
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            return f.read()
+    except (OSError, EOFError) as e:
+        raise ValueError(f"{path} cannot be read ({e}): re-download it") from e
+
+
+def _idx(name: str) -> Callable[[Path | None, int], Arrays]:
+    """The loader of an MNIST-format set (28x28 images, IDX files, optionally gzipped)."""
+    listed = ", ".join(f"{f}[.gz]" for f in IDX_FILES)
+
+    def read(root: Path | None, seed: int) -> Arrays:
+        if root is None:
+            raise ValueError(f"{name} is read from its IDX files ({listed}): download them on a "
+                             "machine with network and pass --data-root")
+        found = {f: next((p for p in (root / f, root / f"{f}.gz") if p.is_file()), None)
+                 for f in IDX_FILES}
+        if None in found.values():
+            missing = ", ".join(f for f, p in found.items() if p is None)
+            raise ValueError(f"{name} needs its IDX files in {root} ({listed}; missing: "
+                             f"{missing}): download them on a machine with network and pass "
+                             "--data-root")
+        x_train, y_train, x_test, y_test = (_read_idx(found[f], 3 if "images" in f else 1)
+                                            for f in IDX_FILES)
+        return _check(root, (28, 28), x_train[:, None], y_train, x_test[:, None], y_test)
+
+    return read
+
+
+CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch")
+_PICKLE_GLOBALS = {  # what a pickled numpy array needs, written by old or new numpy
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+}
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Unpickles dicts of numpy arrays and nothing else: a pickle can run any code it names."""
+
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) not in _PICKLE_GLOBALS:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One batch: ``{"data": uint8 (n, 3072), "labels": [n ints]}``, as images (n, 3, 32, 32)."""
+    try:
+        with open(path, "rb") as f:
+            batch = _ArrayUnpickler(f, encoding="latin1").load()  # latin1: python 2 pickles
+        data, labels = np.asarray(batch["data"]), np.asarray(batch["labels"])
+    except Exception as e:  # a corrupt pickle can raise almost anything
+        raise ValueError(f"{path} is not a CIFAR-10 python batch ({e!r}): re-download "
+                         "cifar-10-python.tar.gz and extract it") from e
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise ValueError(f"{path} holds data of {data.dtype} {data.shape}, not uint8 (n, 3072): "
+                         "re-download cifar-10-python.tar.gz and extract it")
+    return data.reshape(-1, 3, 32, 32), labels
+
+
+def _cifar10(root: Path | None, seed: int) -> Arrays:
+    """CIFAR-10 from the python batches in ``root`` or in ``root/cifar-10-batches-py``."""
+    listed = ", ".join(CIFAR_FILES)
+    if root is None:
+        raise ValueError(f"cifar10 is read from its python batches ({listed}): download "
+                         "cifar-10-python.tar.gz on a machine with network, extract it and pass "
+                         "--data-root")
+    if (root / "cifar-10-batches-py").is_dir():
+        root = root / "cifar-10-batches-py"
+    missing = [f for f in CIFAR_FILES if not (root / f).is_file()]
+    if missing:
+        raise ValueError(f"cifar10 needs its python batches in {root} ({listed}; missing: "
+                         f"{', '.join(missing)}): download cifar-10-python.tar.gz on a machine "
+                         "with network, extract it and pass --data-root")
+    batches = [_read_cifar_batch(root / f) for f in CIFAR_FILES]
+    x_train = np.concatenate([x for x, _ in batches[:-1]])
+    y_train = np.concatenate([y for _, y in batches[:-1]])
+    return _check(root, (3, 32, 32), x_train, y_train, *batches[-1])
+
+
+def _check(root: Path, shape: tuple[int, ...], x_train: np.ndarray, y_train: np.ndarray,
+           x_test: np.ndarray, y_test: np.ndarray) -> Arrays:
+    """Refuse files whose images and labels do not match each other or the expected format."""
+    for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+        if not len(x) or x.shape[-len(shape):] != shape or len(x) != len(y):
+            raise ValueError(f"the {split} files in {root} hold {len(x)} images of "
+                             f"{x.shape[1:]} and {len(y)} labels, expected images of {shape} "
+                             "and one label each: re-download them")
+        if y.min() < 0 or y.max() >= CLASSES:
+            raise ValueError(f"the {split} labels in {root} are not all in 0..{CLASSES - 1}: "
+                             "re-download them")
+    return x_train, y_train, x_test, y_test
+
+
+LOADERS: dict[str, Callable[[Path | None, int], Arrays]] = {
+    "digits": _digits,
+    "mnist1d": _mnist1d,
+    "synthetic": _synthetic,
+    "mnist": _idx("mnist"),
+    "fashion-mnist": _idx("fashion-mnist"),
+    "cifar10": _cifar10,
+}
+
+
+def names() -> list[str]:
+    """The data sets ``load`` knows; the first three need no files."""
+    return list(LOADERS)
+
+
+def load(name: str, *, root: str | None = None, seed: int = 0) -> Dataset:
+    """The data set ``name``, standardised; same name, files and seed give identical bits.
+
+    ``root`` is the folder of a file-based set's files; ``seed`` draws the generated sets
+    (and the digits split) and is ignored by the file-based ones, whose split is fixed.
+    """
+    if name not in LOADERS:
+        raise ValueError(f"unknown data set {name!r}: choose one of {', '.join(LOADERS)}")
+    arrays = LOADERS[name](None if root is None else Path(root), seed)
+    return _finish(name, *arrays)
+
+
+def _finish(name: str, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,
+            y_test: np.ndarray) -> Dataset:
+    """Standardise per channel with float64 train statistics and convert to torch."""
+    x_train = x_train.astype(np.float32)
+    x_test = x_test.astype(np.float32)
+    axes = (0, *range(2, x_train.ndim))
+    mean = x_train.mean(axis=axes, dtype=np.float64, keepdims=True)
+    x_train -= mean
+    x_test -= mean
+    # einsum accumulates the squares in float64 without a float64 copy of the data.
+    flat = x_train.reshape(*x_train.shape[:2], -1)
+    sq = np.einsum("nck,nck->c", flat, flat, dtype=np.float64)
+    std = np.sqrt(sq / (x_train.size / x_train.shape[1])).reshape(mean.shape)
+    std[std == 0] = 1.0  # a constant channel carries nothing: leave it at 0
+    x_train /= std
+    x_test /= std
+    return Dataset(
+        name=name,
+        x_train=torch.from_numpy(x_train),
+        y_train=torch.from_numpy(y_train.astype(np.int64)),
+        x_test=torch.from_numpy(x_test),
+        y_test=torch.from_numpy(y_test.astype(np.int64)),
+        classes=CLASSES,
+    )

@@ -1,0 +1,175 @@
+"""The bench report: numbers in summary.md checked against hand-computed values, the PNGs,
+and the reading of a results.jsonl cut short by a killed run."""
+
+import json
+import math
+
+import pytest
+
+from evaluation.report import read_results, validation_detect_round, write_report, write_summary
+
+NAN = math.nan
+CONFIG = {"dataset": "mnist1d", "partition": "dirichlet", "alpha": 0.3, "model": "mlp",
+          "nodes": 10, "byzantine": 2, "rounds": 4, "batch-size": 32, "lr": 0.1}
+
+# (aggregator, attack) -> per seed: accuracy curve (its last value is the final accuracy),
+# {detector: (auc, tpr_at_5fpr, rounds_to_detect)}, kappa_max.
+CLEAN_SCORES = {"norm": (NAN, 0.0, None), "krum-score": (NAN, 0.0, None)}
+GRID = {
+    ("mean", "none"): [([.3, .5, .7, .90], CLEAN_SCORES, 0.5), ([.4, .6, .8, .92], CLEAN_SCORES, 0.5)],
+    ("mean", "alie"): [([.35, .52, .5, .5], {"norm": (.5, .1, None), "krum-score": (.9, .5, 3)}, 1.0),
+                       ([.35, .58, .6, .6], {"norm": (.6, .1, None), "krum-score": (.9, .7, 5)}, 2.0)],
+    ("mean", "ipm"): [([.3, .5, .7, .70], {"norm": (.99, 1., 1), "krum-score": (.5, 0., None)}, 5.0),
+                      ([.4, .6, .8, .80], {"norm": (.97, 1., 1), "krum-score": (.5, 0., None)}, 1.0)],
+    ("krum", "none"): [([.3, .5, .7, .88], CLEAN_SCORES, 0.5), ([.4, .6, .8, .86], CLEAN_SCORES, 0.5)],
+    ("krum", "alie"): [([.3, .5, .7, .80], {"norm": (.7, .1, None), "krum-score": (.8, .6, None)}, 1.5),
+                       ([.4, .6, .8, .78], {"norm": (.8, .1, None), "krum-score": (.8, .6, 4)}, 3.0)],
+    ("krum", "ipm"): [([.5, .6, .6, .60], {"norm": (NAN, 1., 1), "krum-score": (.5, 0., None)}, 1.0),
+                      ([.5, .6, .6, .62], {"norm": (.98, .8, 2), "krum-score": (.5, 0., None)}, 1.0)],
+}
+# (attack, param, value, aggregator) -> final accuracy, norm AUC (one seed each).
+SWEEP = {
+    ("alie", "z", 0.5, "krum"): (.85, .55), ("alie", "z", 0.5, "mean"): (.87, .55),
+    ("alie", "z", 1.0, "krum"): (.80, .60), ("alie", "z", 1.0, "mean"): (.81, .60),
+    ("alie", "z", 2.0, "krum"): (.60, .90), ("alie", "z", 2.0, "mean"): (.50, .90),
+    ("ipm", "epsilon", 0.1, "krum"): (.70, .90),
+}
+
+
+def record(aggregator, attack, seed, curve, scores, kappa_max, config=CONFIG, sweep=None):
+    """One results.jsonl record, as the engine writes it."""
+    return {
+        "cell": f"{aggregator}|{attack}|{seed}|{json.dumps(config, sort_keys=True)}",
+        "aggregator": aggregator, "attack": attack, "seed": seed, "config": config,
+        "sweep": sweep, "final_accuracy": curve[-1], "accuracy": curve,
+        "detect": {name: {"auc": auc, "tpr_at_5fpr": tpr, "rounds_to_detect": rounds}
+                   for name, (auc, tpr, rounds) in scores.items()},
+        "kappa": [kappa_max] * len(curve), "kappa_max": kappa_max, "kappa_bound": 4.0,
+        "backdoor_asr": None, "model_sha256": "0" * 64, "wall_time": 1.0, "node_steps_per_s": 100.0,
+    }
+
+
+def grid_records():
+    return [record(agg, attack, seed, *cell)
+            for (agg, attack), seeds in GRID.items() for seed, cell in enumerate(seeds)]
+
+
+def sweep_records():
+    return [record(agg, f"{attack}:{param}={value}", 0, [.3, .5, .7, final],
+                   {"norm": (auc, .5, 2)}, 1.0,
+                   sweep={"attack": attack, "param": param, "value": value})
+            for (attack, param, value, agg), (final, auc) in SWEEP.items()]
+
+
+def write_jsonl(path, records, tail=""):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
+    return path
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    results = write_jsonl(out / "results.jsonl", grid_records() + sweep_records())
+    paths = write_report(results, out)
+    return paths, paths[0].read_text()
+
+
+def test_scenario_lists_the_shared_config_and_the_cell_counts(report):
+    _, summary = report
+    assert "dataset=mnist1d, partition=dirichlet, alpha=0.3, model=mlp, nodes=10" in summary
+    assert "- grid: 12 cells (2 aggregators x 3 attacks x 2 seeds); sweeps: 7 cells" in summary
+    assert "varying" not in summary
+
+
+def test_accuracy_table_is_mean_over_seeds_sorted_by_worst_case(report):
+    _, summary = report
+    header = "| aggregator | none | alie | ipm | worst case | worst attack |"
+    krum = "| krum | 87.0 (86.0) | 79.0 (78.0) | 61.0 (60.0) | 61.0 | ipm |"
+    mean = "| mean | 91.0 (90.0) | 55.0 (50.0) | 75.0 (70.0) | 55.0 | alie |"
+    # krum is cleaner-worse but worst-case-better: it comes first.
+    assert summary.index(header) < summary.index(krum) < summary.index(mean)
+
+
+def test_detectability_rows(report):
+    _, summary = report
+    # alie: damage mean(91-55, 87-79) = 22; krum-score AUC mean(.9,.9,.8,.8), rounds median
+    # (3, 4, 5, never) = 4.5; validation detect (rounds from 0) median(mean: 2, krum: 3) = 2.5.
+    assert "| alie | 22.0 | krum-score | 0.85 | 0.60 | 4.5 | 2.5 | 3.00 ≤ 4.00 |" in summary
+    # ipm: damage mean(16, 26) = 21; norm AUC mean(.99, .97, .98) (NaN left out);
+    # validation detect median(mean: 3, krum: 0) = 1.5; kappa 5 above bound 4.
+    assert "| ipm | 21.0 | norm | 0.98 | 0.95 | 1 | 1.5 | 5.00 > 4.00 |" in summary
+    assert "| none |" not in summary.split("## Detectability")[1]
+
+
+def test_stealth_frontier_table_and_sentence(report):
+    _, summary = report
+    alie = summary.split("### alie")[1].split("###")[0]
+    for row in ["| 0.5 | 3.0 | norm | 0.55 |", "| 1 | 8.5 | norm | 0.60 |",
+                "| 2 | 34.0 | norm | 0.90 |"]:
+        assert row in alie
+    assert "largest damage with best-detector AUC <= 0.6: 8.5 pp at z=1" in alie
+    assert "none stays below AUC 0.6" in summary.split("### ipm")[1]
+
+
+def test_pngs_are_written_valid_and_linked(report):
+    paths, summary = report
+    assert [p.name for p in paths] == ["summary.md", "heatmap.png", "accuracy_curves.png",
+                                       "damage_vs_detectability.png", "stealth_frontier.png"]
+    for png in paths[1:]:
+        data = png.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1024, png
+        assert f"]({png.name})" in summary
+
+
+def test_validation_detect_round():
+    clean = [[.1, .2, .3], [.2, .3, .4]]
+    assert validation_detect_round([.1, .3, .5], clean) == 2  # band edges are inside
+    assert validation_detect_round([.15, .1, .35], clean) == 1
+    assert validation_detect_round([.3, .25, .35], clean) == 0
+    assert validation_detect_round([.15, .25, .35, .9], clean) is None  # past the clean runs
+    assert validation_detect_round([.9, .9], []) is None
+
+
+def test_cells_cut_short_by_a_killed_run_are_skipped(tmp_path):
+    records = grid_records()
+    rerun = {**records[0], "final_accuracy": 0.5}
+    text = json.dumps(records[1])
+    cut = text[:text.index(', "kappa"')]  # ends with a whole nested object: the "detect" dict
+    results = write_jsonl(tmp_path / "results.jsonl", records + [rerun], tail="\n" + cut)
+    with pytest.warns(UserWarning, match="line 15: skipped a cell cut short"):
+        read = read_results(results)
+    assert sorted(r["cell"] for r in read) == sorted(r["cell"] for r in records)
+    assert [r["final_accuracy"] for r in read if r["cell"] == rerun["cell"]] == [0.5]
+    # A resumed run appended to the cut line: the whole record after the cut is kept.
+    results.write_text(cut + "\n" + cut + json.dumps(records[2]) + "\n" + json.dumps(records[3]))
+    with pytest.warns(UserWarning) as caught:
+        assert [r["cell"] for r in read_results(results)] == [records[2]["cell"], records[3]["cell"]]
+    assert [str(w.message).split("jsonl ")[1] for w in caught] == [
+        "line 1: skipped a cell cut short by a killed run",
+        "line 2: skipped a cell cut short by a killed run, kept the whole record after the cut",
+    ]
+    results.write_text(json.dumps({"cell": "x"}) + "\n")
+    with pytest.raises(ValueError, match="line 1 lacks"):
+        read_results(results)
+
+
+def test_a_sweep_run_reports_clean_accuracy_and_the_frontier_only(tmp_path):
+    clean = [r for r in grid_records() if r["attack"] == "none"]
+    results = write_jsonl(tmp_path / "results.jsonl", clean + sweep_records())
+    paths = write_report(results, tmp_path)
+    summary = paths[0].read_text()
+    assert "| krum | 87.0 (86.0) | — | — |" in summary
+    assert "Detectability" not in summary and "Stealth frontier" in summary
+    assert [p.name for p in paths[1:]] == ["heatmap.png", "accuracy_curves.png", "stealth_frontier.png"]
+
+
+def test_varying_scenario_keys_label_the_rows(tmp_path):
+    records = [
+        record("mean", attack, 0, [.5, final], {"norm": (auc, .5, 1)}, 1.0, {**CONFIG, "alpha": alpha})
+        for alpha, attack, final, auc in [(0.1, "none", .8, NAN), (0.1, "alie", .6, .7),
+                                          (1.0, "none", .9, NAN), (1.0, "alie", .6, .7)]
+    ]
+    summary = write_summary(records, tmp_path).read_text()
+    assert "- varying alpha: 0.1, 1.0" in summary
+    assert "| mean (alpha=1.0) | 90.0 | 60.0 | 60.0 | alie |" in summary
+    assert "| alie (alpha=0.1) | 20.0 |" in summary and "| alie (alpha=1.0) | 30.0 |" in summary

@@ -1,0 +1,104 @@
+"""Models, flat parameters, seeds, a volunteer's update and the coordinator's row checks."""
+
+import pytest
+import torch
+from torch.func import vmap
+
+from nodes.rounds import canonical, rejected_rows, rejection_reason
+from nodes.training import TrainConfig, apply_update, batch_indices, local_update, loss_fn
+from robust.models import build_model
+from robust.params import flat_params, sha256, unflatten
+from robust.seeds import derive, generator
+
+
+@pytest.mark.parametrize(
+    "name, shape", [("logreg", (32,)), ("mlp", (1, 8, 8)), ("cnn", (1, 40)), ("cnn", (3, 32, 32))]
+)
+def test_models_are_seeded_and_shaped(name, shape):
+    a, b = build_model(name, shape, 10, seed=3), build_model(name, shape, 10, seed=3)
+    assert torch.equal(flat_params(a), flat_params(b))
+    assert not torch.equal(flat_params(a), flat_params(build_model(name, shape, 10, seed=4)))
+    assert a(torch.zeros(2, *shape)).shape == (2, 10)
+
+
+def test_model_errors_say_what_to_use():
+    with pytest.raises(ValueError, match="unknown model 'resnet': choose from logreg, mlp, cnn"):
+        build_model("resnet", (4,), 2)
+    with pytest.raises(ValueError, match="cnn needs samples shaped"):
+        build_model("cnn", (4,), 2)
+
+
+def test_build_model_leaves_the_global_rng_alone():
+    state = torch.random.get_rng_state()
+    build_model("mlp", (8,), 3, seed=1)
+    assert torch.equal(state, torch.random.get_rng_state())
+
+
+def test_flat_params_round_trip_and_hash():
+    model = build_model("mlp", (1, 8, 8), 10)
+    w = flat_params(model)
+    assert w.numel() == sum(p.numel() for p in model.parameters())
+    views = unflatten(w, model)
+    assert all(torch.equal(views[k], p) for k, p in model.named_parameters())
+    assert sha256(w) == sha256(w.clone()) != sha256(w + 1e-7)
+    with pytest.raises(ValueError, match="vector has 3 values"):
+        unflatten(torch.zeros(3), model)
+
+
+def test_seeds_depend_only_on_their_parts():
+    assert derive(0, 1, "batch") == derive(0, 1, "batch") != derive(0, 2, "batch")
+    assert torch.equal(torch.rand(3, generator=generator(5, "x")), torch.rand(3, generator=generator(5, "x")))
+
+
+def test_batch_indices_stay_in_the_partition():
+    part = torch.tensor([3, 8, 9, 20])
+    assert set(batch_indices(part, 3, generator(0)).tolist()) <= set(part.tolist())
+    assert len(set(batch_indices(part, 4, generator(0)).tolist())) == 4  # without replacement
+    assert batch_indices(part, 10, generator(0)).numel() == 10  # with replacement when small
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_vmapped_updates_equal_per_node_updates(steps):
+    """The harness's vectorised mode computes what each volunteer computes (to rounding)."""
+    model = build_model("mlp", (6,), 3, seed=0)
+    cfg = TrainConfig(batch_size=5, lr=0.1, momentum=0.9, local_steps=steps)
+    w = flat_params(model)
+    g = torch.Generator().manual_seed(0)
+    xs, ys = torch.randn(4, steps, 5, 6, generator=g), torch.randint(3, (4, steps, 5), generator=g)
+    m = torch.randn(4, w.numel(), generator=g)
+    rows, moms = vmap(lambda *a: local_update(model, cfg, *a), in_dims=(None, 0, 0, 0))(w, xs, ys, m)
+    for i in range(4):
+        row, mom = local_update(model, cfg, w, xs[i], ys[i], m[i])
+        assert torch.allclose(rows[i], row, atol=1e-6) and torch.allclose(moms[i], mom, atol=1e-6)
+
+
+def test_one_step_update_is_worker_momentum_of_the_gradient():
+    model = build_model("logreg", (2,), 2, seed=0)
+    cfg = TrainConfig(batch_size=2, lr=0.5, momentum=0.5, local_steps=1)
+    w = flat_params(model).requires_grad_(True)
+    x, y = torch.tensor([[1.0, 2.0], [0.0, -1.0]]), torch.tensor([0, 1])
+    (g,) = torch.autograd.grad(loss_fn(model, w, x, y), w)
+    m0 = torch.ones_like(w)
+    row, m1 = local_update(model, cfg, w.detach(), x[None], y[None], m0)
+    assert torch.allclose(row, 0.5 * m0 + g) and torch.equal(row, m1)
+    assert torch.allclose(apply_update(w.detach(), row, cfg), w.detach() - 0.5 * row)
+
+
+def test_rejection_reasons():
+    assert rejection_reason(torch.ones(4), 4, None) is None
+    assert rejection_reason(torch.ones(3), 4, None) == "wrong shape (3,), expected (4,)"
+    assert rejection_reason(torch.ones(4, dtype=torch.int64), 4, None) == "wrong dtype torch.int64"
+    assert rejection_reason(torch.tensor([1.0, float("nan"), 0, 0]), 4, None) == "non-finite values"
+    assert rejection_reason(torch.full((4,), 3.0), 4, 5.0) == "norm 6 above the bound 5"
+    assert rejection_reason("junk", 4, None) == "wrong shape str, expected (4,)"
+
+
+def test_canonical_order_is_by_node_id():
+    ids, X = canonical({7: torch.tensor([7.0]), 2: torch.tensor([2.0]), 5: torch.tensor([5.0])})
+    assert ids == [2, 5, 7] and X[:, 0].tolist() == [2.0, 5.0, 7.0]
+
+
+def test_rejected_rows_screens_a_stack():
+    rows = torch.tensor([[1.0, 1.0], [float("inf"), 0.0], [3.0e38, 3.0e38], [4.0, 4.0]])
+    assert rejected_rows(rows, None) == {1: "non-finite values"}  # row 2 overflows float32 only
+    assert rejected_rows(rows, 5.0) == {1: "non-finite values", 2: "norm 4.243e+38 above the bound 5", 3: "norm 5.657 above the bound 5"}
