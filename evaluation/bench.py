@@ -20,6 +20,7 @@ from pathlib import Path
 from .engine import Cell, run_cell
 from .report import read_results, write_report
 from .scenario import cell_id, cells, load_scenario
+from .speed import plain_loop_rate
 
 
 def _run(cell: Cell, vectorize: bool) -> dict:
@@ -87,9 +88,26 @@ def main(args: argparse.Namespace) -> int:
             )
             return 130
     print(file=sys.stderr)
+    write_speed(out / "speed.json", todo_all[0].config)
     paths = write_report(results, out)
     print(f"report: {out / 'summary.md'} ({len(paths)} files in {out})")
     return 0
+
+
+def write_speed(path: Path, config: dict) -> None:
+    """The engine's node-steps/s (median over this DIR's cells) beside the plain per-node
+    loop's, measured now on the first scenario, and their ratio."""
+    rates = sorted(r["node_steps_per_s"] for r in read_results(path.parent / "results.jsonl"))
+    if not rates:
+        return
+    engine = rates[len(rates) // 2]
+    plain = plain_loop_rate(config)
+    speed = {"engine_node_steps_per_s": engine, "plain_loop_node_steps_per_s": plain, "speedup": engine / plain}
+    path.write_text(json.dumps(speed, indent=1) + "\n")
+    print(
+        f"speed: {engine:.0f} node-steps/s (engine, median cell, whole rounds) vs {plain:.0f} "
+        f"(plain per-node loop, same scenario, measured now): {engine / plain:.1f}x"
+    )
 
 
 def _run_parallel(todo: list[Cell], args: argparse.Namespace, save) -> None:

@@ -378,6 +378,20 @@ def _frontier_section(res: Results) -> list[str]:
     return lines
 
 
+def _speed_section(path: Path) -> list[str]:
+    """The engine's speed against the plain per-node loop (``speed.json``, written by bench)."""
+    if not path.exists():
+        return []
+    speed = json.loads(path.read_text())
+    return [
+        "## Speed", "",
+        f"{speed['engine_node_steps_per_s']:.0f} node-steps/s for the engine (median cell, whole rounds: "
+        f"training, attack, validation, robust aggregation, detectors, evaluation) against "
+        f"{speed['plain_loop_node_steps_per_s']:.0f} for a plain per-node PyTorch loop (mean aggregation "
+        f"only) on the same scenario, measured in the same run: **{speed['speedup']:.1f}x**.", "",
+    ]
+
+
 def write_summary(records: Sequence[dict], out_dir: str | Path, figures: Sequence[Path] = ()) -> Path:
     """Write ``out_dir/summary.md`` (scenario, accuracy, detectability, stealth frontier when
     there are sweep records, links to ``figures``); return its path."""
@@ -393,6 +407,7 @@ def write_summary(records: Sequence[dict], out_dir: str | Path, figures: Sequenc
             lines += _detect_section(res)
         if res.sweeps:
             lines += _frontier_section(res)
+    lines += _speed_section(Path(out_dir) / "speed.json")
     if figures:
         lines += ["## Figures", ""]
         lines += [f"![{Path(f).stem}]({Path(f).name})" for f in figures] + [""]

@@ -1,0 +1,110 @@
+"""robust bench end to end: grid expansion, resume, parallel cells, determinism, report."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from evaluation.engine import Cell, run_cell
+from evaluation.scenario import cell_id, cells, grid, load_scenario, sweep_specs
+
+TINY = [
+    "rounds=4", "nodes=7", "byzantine=1", "seeds=[0]", "dataset=synthetic", "model=logreg",
+    'aggregators=["mean","trimmed-mean"]', 'attacks=["none","alie","label-flip"]',
+]
+
+
+def bench(out, *extra):
+    cmd = [sys.executable, "-m", "robust.cli", "bench", "--out", str(out)]
+    for item in TINY:
+        cmd += ["--set", item]
+    return subprocess.run(cmd + list(extra), capture_output=True, text=True, timeout=600)
+
+
+def records(out):
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def test_grid_expands_list_values_and_axes():
+    scenario = load_scenario(None, TINY + ["alpha=[0.1, 1.0]", "partition=dirichlet"])
+    assert len(grid(scenario)) == 2
+    assert len(cells(scenario)) == 2 * 2 * 3
+    assert len({cell_id(c) for c in cells(scenario)}) == 12
+
+
+def test_scenario_errors_say_what_to_fix(tmp_path):
+    with pytest.raises(ValueError, match="unknown scenario keys \\['node'\\]"):
+        load_scenario(None, ["node=3"])
+    with pytest.raises(ValueError, match="krum needs n >= 2f \\+ 3"):
+        load_scenario(None, ["nodes=6", "byzantine=2", 'aggregators=["krum"]'])
+    with pytest.raises(ValueError, match="unknown dataset 'imagenet'"):
+        load_scenario(None, ["dataset=imagenet"])
+    with pytest.raises(ValueError, match="not found"):
+        load_scenario(str(tmp_path / "missing.toml"))
+    (tmp_path / "bad.toml").write_text("rounds = 3\n")
+    with pytest.raises(ValueError, match="no \\[scenario\\] table"):
+        load_scenario(str(tmp_path / "bad.toml"))
+
+
+def test_sweep_specs():
+    specs = sweep_specs("alie:z=0.5..2", 4)
+    assert [s for s, _ in specs] == ["alie:z=0.5", "alie:z=1", "alie:z=1.5", "alie:z=2"]
+    assert specs[1][1] == {"attack": "alie", "param": "z", "value": 1.0}
+    with pytest.raises(ValueError, match="LOW..HIGH"):
+        sweep_specs("alie:z=1", 4)
+
+
+def test_cell_is_deterministic_and_per_node_mode_matches():
+    cfg = grid(load_scenario(None, TINY))[0]
+    a = run_cell(Cell(cfg, "trimmed-mean", "alie", 0))
+    b = run_cell(Cell(cfg, "trimmed-mean", "alie", 0))
+    assert a["model_sha256"] == b["model_sha256"]
+    slow = run_cell(Cell(cfg, "trimmed-mean", "alie", 0), vectorize=False)
+    assert slow["final_accuracy"] == pytest.approx(a["final_accuracy"], abs=0.02)
+    assert a["model_sha256"] != run_cell(Cell(cfg, "trimmed-mean", "alie", 1))["model_sha256"]
+
+
+def test_inf_rows_are_rejected_and_the_run_goes_on():
+    cfg = grid(load_scenario(None, TINY))[0]
+    record = run_cell(Cell(cfg, "trimmed-mean", "inf", 0))
+    clean = run_cell(Cell(cfg, "trimmed-mean", "none", 0))
+    assert record["rejected"] == 4 and record["skipped_rounds"] == 0  # one node, four rounds
+    assert record["accuracy"][-1] > record["accuracy"][0]  # training went on with 6 rows
+    assert record["final_accuracy"] == pytest.approx(clean["final_accuracy"], abs=0.02)
+
+
+def test_bench_runs_resumes_and_reports(tmp_path):
+    out = tmp_path / "run"
+    first = bench(out)
+    assert first.returncode == 0, first.stderr
+    assert "report:" in first.stdout and "speed:" in first.stdout
+    rows = records(out)
+    assert len(rows) == 6 and {r["attack"] for r in rows} == {"none", "alie", "label-flip"}
+    for r in rows:
+        assert 0 <= r["final_accuracy"] <= 1 and len(r["accuracy"]) == 4
+        assert set(r["detect"]) >= {"norm", "krum-score", "spectral"}
+    summary = (out / "summary.md").read_text()
+    assert "## Accuracy" in summary and "## Speed" in summary
+    assert all((out / name).stat().st_size > 1000 for name in ("heatmap.png", "accuracy_curves.png"))
+    again = bench(out)  # everything is finished: nothing runs twice
+    assert "6 cells (6 already in" in again.stderr and len(records(out)) == 6
+
+    parallel = tmp_path / "jobs"
+    assert bench(parallel, "--jobs", "2").returncode == 0
+    shas = {r["cell"]: r["model_sha256"] for r in rows}
+    assert {r["cell"]: r["model_sha256"] for r in records(parallel)} == shas
+
+
+def test_bench_sweep_writes_the_frontier(tmp_path):
+    out = tmp_path / "sweep"
+    done = bench(out, "--sweep", "ipm:eps=0.1..2", "--sweep-points", "2")
+    assert done.returncode == 0, done.stderr
+    assert "Stealth frontier" in (out / "summary.md").read_text()
+    assert (out / "stealth_frontier.png").exists()
+
+
+def test_bench_reports_a_bad_scenario_without_a_traceback(tmp_path):
+    done = bench(tmp_path / "x", "--set", "nodes=2")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "error:" in done.stderr
