@@ -284,8 +284,21 @@ TRANSLATION_RULES = ["mean", "median", "trimmed-mean", "meamed", "geometric-medi
 @given(data=st.data())
 def test_translation_equivariance(rule, data):
     X, f = data.draw(case_for(rule))
+    if rule == "meamed":  # two values equally far from the median: rounding breaks the tie
+        assume(not has_median_tie(X))
     t = data.draw(matrix(1, X.shape[1]))[0]
     assert_close(run(rule, f, X + t), run(rule, f, X) + t, scale_of(X, t))
+
+
+def has_median_tie(X: torch.Tensor) -> bool:
+    """Does some column hold two different values at the same distance from its median?"""
+    for column in X.T:
+        med = column.median() if len(column) % 2 else column.sort().values[len(column) // 2 - 1 : len(column) // 2 + 1].mean()
+        dist = (column - med).abs()
+        for i, j in itertools.combinations(range(len(column)), 2):
+            if column[i] != column[j] and torch.isclose(dist[i], dist[j], rtol=1e-9, atol=0):
+                return True
+    return False
 
 
 @SETTINGS
