@@ -27,9 +27,9 @@ def roc_auc(scores: torch.Tensor, positive: torch.Tensor) -> float:
     pos, neg = _split(scores, positive)
     if pos.numel() == 0 or neg.numel() == 0:
         return math.nan
-    greater = (pos[:, None] > neg[None, :]).sum()
-    ties = (pos[:, None] == neg[None, :]).sum()
-    return float((greater + 0.5 * ties) / (pos.numel() * neg.numel()))
+    greater = int((pos[:, None] > neg[None, :]).sum())
+    ties = int((pos[:, None] == neg[None, :]).sum())
+    return (greater + 0.5 * ties) / (pos.numel() * neg.numel())  # exact counts, float64 ratio
 
 
 def tpr_at_fpr(scores: torch.Tensor, positive: torch.Tensor, fpr: float = 0.05) -> float:
