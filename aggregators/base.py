@@ -34,9 +34,14 @@ class Stage(Component):
 
 
 class Rule(Stage):
-    """A final aggregation rule: ``(n, d) -> (d,)``."""
+    """A final aggregation rule: ``(n, d) -> (d,)``.
+
+    Rules that select rows (Krum, Multi-Krum, Bulyan, MDA, CAF) record in ``last_kept`` which
+    rows of their last input they used (bool ``(n,)``), so detectors can score "discarded".
+    """
 
     is_rule = True
+    last_kept: torch.Tensor | None = None
 
     def aggregate(self, X: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -46,6 +51,7 @@ class PreAggregator(Stage):
     """A transformation applied before the rule: ``(n, d) -> (rows(n), d)``, same ``f``."""
 
     is_rule = False
+    keeps_rows: ClassVar[bool] = True  # output row i still stands for input row i alone
 
     def rows(self, n: int) -> int:
         """How many rows this stage outputs for ``n`` input rows."""

@@ -19,6 +19,7 @@ from .base import PreAggregator, register
 @register
 class Bucketing(PreAggregator):
     name = "bucketing"
+    keeps_rows = False
 
     def __init__(self, f: int, *, s: int = 2, seed: int = 0) -> None:
         super().__init__(f)

@@ -43,5 +43,7 @@ class Bulyan(Rule):
         n, f = X.shape[0], self.f
         theta = n - 2 * f
         selected = bulyan_selection(sq_distances(X), f, theta)
+        self.last_kept = torch.zeros(n, dtype=torch.bool, device=X.device)
+        self.last_kept[selected] = True
         beta = theta - 2 * f
         return reduce_sorted_columns(X, lambda S: mean_closest_to_median(S, beta), selected)

@@ -54,4 +54,6 @@ class CAF(Rule):
         self._require(n > 2 * self.f, "> 2f", n)
 
     def aggregate(self, X: torch.Tensor) -> torch.Tensor:
-        return weighted_sum(X, caf_weights(sq_distances(X, exact=False), self.f))
+        w = caf_weights(sq_distances(X, exact=False), self.f)
+        self.last_kept = w > 0
+        return weighted_sum(X, w)

@@ -50,6 +50,14 @@ class Chain:
             X = stage.transform(X, inplace=X is not original)
         return self.rule.aggregate(X)
 
+    @property
+    def last_kept(self) -> torch.Tensor | None:
+        """Which input rows the last call used, when the rule selects rows and no
+        pre-aggregator mixed them (``None`` otherwise)."""
+        if not all(stage.keeps_rows for stage in self.pre):
+            return None
+        return self.rule.last_kept
+
     def __repr__(self) -> str:
         return f"aggregators.build({self.spec!r}, f={self.f})"
 

@@ -29,5 +29,6 @@ class Krum(Rule):
         self._require(n >= 2 * self.f + 3, ">= 2f + 3", n)
 
     def aggregate(self, X: torch.Tensor) -> torch.Tensor:
-        scores = krum_scores(sq_distances(X), self.f)
-        return X[int(torch.argmin(scores))].clone()
+        best = int(torch.argmin(krum_scores(sq_distances(X), self.f)))
+        self.last_kept = torch.arange(X.shape[0], device=X.device) == best
+        return X[best].clone()

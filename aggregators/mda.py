@@ -63,4 +63,5 @@ class MDA(Rule):
                 best, best_excluded = float(diam[k]), batch[k]
         keep = torch.ones(n, dtype=torch.float64, device=X.device)
         keep[list(best_excluded)] = 0.0
+        self.last_kept = keep > 0
         return weighted_sum(X, keep) / (n - f)

@@ -36,4 +36,5 @@ class MultiKrum(Rule):
         chosen = torch.sort(scores, stable=True).indices[:m]
         chosen_rows = torch.zeros(n, dtype=torch.float64, device=X.device)
         chosen_rows[chosen] = 1.0
+        self.last_kept = chosen_rows > 0
         return weighted_sum(X, chosen_rows) / m

@@ -17,6 +17,7 @@ from .base import PreAggregator, register
 @register
 class NNM(PreAggregator):
     name = "nnm"
+    keeps_rows = False
 
     def check_n(self, n: int) -> None:
         self._require(n > 2 * self.f, "> 2f", n)

@@ -123,17 +123,18 @@ def run_cell(
         history["rejected"].append(rejected)
         ids, X = canonical({i: rows[i] for i in range(n) if i not in rejected})
         positive = is_byz[ids]
-        history["scores"].append(score_round(X, f))
-        history["positive"].append(positive)
         try:
             aggregate = chain(X)
         except ValueError:  # too few valid rows for the rule this round: no step
             history["skipped"] += 1
             history["kappa"].append(float("nan"))
+            kept = None
         else:
             history["kappa"].append(kappa_hat(aggregate, X[~positive]))
             w = apply_update(w, aggregate, tc)
-            previous = aggregate
+            previous, kept = aggregate, chain.last_kept
+        history["scores"].append(score_round(X, f, kept))
+        history["positive"].append(positive)
         history["accuracy"].append(accuracy(model, w, data.x_test, data.y_test))
         if on_round is not None:
             on_round(t, history["accuracy"][-1])

@@ -135,3 +135,18 @@ def test_optimal_search_leaves_a_stateful_aggregator_untouched():
     H = torch.randn(6, 5, generator=torch.Generator().manual_seed(0), dtype=F64)
     attacks.build("optimal-ipm", 2)(H, ctx(n=8, aggregator=agg))
     assert agg.rule.center is None
+
+
+def test_label_flip_and_backdoor_poison_the_nodes_data():
+    x, y = torch.zeros(10, 1, 2, 3), torch.arange(10) % 4
+    gen = torch.Generator().manual_seed(0)
+    fx, fy = attacks.build("label-flip", 1).poison(x, y, 4, gen)
+    assert torch.equal(fx, x) and torch.equal(fy, 3 - y)
+    backdoor = attacks.build("backdoor:target=2,fraction=0.3,size=2,value=5,gamma=4", 1)
+    bx, by = backdoor.poison(x, y, 4, gen)
+    stamped = (bx.reshape(10, -1)[:, -2:] == 5).all(dim=1)
+    assert int(stamped.sum()) == 3 and (by[stamped] == 2).all() and torch.equal(by[~stamped], y[~stamped])
+    assert torch.equal(x, torch.zeros(10, 1, 2, 3))  # the node's copy, not the data set
+    assert backdoor.scale() == 4.0 and attacks.build("label-flip", 1).scale() == 1.0
+    with pytest.raises(ValueError, match="backdoor target=7 but the data has 4 classes"):
+        attacks.build("backdoor:target=7", 1).poison(x, y, 4, gen)

@@ -108,3 +108,10 @@ def test_bench_reports_a_bad_scenario_without_a_traceback(tmp_path):
     done = bench(tmp_path / "x", "--set", "nodes=2")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "error:" in done.stderr
+
+
+def test_backdoor_cell_reports_its_success_rate():
+    cfg = grid(load_scenario(None, TINY))[0]
+    record = run_cell(Cell(cfg, "mean", "backdoor:gamma=5", 0))
+    assert 0.0 <= record["backdoor_asr"] <= 1.0
+    assert run_cell(Cell(cfg, "mean", "none", 0))["backdoor_asr"] is None

@@ -506,3 +506,19 @@ def test_arc_nnm_trimmed_mean_chain():
     # trimmed-mean f=1 on 7/4 7/4 7/4 11/4 11/4 -> drop one of each end: (7/4+7/4+11/4)/3 = 25/12
     X = T([[0], [1], [2], [4], [100]])
     close(aggregators.build("arc+nnm+trimmed-mean", 1)(X), [25 / 12])
+
+
+def test_selection_rules_record_the_rows_they_kept():
+    X = torch.tensor([[0.0], [0.25], [0.5], [0.75], [1.0], [9.0], [-9.0]], dtype=torch.float64)
+    krum = aggregators.build("krum", 2)
+    krum(X)
+    # scores (3 nearest): rows 0.25, 0.5, 0.75 all 0.375 exactly; the tie goes to the lowest row
+    assert krum.last_kept.tolist() == [False, True, False, False, False, False, False]
+    multi = aggregators.build("multi-krum:m=3", 2)
+    multi(X)
+    assert multi.last_kept.sum() == 3 and not multi.last_kept[5:].any()
+    clipped = aggregators.build("clip:c=100+bulyan", 1)
+    clipped(X)
+    assert clipped.last_kept.sum() == 5 and not clipped.last_kept[5:].any()
+    assert aggregators.build("nnm+krum", 2).last_kept is None  # mixed rows stand for no node
+    assert aggregators.build("median", 2).last_kept is None
