@@ -106,10 +106,11 @@ def run_cell(
                          for s in range(tc.local_steps)])
             for i in range(n)
         ])
+        params = unflatten(w, model)
         if vectorize:
-            rows, momenta = batched(w, xs[idx], ys[idx], momenta)
+            rows, momenta = batched(params, xs[idx], ys[idx], momenta)
         else:
-            outs = [step(w, xs[idx[i]], ys[idx[i]], momenta[i]) for i in range(n)]
+            outs = [step(params, xs[idx[i]], ys[idx[i]], momenta[i]) for i in range(n)]
             rows, momenta = torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
         if isinstance(attack, NodeAttack):
             rows[is_byz] *= attack.scale()

@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad
 
-from robust.params import unflatten
 
 
 @dataclass(frozen=True)
@@ -32,25 +31,36 @@ class TrainConfig:
     local_steps: int = 1
 
 
-def loss_fn(model: nn.Module, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of the model with flat parameters ``w`` on ``(x, y)``."""
-    return F.cross_entropy(functional_call(model, unflatten(w, model), (x,)), y)
+Params = dict[str, torch.Tensor]
+
+
+def loss_fn(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``model`` with parameters ``params`` on ``(x, y)``."""
+    return F.cross_entropy(functional_call(model, params, (x,)), y)
 
 
 def local_update(
-    model: nn.Module, cfg: TrainConfig, w: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor,
+    model: nn.Module, cfg: TrainConfig, params: Params, xs: torch.Tensor, ys: torch.Tensor,
     m: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(row to send, new worker momentum)`` from batches ``xs[s], ys[s]``, one per local step."""
-    g_of = grad(lambda v, x, y: loss_fn(model, v, x, y))
+    """``(row to send, new worker momentum)`` from the global parameters (``unflatten(w)``)
+    and batches ``xs[s], ys[s]``, one per local step. Gradients stay a parameter dict until
+    the row is flattened (flattening inside the transform costs more than the step itself)."""
+    g_of = grad(lambda p, x, y: loss_fn(model, p, x, y))
     if cfg.local_steps == 1:
-        m = cfg.momentum * m + g_of(w, xs[0], ys[0])
+        m = cfg.momentum * m + _flat(g_of(params, xs[0], ys[0]))
         return m, m
-    v, local = torch.zeros_like(w), w
+    v = {k: torch.zeros_like(p) for k, p in params.items()}
+    local = params
     for s in range(cfg.local_steps):
-        v = cfg.momentum * v + g_of(local, xs[s], ys[s])
-        local = local - cfg.lr * v
-    return local - w, m
+        g = g_of(local, xs[s], ys[s])
+        v = {k: cfg.momentum * v[k] + g[k] for k in v}
+        local = {k: local[k] - cfg.lr * v[k] for k in local}
+    return _flat(local) - _flat(params), m
+
+
+def _flat(params: Params) -> torch.Tensor:
+    return torch.cat([p.reshape(-1) for p in params.values()])
 
 
 def apply_update(w: torch.Tensor, aggregate: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:

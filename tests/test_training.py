@@ -66,9 +66,10 @@ def test_vmapped_updates_equal_per_node_updates(steps):
     g = torch.Generator().manual_seed(0)
     xs, ys = torch.randn(4, steps, 5, 6, generator=g), torch.randint(3, (4, steps, 5), generator=g)
     m = torch.randn(4, w.numel(), generator=g)
-    rows, moms = vmap(lambda *a: local_update(model, cfg, *a), in_dims=(None, 0, 0, 0))(w, xs, ys, m)
+    params = unflatten(w, model)
+    rows, moms = vmap(lambda *a: local_update(model, cfg, *a), in_dims=(None, 0, 0, 0))(params, xs, ys, m)
     for i in range(4):
-        row, mom = local_update(model, cfg, w, xs[i], ys[i], m[i])
+        row, mom = local_update(model, cfg, params, xs[i], ys[i], m[i])
         assert torch.allclose(rows[i], row, atol=1e-6) and torch.allclose(moms[i], mom, atol=1e-6)
 
 
@@ -77,9 +78,9 @@ def test_one_step_update_is_worker_momentum_of_the_gradient():
     cfg = TrainConfig(batch_size=2, lr=0.5, momentum=0.5, local_steps=1)
     w = flat_params(model).requires_grad_(True)
     x, y = torch.tensor([[1.0, 2.0], [0.0, -1.0]]), torch.tensor([0, 1])
-    (g,) = torch.autograd.grad(loss_fn(model, w, x, y), w)
+    (g,) = torch.autograd.grad(loss_fn(model, unflatten(w, model), x, y), w)
     m0 = torch.ones_like(w)
-    row, m1 = local_update(model, cfg, w.detach(), x[None], y[None], m0)
+    row, m1 = local_update(model, cfg, unflatten(w.detach(), model), x[None], y[None], m0)
     assert torch.allclose(row, 0.5 * m0 + g) and torch.equal(row, m1)
     assert torch.allclose(apply_update(w.detach(), row, cfg), w.detach() - 0.5 * row)
 
