@@ -93,6 +93,7 @@ def _synthetic(root: Path | None, seed: int) -> Arrays:
     return x_train, y_train, x_test, y_test
 
 
+DATA_ROOT_HINT = "point data-root at them (scenario key, or robust bench --set data-root=DIR)"
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
@@ -130,14 +131,14 @@ def _idx(name: str) -> Callable[[Path | None, int], Arrays]:
     def read(root: Path | None, seed: int) -> Arrays:
         if root is None:
             raise ValueError(f"{name} is read from its IDX files ({listed}): download them on a "
-                             "machine with network and pass --data-root")
+                             f"machine with network and {DATA_ROOT_HINT}")
         found = {f: next((p for p in (root / f, root / f"{f}.gz") if p.is_file()), None)
                  for f in IDX_FILES}
         if None in found.values():
             missing = ", ".join(f for f, p in found.items() if p is None)
             raise ValueError(f"{name} needs its IDX files in {root} ({listed}; missing: "
-                             f"{missing}): download them on a machine with network and pass "
-                             "--data-root")
+                             f"{missing}): download them on a machine with network and "
+                             f"{DATA_ROOT_HINT}")
         x_train, y_train, x_test, y_test = (_read_idx(found[f], 3 if "images" in f else 1)
                                             for f in IDX_FILES)
         return _check(root, (28, 28), x_train[:, None], y_train, x_test[:, None], y_test)
@@ -182,15 +183,15 @@ def _cifar10(root: Path | None, seed: int) -> Arrays:
     listed = ", ".join(CIFAR_FILES)
     if root is None:
         raise ValueError(f"cifar10 is read from its python batches ({listed}): download "
-                         "cifar-10-python.tar.gz on a machine with network, extract it and pass "
-                         "--data-root")
+                         "cifar-10-python.tar.gz on a machine with network, extract it and "
+                         f"{DATA_ROOT_HINT}")
     if (root / "cifar-10-batches-py").is_dir():
         root = root / "cifar-10-batches-py"
     missing = [f for f in CIFAR_FILES if not (root / f).is_file()]
     if missing:
         raise ValueError(f"cifar10 needs its python batches in {root} ({listed}; missing: "
                          f"{', '.join(missing)}): download cifar-10-python.tar.gz on a machine "
-                         "with network, extract it and pass --data-root")
+                         f"with network, extract it and {DATA_ROOT_HINT}")
     batches = [_read_cifar_batch(root / f) for f in CIFAR_FILES]
     x_train = np.concatenate([x for x, _ in batches[:-1]])
     y_train = np.concatenate([y for _, y in batches[:-1]])

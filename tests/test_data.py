@@ -202,7 +202,7 @@ def test_idx_missing_files_say_which_and_what_to_do(tmp_path):
     (tmp_path / f"{IDX_FILES[2]}.gz").unlink()
     msg = (f"fashion-mnist needs its IDX files in {tmp_path} (train-images-idx3-ubyte[.gz], "
            "train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz]; "
-           "missing: t10k-images-idx3-ubyte): download them on a machine with network and pass --data-root")
+           "missing: t10k-images-idx3-ubyte): download them on a machine with network and point data-root at them (scenario key, or robust bench --set data-root=DIR)")
     with pytest.raises(ValueError, match=re.escape(msg)):
         load("fashion-mnist", root=str(tmp_path))
 
@@ -210,7 +210,7 @@ def test_idx_missing_files_say_which_and_what_to_do(tmp_path):
 def test_idx_without_root_says_what_to_do():
     msg = ("mnist is read from its IDX files (train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], "
            "t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz]): download them on a machine "
-           "with network and pass --data-root")
+           "with network and point data-root at them (scenario key, or robust bench --set data-root=DIR)")
     with pytest.raises(ValueError, match=re.escape(msg)):
         load("mnist")
 
@@ -278,7 +278,7 @@ def test_cifar_missing_batches_say_which_and_what_to_do(tmp_path):
     (tmp_path / "test_batch").unlink()
     msg = (f"cifar10 needs its python batches in {tmp_path} (data_batch_1, data_batch_2, data_batch_3, "
            "data_batch_4, data_batch_5, test_batch; missing: data_batch_2, test_batch): download "
-           "cifar-10-python.tar.gz on a machine with network, extract it and pass --data-root")
+           "cifar-10-python.tar.gz on a machine with network, extract it and point data-root at them (scenario key, or robust bench --set data-root=DIR)")
     with pytest.raises(ValueError, match=re.escape(msg)):
         load("cifar10", root=str(tmp_path))
 
