@@ -8,6 +8,7 @@ supporters needed, ``z = Phi^-1((n - f - s) / (n - f))``; e.g. ``z(n=50, f=12) =
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from statistics import NormalDist
 
 import torch
@@ -22,8 +23,11 @@ def alie_z(n: int, f: int) -> float:
     return NormalDist().inv_cdf(p) if 0 < p < 1 else 0.0
 
 
-def alie_row(H: torch.Tensor, z: float) -> torch.Tensor:
-    return H.mean(dim=0) - z * H.std(dim=0, correction=0)
+def alie_rows(H: torch.Tensor) -> Callable[[float], torch.Tensor]:
+    """``z -> mean(H) - z std(H)``, with the moments computed once (searches call it often)."""
+    mean = H.mean(dim=0)
+    std = (H - mean).square().mean(dim=0).sqrt()
+    return lambda z: mean - z * std
 
 
 @register
@@ -37,4 +41,4 @@ class ALIE(OmniscientAttack):
         self.z = z
 
     def craft(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
-        return alie_row(H, self.z if self.z is not None else alie_z(ctx.n, self.f))
+        return alie_rows(H)(self.z if self.z is not None else alie_z(ctx.n, self.f))

@@ -6,13 +6,17 @@ inner product with the true gradient once enough such rows pass the defence.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .base import Context, OmniscientAttack, register
 
 
-def ipm_row(H: torch.Tensor, eps: float) -> torch.Tensor:
-    return -eps * H.mean(dim=0)
+def ipm_rows(H: torch.Tensor) -> Callable[[float], torch.Tensor]:
+    """``eps -> -eps mean(H)``, with the mean computed once."""
+    mean = H.mean(dim=0)
+    return lambda eps: -eps * mean
 
 
 @register
@@ -25,4 +29,4 @@ class IPM(OmniscientAttack):
         self.eps = eps
 
     def craft(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
-        return ipm_row(H, self.eps)
+        return ipm_rows(H)(self.eps)

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import torch
 
-from .alie import alie_row
+from .alie import alie_rows
 from .base import Context, OmniscientAttack, register
-from .ipm import ipm_row
+from .ipm import ipm_rows
 
 GOLDEN = (math.sqrt(5) - 1) / 2
 
@@ -63,27 +63,29 @@ class OptimalStrength(OmniscientAttack):
         self.lo, self.hi, self.steps, self.refine = lo, hi, steps, refine
         self.last_strength: float | None = None
 
-    def row(self, H: torch.Tensor, strength: float) -> torch.Tensor:
+    def rows(self, H: torch.Tensor) -> Callable[[float], torch.Tensor]:
+        """``strength -> Byzantine row`` for this round's honest rows."""
         raise NotImplementedError
 
     def craft(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
+        row = self.rows(H)
         self.last_strength = search_strength(
-            H, ctx, self.f, lambda s: self.row(H, s), self.lo, self.hi, self.steps, self.refine
+            H, ctx, self.f, row, self.lo, self.hi, self.steps, self.refine
         )
-        return self.row(H, self.last_strength)
+        return row(self.last_strength)
 
 
 @register
 class OptimalIPM(OptimalStrength):
     name = "optimal-ipm"
 
-    def row(self, H: torch.Tensor, strength: float) -> torch.Tensor:
-        return ipm_row(H, strength)
+    def rows(self, H: torch.Tensor) -> Callable[[float], torch.Tensor]:
+        return ipm_rows(H)
 
 
 @register
 class OptimalALIE(OptimalStrength):
     name = "optimal-alie"
 
-    def row(self, H: torch.Tensor, strength: float) -> torch.Tensor:
-        return alie_row(H, strength)
+    def rows(self, H: torch.Tensor) -> Callable[[float], torch.Tensor]:
+        return alie_rows(H)
