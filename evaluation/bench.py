@@ -50,6 +50,8 @@ class Progress:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1 (got {args.jobs})")
     scenario = load_scenario(args.config, args.set or [])
     todo_all = cells(scenario, args.sweep, args.sweep_points)
     out = Path(args.out)
