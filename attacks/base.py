@@ -48,15 +48,26 @@ class Attack(Component):
 
 
 class OmniscientAttack(Attack):
-    """Crafts the ``f`` Byzantine rows from the honest rows ``H`` of shape ``(h, d)``."""
+    """Crafts the ``f`` Byzantine rows from the honest rows ``H`` of shape ``(h, d)``.
+
+    ``spread`` (any attack's spec may set it, e.g. ``alie:z=1,spread=0.1``) makes colluding
+    rows differ: each row gets its own seeded Gaussian jitter of ``spread`` times the honest
+    rows' per-coordinate standard deviation, so the rows are not identical copies.
+    """
 
     kind = "omniscient"
+    spread: float = 0.0
 
     def __call__(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
         if H.dim() != 2 or H.shape[0] < 1:
             raise ValueError(f"{self.name} needs at least one honest row (got shape {tuple(H.shape)})")
         rows = self.craft(H, ctx)
-        return rows.expand(self.f, -1).clone() if rows.dim() == 1 else rows
+        rows = rows.expand(self.f, -1).clone() if rows.dim() == 1 else rows
+        if self.spread:
+            std = (H - H.mean(dim=0)).square().mean(dim=0).sqrt()
+            noise = torch.randn(rows.shape, generator=ctx.generator, dtype=rows.dtype).to(rows.device)
+            rows = rows + self.spread * std * noise
+        return rows
 
     def craft(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
         """The Byzantine rows ``(f, d)``, or one ``(d,)`` row that all ``f`` nodes send."""

@@ -150,3 +150,18 @@ def test_label_flip_and_backdoor_poison_the_nodes_data():
     assert backdoor.scale() == 4.0 and attacks.build("label-flip", 1).scale() == 1.0
     with pytest.raises(ValueError, match="backdoor target=7 but the data has 4 classes"):
         attacks.build("backdoor:target=7", 1).poison(x, y, 4, gen)
+
+
+def test_spread_makes_colluding_rows_differ():
+    H = torch.randn(10, 500, generator=torch.Generator().manual_seed(0), dtype=F64)
+    same = attacks.build("alie:z=1", 3)(H, ctx(n=13))
+    assert torch.equal(same[0], same[1])
+    spread = attacks.build("alie:z=1,spread=0.1", 3)(H, ctx(n=13))
+    assert not torch.equal(spread[0], spread[1])
+    jitter = ((spread - same) / H.std(dim=0, correction=0)).std()  # in units of the honest std
+    assert float(jitter) == pytest.approx(0.1, rel=0.05)
+    assert torch.equal(spread, attacks.build("alie:z=1,spread=0.1", 3)(H, ctx(n=13)))  # seeded
+    with pytest.raises(ValueError, match="spread is a number > 0, for omniscient attacks only"):
+        attacks.build("label-flip:spread=0.1", 1)
+    with pytest.raises(ValueError, match="spread is a number > 0"):
+        attacks.build("alie:spread=-1", 1)
