@@ -13,7 +13,7 @@ from statistics import NormalDist
 
 import torch
 
-from .base import Context, OmniscientAttack, register
+from .base import Context, OmniscientAttack, honest_std, register
 
 
 def alie_z(n: int, f: int) -> float:
@@ -25,8 +25,7 @@ def alie_z(n: int, f: int) -> float:
 
 def alie_rows(H: torch.Tensor) -> Callable[[float], torch.Tensor]:
     """``z -> mean(H) - z std(H)``, with the moments computed once (searches call it often)."""
-    mean = H.mean(dim=0)
-    std = (H - mean).square().mean(dim=0).sqrt()
+    mean, std = H.mean(dim=0), honest_std(H)
     return lambda z: mean - z * std
 
 

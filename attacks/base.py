@@ -41,6 +41,11 @@ class Context:
         return copy.deepcopy(self.aggregator)(X)
 
 
+def honest_std(H: torch.Tensor) -> torch.Tensor:
+    """Per-coordinate population standard deviation of the honest rows (the attacks' unit)."""
+    return (H - H.mean(dim=0)).square().mean(dim=0).sqrt()
+
+
 class Attack(Component):
     """Base of every attack; ``f`` is the number of Byzantine nodes."""
 
@@ -64,7 +69,7 @@ class OmniscientAttack(Attack):
         rows = self.craft(H, ctx)
         rows = rows.expand(self.f, -1).clone() if rows.dim() == 1 else rows
         if self.spread:
-            std = (H - H.mean(dim=0)).square().mean(dim=0).sqrt()
+            std = honest_std(H)
             noise = torch.randn(rows.shape, generator=ctx.generator, dtype=rows.dtype).to(rows.device)
             rows = rows + self.spread * std * noise
         return rows

@@ -15,7 +15,7 @@ import torch
 
 from robust.geometry import row_norms, sq_distances
 
-from .base import Context, OmniscientAttack, register
+from .base import Context, OmniscientAttack, honest_std, register
 
 
 def perturbation(H: torch.Tensor, kind: str) -> torch.Tensor:
@@ -24,7 +24,7 @@ def perturbation(H: torch.Tensor, kind: str) -> torch.Tensor:
         return mean / mean.norm().clamp_min(torch.finfo(mean.dtype).tiny)
     if kind == "sign":
         return torch.sign(mean)
-    return H.std(dim=0, correction=0)
+    return honest_std(H)
 
 
 def largest_gamma(accept, gamma_init: float, tol: float) -> float:
