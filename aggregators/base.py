@@ -26,6 +26,13 @@ class Stage(Component):
     def check_n(self, n: int) -> None:
         """Raise ``ValueError`` if this stage cannot serve ``n`` rows with its ``f``."""
 
+    def state(self) -> dict[str, torch.Tensor]:
+        """What this stage carries from one call to the next (checkpointed with the model)."""
+        return {}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore what :meth:`state` returned."""
+
     def _require(self, ok: bool, formula: str, n: int) -> None:
         if not ok:
             raise ValueError(

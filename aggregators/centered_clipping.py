@@ -29,6 +29,12 @@ class CenteredClipping(Rule):
         """Forget the previous output: the next call starts from zero."""
         self.center = None
 
+    def state(self) -> dict[str, torch.Tensor]:
+        return {} if self.center is None else {"center": self.center}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.center = state.get("center")
+
     def aggregate(self, X: torch.Tensor) -> torch.Tensor:
         n, d = X.shape
         if self.center is not None and self.center.shape[0] != d:

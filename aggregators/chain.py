@@ -58,6 +58,15 @@ class Chain:
             return None
         return self.rule.last_kept
 
+    def state(self) -> dict[str, torch.Tensor]:
+        """Every stage's carried state, keyed ``"<position>.<name>"``: tensors only."""
+        return {f"{i}.{k}": v for i, stage in enumerate(self.stages) for k, v in stage.state().items()}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        for i, stage in enumerate(self.stages):
+            prefix = f"{i}."
+            stage.load_state({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+
     def __repr__(self) -> str:
         return f"aggregators.build({self.spec!r}, f={self.f})"
 

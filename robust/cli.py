@@ -21,6 +21,77 @@ def _bench(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _federation(args: argparse.Namespace) -> int:
+    from nodes.cli import run
+
+    return run(args)
+
+
+SETTING_OPTIONS = {  # `robust coordinator init/start` options -> Settings fields (None: keep)
+    "--seed": (int, "run seed (default 0)"), "--dataset": (str, "digits | mnist1d | synthetic | mnist | fashion-mnist | cifar10"),
+    "--data-root": (str, "folder of local files for mnist / fashion-mnist / cifar10"),
+    "--model": (str, "logreg | mlp | cnn"), "--rounds": (int, "rounds to train (default 5)"),
+    "--aggregator": (str, "robust aggregator spec, e.g. nnm+trimmed-mean (default trimmed-mean)"),
+    "--tolerate": (int, "Byzantine replies per round the aggregator must survive (default 1)"),
+    "--per-round": (int, "nodes asked per round (default 0: all online)"),
+    "--quorum": (int, "valid replies a round needs (default 3)"),
+    "--deadline": (float, "seconds a round waits for replies (default 60)"),
+    "--wait-nodes": (float, "seconds to wait for a quorum of nodes to come online (default 120)"),
+    "--local-epochs": (int, "volunteers' local epochs per round (default 1)"),
+    "--batch-size": (int, "default 32"), "--lr": (float, "volunteers' learning rate (default 0.05)"),
+    "--momentum": (float, "volunteers' SGD momentum (default 0.9)"),
+    "--max-norm": (float, "reject updates with a larger norm (default 1000)"),
+    "--max-count": (int, "reject replies claiming more samples (default 1000000)"),
+    "--flag-ratio": (float, "flag rows farther than this x the median distance from the median (default 3)"),
+    "--quarantine-after": (int, "flags before a node is no longer asked (default 3)"),
+    "--bind": (str, "address the SuperLink listens on (default 127.0.0.1; 0.0.0.0 for other machines)"),
+    "--port": (int, "SuperLink port (default 9190)"),
+}
+
+
+def _add_settings(p: argparse.ArgumentParser) -> None:
+    for flag, (kind, text) in SETTING_OPTIONS.items():
+        p.add_argument(flag, type=kind, default=None, help=text)
+
+
+def _federation_parsers(sub: argparse._SubParsersAction) -> None:
+    coord = sub.add_parser("coordinator", help="run a coordinator: init, admit, start")
+    csub = coord.add_subparsers(dest="action", metavar="ACTION", required=True)
+    init = csub.add_parser("init", help="make DIR: CA and server certificate, settings, empty admission list")
+    init.add_argument("dir", metavar="DIR")
+    init.add_argument("--host", action="append", default=[], metavar="NAME_OR_IP",
+                      help="a name or address volunteers use to reach this machine (repeatable; loopback is always in)")
+    _add_settings(init)
+    admit = csub.add_parser("admit", help="admit a volunteer's public key (NODE.pub)")
+    admit.add_argument("dir", metavar="DIR")
+    admit.add_argument("public", metavar="NODE.pub")
+    start = csub.add_parser("start", help="start the SuperLink and train; started again, it resumes")
+    start.add_argument("dir", metavar="DIR")
+    _add_settings(start)
+    node = sub.add_parser("node", help="be a volunteer: keygen, join")
+    nsub = node.add_subparsers(dest="action", metavar="ACTION", required=True)
+    keygen = nsub.add_parser("keygen", help="make a volunteer identity (DIR/node.key, DIR/node.pub)")
+    keygen.add_argument("dir", metavar="DIR")
+    join = nsub.add_parser("join", help="join a coordinator and train for it until stopped")
+    join.add_argument("--coordinator", required=True, metavar="HOST:PORT")
+    join.add_argument("--ca", required=True, metavar="CA.crt", help="the coordinator's tls/ca.crt")
+    join.add_argument("--key", required=True, metavar="DIR", help="the folder `robust node keygen` made")
+    join.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    join.add_argument("--data", default="digits", help="the data set this node trains on (default digits)")
+    join.add_argument("--data-root", help="folder of local files for mnist / fashion-mnist / cifar10")
+    join.add_argument("--partition", default="1/1", metavar="I/N", help="train on part I of N (iid split; default 1/1)")
+    join.add_argument("--attack", default="", metavar="SPEC", help="Byzantine test node: label-flip, backdoor, nan, "
+                      "wrong-shape, huge-norm, inflated-count, bad-signature, replay, stale-base")
+    join.add_argument("--slow", type=float, default=0.0, metavar="S", help="wait a random 0..S seconds before each reply")
+    demo = sub.add_parser("demo", help="a whole federation on loopback: coordinator, 5 volunteers (1 Byzantine)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--rounds", type=int, default=5)
+    demo.add_argument("--json", action="store_true", help="end with one JSON line: accuracy, SHA-256, rejected, flagged")
+    demo.add_argument("--keep", metavar="DIR", help="run in DIR and keep it (default: a temporary folder)")
+    for p in (coord, node, demo):
+        p.set_defaults(run=_federation)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="robust",
@@ -44,6 +115,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--sweep", metavar="ATTACK:PARAM=LO..HI", help="stealth frontier: sweep one attack parameter, e.g. alie:z=0.1..3")
     run.add_argument("--sweep-points", type=int, default=8, help="values in the sweep (default 8)")
     run.set_defaults(run=_bench)
+    _federation_parsers(sub)
 
     bench = sub.add_parser(
         "agg-bench",
@@ -77,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return args.run(args)
-    except ValueError as err:  # user errors carry their fix in the message
+    except (ValueError, RuntimeError) as err:  # user errors carry their fix in the message
         print(f"robust {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

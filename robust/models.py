@@ -47,3 +47,11 @@ def _cnn(shape: tuple[int, ...], classes: int) -> nn.Module:
             nn.Flatten(), nn.Linear(32 * 4, classes),
         )
     raise ValueError(f"cnn needs samples shaped (C, L) or (C, H, W) (got {shape}): use mlp or logreg")
+
+
+def accuracy(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> float:
+    """Share of ``x`` that ``model`` with ``params`` (e.g. ``unflatten(w, model)``) labels as ``y``."""
+    from torch.func import functional_call
+
+    with torch.no_grad():
+        return float((functional_call(model, params, (x,)).argmax(dim=1) == y).float().mean())

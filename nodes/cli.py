@@ -1,0 +1,35 @@
+"""Dispatch of ``robust coordinator|node|demo`` (parsed in ``robust/cli.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from . import commands
+from .settings import Settings
+
+def _overrides(args: argparse.Namespace) -> dict:
+    """The Settings fields given on the command line (``None``: not given)."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)}
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        from .demo import demo
+
+        return demo(args.seed, args.rounds, args.json, args.keep)
+    folder = Path(getattr(args, "dir", None) or args.key)
+    if args.command == "coordinator":
+        if args.action == "init":
+            commands.coordinator_init(folder, args.host, Settings().replace(**_overrides(args)))
+            return 0
+        if args.action == "admit":
+            commands.coordinator_admit(folder, Path(args.public))
+            return 0
+        return commands.coordinator_start(folder, _overrides(args))
+    if args.action == "keygen":
+        commands.node_keygen(folder)
+        return 0
+    return commands.node_join(folder, args.coordinator, Path(args.ca), args.device, args.data, args.data_root,
+                              args.partition, args.attack, args.slow)

@@ -1,0 +1,185 @@
+"""``robust coordinator ...`` and ``robust node ...``: what each command does, step by step."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from robust import keys, tls
+
+from . import checkpoint, launch
+from .admission import ADMITTED, admit, admitted
+from .coordinator import RUN_ID
+from .settings import SETTINGS_FILE, Settings
+
+
+def coordinator_init(folder: Path, hosts: list[str], settings: Settings, run_id: str | None = None) -> None:
+    if (folder / SETTINGS_FILE).exists():
+        raise ValueError(f"{folder} already holds a coordinator: use it with `robust coordinator start {folder}`, or pick a new folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    ca = tls.make_certificates(folder / "tls", hosts)
+    (folder / SETTINGS_FILE).write_text(settings.to_toml())
+    (folder / RUN_ID).write_text((run_id or secrets.token_hex(8)) + "\n")
+    (folder / ADMITTED).mkdir(exist_ok=True)
+    launch.prepare_coordinator(folder, settings.port)
+    print(f"coordinator folder {folder} ready")
+    print(f"  give volunteers the CA certificate {ca}")
+    print(f"  admit each volunteer's key:  robust coordinator admit {folder} NODE.pub")
+    print(f"  then:                        robust coordinator start {folder}")
+
+
+def coordinator_admit(folder: Path, public_file: Path) -> None:
+    Settings.read(folder)
+    fp = admit(folder, public_file)
+    print(f"admitted node {fp[:12]} ({fp})")
+
+
+def _describe(record: dict, rounds: int) -> str:
+    parts = [f"round {record['round']}/{rounds}", f"accepted {record['accepted']}/{record['asked']}"]
+    if record["rejected"]:
+        parts.append("rejected " + ", ".join(f"{k}: {v}" for k, v in record["rejected"].items()))
+    if record["missing"]:
+        parts.append("no reply " + " ".join(record["missing"]))
+    if record["flagged"]:
+        parts.append("flagged " + " ".join(record["flagged"]))
+    if record["skipped"]:
+        parts.append(record["skipped"])
+    parts.append(f"accuracy {record['accuracy']:.3f}")
+    parts.append(f"{record['seconds']:.1f} s")
+    return "  ".join(parts)
+
+
+def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None] | None = None) -> int:
+    """Start the SuperLink, register the admitted keys, submit the run and follow it.
+    ``on_ready`` is called once volunteers can connect (the demo starts its nodes there)."""
+    settings = Settings.read(folder).replace(**overrides)
+    (folder / SETTINGS_FILE).write_text(settings.to_toml())
+    keys_ = admitted(folder)
+    if not keys_:
+        raise ValueError(f"no volunteer is admitted yet: `robust coordinator admit {folder} NODE.pub` first")
+    state = checkpoint.load(folder)
+    done_rounds = int(state["round"]) if state else 0
+    if done_rounds >= settings.rounds:
+        print(f"{folder} already finished {done_rounds} rounds: pass --rounds N (N > {done_rounds}) to train more")
+        return 0
+    launch.prepare_coordinator(folder, settings.port)
+    (folder / checkpoint.RESULT).unlink(missing_ok=True)
+    print(f"starting SuperLink on {settings.bind}:{settings.port} (TLS, node authentication on), "
+          f"{len(keys_)} admitted node(s)" + (f", resuming after round {done_rounds}" if done_rounds else ""), flush=True)
+    superlink = launch.start_superlink(folder, settings.bind, settings.port)
+    run_id = None
+    try:
+        failed = launch.register(folder, sorted((folder / ADMITTED).glob("*.pub")))
+        for path, message in failed.items():
+            print(f"warning: could not register {path.name}: {message}", flush=True)
+        if on_ready is not None:
+            on_ready()
+        run_id = launch.submit_run(folder)
+        print(f"run {run_id} submitted: {settings.rounds} rounds of {settings.aggregator} (f={settings.tolerate}), "
+              f"quorum {settings.quorum}, deadline {settings.deadline:g} s", flush=True)
+        return _follow(folder, run_id, settings, superlink)
+    except KeyboardInterrupt:
+        if run_id:
+            launch.flwr(folder, "stop", run_id, launch.CONNECTION, timeout=30)
+        state = checkpoint.load(folder)
+        print(f"\nstopped after round {int(state['round']) if state else 0}; "
+              f"`robust coordinator start {folder}` resumes from there", flush=True)
+        return 130
+    finally:
+        launch.stop(superlink)
+
+
+def _follow(folder: Path, run_id: str, settings: Settings, superlink) -> int:
+    """Print each round as the ServerApp records it; return when the run ends."""
+    rounds_file, seen, last_check = folder / checkpoint.ROUNDS, rounds_file_size(folder), 0.0
+    while True:
+        if rounds_file.exists() and rounds_file.stat().st_size > seen:
+            with open(rounds_file) as src:
+                src.seek(seen)
+                chunk = src.read()
+            complete = chunk[: chunk.rfind("\n") + 1]
+            seen += len(complete.encode())
+            for line in complete.splitlines():
+                print(_describe(json.loads(line), settings.rounds), flush=True)
+        result = folder / checkpoint.RESULT
+        if result.exists():
+            summary = json.loads(result.read_text())
+            print(f"done: final accuracy {summary['final_accuracy']:.4f}, model SHA-256 {summary['model_sha256']}")
+            print(f"  model {folder / 'model.pt'}, per-round log {rounds_file}")
+            return 0
+        if superlink.poll() is not None:
+            print(f"error: the SuperLink exited (code {superlink.returncode}): see {folder / launch.LOGS / 'superlink.log'}")
+            return 1
+        if time.monotonic() - last_check > 5:
+            last_check = time.monotonic()
+            status, details = launch.run_status(folder, run_id)
+            if status.startswith("finished") and not result.exists():
+                print(f"error: the run ended ({status}): {details}\n" + launch.run_log(folder, run_id)[-3000:])
+                return 1
+        time.sleep(0.5)
+
+
+def rounds_file_size(folder: Path) -> int:
+    path = folder / checkpoint.ROUNDS
+    return path.stat().st_size if path.exists() else 0
+
+
+def node_keygen(folder: Path, seed: object | None = None) -> None:
+    public = keys.write_identity(folder, keys.generate(seed))
+    fp = keys.fingerprint(keys.load_private(folder).public_key())
+    print(f"node {fp[:12]}: give {public} to the coordinator (robust coordinator admit DIR {public})")
+
+
+def prepare_data(folder: Path, dataset: str, root: str | None, part: str) -> Path:
+    """Load the data set, keep this node's part (``I/N``: part I of N, iid, 1-based) and save
+    it in the node's folder, once; the per-round ClientApp processes load only that file."""
+    try:
+        index, total = (int(v) for v in part.split("/"))
+    except ValueError:
+        raise ValueError(f"--partition {part!r}: write I/N, e.g. 1/5 for the first of five parts") from None
+    if not 1 <= index <= total:
+        raise ValueError(f"--partition {part}: I must be in 1..N")
+    path = folder / f"data-{dataset}-{index}of{total}.pt"
+    if not path.exists():
+        from robust.data import load
+        from robust.partition import partition
+
+        from .volunteer import NodeData
+
+        data = load(dataset, root=root, seed=0)
+        rows = partition(data.y_train, total, "iid", seed=0)[index - 1]
+        NodeData(dataset, data.x_train[rows].clone(), data.y_train[rows].clone(), data.classes).save(path)
+    return path
+
+
+def node_join(folder: Path, coordinator: str, ca: Path, device: str, dataset: str, root: str | None,
+              part: str, attack: str, slow: float) -> int:
+    from .volunteer import check_attack, pick_device
+
+    key = keys.load_private(folder)
+    if not ca.is_file():
+        raise ValueError(f"--ca {ca} not found: ask the coordinator for its tls/ca.crt")
+    if ":" not in coordinator:
+        raise ValueError(f"--coordinator {coordinator!r}: write HOST:PORT, e.g. 192.0.2.7:9190")
+    check_attack(attack)
+    chosen = pick_device(device)
+    data = prepare_data(folder, dataset, root, part)
+    fp = keys.fingerprint(key.public_key())
+    print(f"node {fp[:12]} joining {coordinator} on {chosen}, {dataset} part {part}"
+          + (f", playing {attack}" if attack else ""), flush=True)
+    proc = launch.start_supernode(folder.resolve(), coordinator, ca.resolve(), {
+        "folder": str(folder.resolve()), "data": str(data.resolve()), "device": device, "attack": attack, "slow": float(slow),
+    })
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        launch.stop(proc)
+        return 130
+    if code == 305:  # Flower: the SuperLink would not activate this node
+        print(f"the coordinator refused this node: is {folder / keys.PUBLIC_FILE} admitted "
+              f"(robust coordinator admit DIR {folder / keys.PUBLIC_FILE})? Flower exit code {code}", flush=True)
+    return code

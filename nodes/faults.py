@@ -1,0 +1,61 @@
+"""Byzantine test nodes: ``robust node join --attack SPEC``.
+
+Two families. Node-side attacks from ``attacks/`` (``label-flip``, ``backdoor:...``) poison the
+node's data and scale its update; the reply is otherwise honest and correctly signed. Protocol
+faults break the reply itself, each one a check the coordinator must make:
+
+- ``nan``: the update holds NaN;            ``wrong-shape``: one value too many;
+- ``huge-norm``: the update scaled by 1e6;  ``inflated-count``: claims 1e12 samples;
+- ``bad-signature``: the signature is random bytes;
+- ``replay``: re-sends its previous round's signed reply (the first round is honest);
+- ``stale-base``: signs for a base model other than the one it was sent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .protocol import Reply
+
+PROTOCOL_FAULTS = ("nan", "wrong-shape", "huge-norm", "inflated-count", "bad-signature", "replay", "stale-base")
+REPLAY_FILE = "last-reply.npz"
+
+
+def corrupt_row(fault: str, row: np.ndarray) -> np.ndarray:
+    """The update as the faulty node sends it (before signing)."""
+    if fault == "nan":
+        row = row.copy()
+        row[0] = np.nan
+    elif fault == "wrong-shape":
+        row = np.append(row, np.float32(0))
+    elif fault == "huge-norm":
+        row = row * np.float32(1e6)
+    return row
+
+
+def corrupt_fields(fault: str, count: int, base: str) -> tuple[int, str]:
+    """``(count, base)`` as the faulty node signs them."""
+    if fault == "inflated-count":
+        return 10**12, base
+    if fault == "stale-base":
+        return count, "0" * 64
+    return count, base
+
+
+def corrupt_reply(fault: str, reply: Reply, row: np.ndarray, folder: Path) -> tuple[Reply, np.ndarray]:
+    """The signed reply as the faulty node sends it."""
+    if fault == "bad-signature":
+        return dataclasses.replace(reply, signature=os.urandom(len(reply.signature))), row
+    if fault == "replay":
+        path = folder / REPLAY_FILE
+        saved = np.load(path, allow_pickle=False) if path.exists() else None
+        np.savez(path, row=row, run=reply.run, round=reply.round, base=reply.base, count=reply.count,
+                 signature=np.frombuffer(reply.signature, dtype=np.uint8))
+        if saved is not None:
+            return Reply(run=str(saved["run"]), round=int(saved["round"]), base=str(saved["base"]),
+                         count=int(saved["count"]), signature=saved["signature"].tobytes()), saved["row"]
+    return reply, row

@@ -1,0 +1,199 @@
+"""Starting and talking to Flower's processes: SuperLink, SuperNode, and the ``flwr`` CLI.
+
+Every process gets a private ``FLWR_HOME`` in the coordinator's (or volunteer's) folder,
+telemetry and update checks off, and dies with the process that started it (Linux
+``PR_SET_PDEATHSIG``), so a killed coordinator leaves no SuperLink behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from robust import tls
+
+APP_DIR, FLWR_HOME, LOGS = "app", "flwr-home", "logs"
+CONNECTION = "robust"
+
+APP_TOML = """\
+# The robust Flower App: its components come from the installed `robust` package.
+[build-system]
+requires = ["setuptools>=64"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "robust-federation"
+version = "1.0.0"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "robust"
+
+[tool.flwr.app.components]
+serverapp = "nodes.server_app:app"
+clientapp = "nodes.client_app:app"
+
+[tool.flwr.app.config]
+state-dir = ""
+"""
+
+
+def _bin(name: str) -> str:
+    """A console script of this Python environment (``flower-superlink``, ``flwr``...)."""
+    return str(Path(sys.executable).with_name(name))
+
+
+def flwr_env(home: Path) -> dict[str, str]:
+    return {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: the process outlives a SIGKILLed parent
+        pass
+
+
+def spawn(args: list[str], home: Path, log: Path | None) -> subprocess.Popen:
+    """Start ``args`` in its own process group, dying with us; output to ``log`` (or ours)."""
+    out = open(log, "ab") if log else None  # noqa: SIM115 - the child keeps it open
+    return subprocess.Popen(args, env=flwr_env(home), stdout=out, stderr=subprocess.STDOUT if out else None,
+                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+
+
+def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM the process group, SIGKILL it after ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_tls(host: str, port: int, ca: Path, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    """Return once ``host:port`` completes a TLS handshake that verifies against ``ca``."""
+    context = ssl.create_default_context(cafile=str(ca))
+    context.check_hostname = False
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+            raise RuntimeError(f"the SuperLink exited with code {proc.returncode}; last lines of {log}:\n" + "\n".join(tail))
+        try:
+            with socket.create_connection((host, port), timeout=2) as raw, context.wrap_socket(raw):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"the SuperLink did not answer on {host}:{port} within {timeout:.0f} s: see {log}")
+
+
+# -- the coordinator side ------------------------------------------------------------------
+
+
+def prepare_coordinator(folder: Path, port: int) -> None:
+    """Write the Flower App folder and the ``flwr`` CLI's connection to our SuperLink."""
+    (folder / APP_DIR).mkdir(exist_ok=True)
+    (folder / APP_DIR / "pyproject.toml").write_text(APP_TOML)
+    home = folder / FLWR_HOME
+    home.mkdir(exist_ok=True)
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+        f'address = "127.0.0.1:{port}"\nroot-certificates = "{(folder / "tls" / tls.CA_CERT).resolve()}"\n'
+    )
+    (folder / LOGS).mkdir(exist_ok=True)
+
+
+def start_superlink(folder: Path, bind: str, port: int) -> subprocess.Popen:
+    certs, log = folder / "tls", folder / LOGS / "superlink.log"
+    proc = spawn([
+        _bin("flower-superlink"), "--ssl-ca-certfile", str(certs / tls.CA_CERT),
+        "--ssl-certfile", str(certs / tls.SERVER_CERT), "--ssl-keyfile", str(certs / tls.SERVER_KEY),
+        "--enable-supernode-auth", "--database", str(folder / "superlink.db"),
+        "--disable-runtime-dependency-installation", "--host", bind, "--port", str(port),
+    ], folder / FLWR_HOME, log)
+    try:
+        wait_for_tls("127.0.0.1", port, certs / tls.CA_CERT, proc, log)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc
+
+
+def flwr(folder: Path, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    """Run the ``flwr`` CLI against our SuperLink."""
+    return subprocess.run([_bin("flwr"), *args], env=flwr_env(folder / FLWR_HOME), capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def register(folder: Path, public_files: list[Path]) -> dict[Path, str]:
+    """Register volunteers' keys with the SuperLink (in parallel); a key already registered
+    is fine. Returns the files that failed, with Flower's message."""
+    procs = {p: subprocess.Popen([_bin("flwr"), "supernode", "register", str(p), "--format", "json"],
+                                 env=flwr_env(folder / FLWR_HOME), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, stdin=subprocess.DEVNULL) for p in public_files}
+    failed = {}
+    for path, proc in procs.items():
+        out, _ = proc.communicate(timeout=120)
+        if proc.returncode != 0 and "already" not in out.lower():
+            failed[path] = out.strip().splitlines()[-1] if out.strip() else f"exit code {proc.returncode}"
+    return failed
+
+
+def submit_run(folder: Path) -> str:
+    """Start the robust ServerApp on our SuperLink; return Flower's run id."""
+    state = str(folder.resolve()).replace("\\", "\\\\").replace('"', '\\"')
+    done = flwr(folder, "run", str(folder / APP_DIR), CONNECTION, "--run-config", f'state-dir="{state}"', "--format", "json")
+    try:
+        return str(json.loads(done.stdout)["run-id"])
+    except (ValueError, KeyError, TypeError):
+        raise RuntimeError(f"`flwr run` failed: {(done.stdout + done.stderr).strip()[-2000:]}") from None
+
+
+def run_status(folder: Path, run_id: str) -> tuple[str, str]:
+    """Flower's ``(status, details)`` of the run, e.g. ``("finished:failed", "...")``."""
+    done = flwr(folder, "ls", "--run-id", run_id, "--format", "json")
+    try:
+        run = json.loads(done.stdout)["runs"][0]
+        return run["status"], run.get("status-details", "")
+    except (ValueError, KeyError, IndexError, TypeError):
+        return "unknown", (done.stdout + done.stderr).strip()[-500:]
+
+
+def run_log(folder: Path, run_id: str) -> str:
+    return (done := flwr(folder, "log", run_id, CONNECTION, "--show")).stdout + done.stderr
+
+
+# -- the volunteer side --------------------------------------------------------------------
+
+
+def start_supernode(folder: Path, coordinator: str, ca: Path, node_config: dict[str, object],
+                    log: Path | None = None) -> subprocess.Popen:
+    config = " ".join(f'{k}={json.dumps(v)}' for k, v in node_config.items())
+    home = folder / FLWR_HOME
+    home.mkdir(parents=True, exist_ok=True)
+    return spawn([
+        _bin("flower-supernode"), "--superlink", coordinator, "--root-certificates", str(ca),
+        "--auth-supernode-private-key", str(folder / "node.key"), "--node-config", config,
+        "--port", str(free_port()),
+    ], home, log)

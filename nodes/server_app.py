@@ -1,0 +1,98 @@
+"""The coordinator's Flower ServerApp: a round loop on ``Grid.push_messages``/``pull_messages``.
+
+Flower's ``Strategy.start`` drops late replies silently and one malformed reply ends the whole
+run, so the loop is ours: ask the selected nodes, collect until every one replied or the
+deadline passed, hand each reply to :meth:`Coordinator.check` (a bad reply is a rejection with
+a reason, never an exception), then :meth:`Coordinator.finish_round`. The run config's
+``state-dir`` is the coordinator's folder; everything else is read from there.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
+from flwr.app import Context, Message
+from flwr.serverapp import Grid, ServerApp
+
+from robust import keys
+
+from .coordinator import Coordinator, short
+from .protocol import read_reply, task_content
+
+log = logging.getLogger("robust.coordinator")
+POLL = 0.5  # seconds between pulls: Flower's own polling (3 s) dominates anyway
+
+app = ServerApp()
+
+
+def online_nodes(grid: Grid) -> dict[int, str]:
+    """Flower node id -> key fingerprint, for every node online now."""
+    out = {}
+    for info in grid.get_nodes():
+        if info.status != "online" or not info.public_key:
+            continue
+        try:
+            out[info.node_id] = keys.fingerprint(load_pem_public_key(info.public_key))
+        except ValueError:
+            log.warning("node %d has an unreadable public key: ignored", info.node_id)
+    return out
+
+
+def wait_for_nodes(grid: Grid, coord: Coordinator, everyone: bool) -> dict[int, str]:
+    """The selected online nodes (Flower id -> fingerprint). Waits up to ``wait_nodes`` seconds
+    for a quorum, or with ``everyone`` (a run's first round) for every admitted node, so a
+    federation whose nodes all start together trains on all of them from round one."""
+    s = coord.settings
+    until = time.monotonic() + s.wait_nodes
+    while True:
+        nodes = online_nodes(grid)
+        chosen = set(coord.select(list(nodes.values())))
+        enough = len(chosen) == len(coord.select(list(coord.keys))) if everyone else len(chosen) >= s.quorum
+        if enough or time.monotonic() > until:
+            return {nid: fp for nid, fp in nodes.items() if fp in chosen}
+        time.sleep(1.0)
+
+
+def play_round(grid: Grid, coord: Coordinator, first: bool) -> dict:
+    nodes = wait_for_nodes(grid, coord, first)
+    started = time.monotonic()
+    task, w = coord.task()
+    deadline = started + coord.settings.deadline
+    messages = [Message(task_content(task, w), dst_node_id=nid, message_type="train",
+                        ttl=coord.settings.deadline + 30) for nid in sorted(nodes)]
+    pending = {mid for mid in grid.push_messages(messages) if mid}
+    rows, rejected = {}, {}
+    while pending and time.monotonic() < deadline:
+        for reply in grid.pull_messages(list(pending)):
+            pending.discard(reply.metadata.reply_to_message_id)
+            fp = nodes.get(reply.metadata.src_node_id)
+            if fp is None or fp in rows or fp in rejected:
+                continue
+            if reply.has_error():
+                rejected[fp] = f"node error: {reply.error.reason[:200]}"
+                continue
+            try:
+                result = coord.check(fp, *read_reply(reply.content))
+            except ValueError as err:
+                result = f"malformed reply: {err}"
+            if isinstance(result, str):
+                rejected[fp] = result
+            else:
+                rows[fp] = result
+        time.sleep(POLL)
+    return coord.finish_round(sorted(nodes.values()), rows, rejected, started)
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    coord = Coordinator(str(context.run_config["state-dir"]))
+    first = True
+    while not coord.done:
+        record = play_round(grid, coord, first)
+        first = False
+        log.info("round %d: accepted %d/%d, accuracy %.3f, flagged %s, rejected %s",
+                 record["round"], record["accepted"], record["asked"], record["accuracy"],
+                 record["flagged"], {short(k): v for k, v in record["rejected"].items()})
