@@ -1,7 +1,8 @@
 """The local engine: one benchmark cell (scenario x aggregator x attack x seed) in-process.
 
 Each round runs the coordinator's steps on the nodes' rows: the nodes compute their updates
-(all at once with ``torch.func.vmap``, or one by one exactly as a volunteer does with
+(all at once: by hand-written batched products for ``logreg``/``mlp``, ``evaluation.batched``,
+else with ``torch.func.vmap``; or one by one exactly as a volunteer does with
 ``vectorize=False``), the threat model replaces the Byzantine rows (omniscient attacks) or
 the Byzantine nodes trained on poisoned data (node-side attacks), then validate -> canonical
 order -> aggregate -> score -> apply -> evaluate. Threads are pinned to one per cell, so a
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-from torch.func import functional_call, vmap
+from torch.func import vmap
 
 import aggregators
 import attacks
@@ -25,11 +26,13 @@ from attacks.node import Backdoor
 from nodes.rounds import canonical, rejected_rows
 from nodes.training import TrainConfig, apply_update, batch_indices, local_update
 from robust.data import Dataset, load
+from robust import models
 from robust.models import build_model
 from robust.params import flat_params, sha256, unflatten
 from robust.partition import partition
 from robust.seeds import generator
 
+from .batched import DenseNet, local_updates
 from .detectors import score_round
 from .metrics import kappa_bound, kappa_hat, summarize_detection
 
@@ -70,9 +73,25 @@ def node_data(
     return xs, ys, parts
 
 
-def accuracy(model: torch.nn.Module, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
+def batch_draws(parts: list[torch.Tensor], tc: TrainConfig, seed: int, t: int) -> torch.Tensor:
+    """``(n, local steps, batch size)`` sample indices of round ``t``: node ``i``'s batch for
+    step ``s`` is drawn as the volunteer draws it, seeded by ``(seed, t, i, s, "batch")``."""
+    draws = [
+        batch_indices(part, tc.batch_size, generator(seed, t, i, s, "batch"))
+        for i, part in enumerate(parts) for s in range(tc.local_steps)
+    ]
+    return torch.stack(draws).view(len(parts), tc.local_steps, tc.batch_size)
+
+
+def accuracy(
+    model: torch.nn.Module, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, net: DenseNet | None = None
+) -> float:
+    """Share of ``x`` that the model with parameters ``w`` classifies as ``y`` (through ``net``
+    when the model has a dense view)."""
+    if net is None:
+        return models.accuracy(model, unflatten(w, model), x, y)
     with torch.no_grad():
-        return float((functional_call(model, unflatten(w, model), (x,)).argmax(dim=1) == y).float().mean())
+        return float((net.logits(w, x).argmax(dim=1) == y).float().mean())
 
 
 def run_cell(
@@ -89,6 +108,7 @@ def run_cell(
     attack = attacks.build(cell.attack, f)
     chain = aggregators.build(cell.aggregator, f)
     model = build_model(cfg["model"], data.shape, data.classes, seed)
+    net = DenseNet.of(model)
     xs, ys, parts = node_data(data, parts, byzantine, attack, seed)
     w = flat_params(model)
     momenta = torch.zeros(n, w.numel())
@@ -101,15 +121,13 @@ def run_cell(
     previous = None
     start = time.perf_counter()
     for t in range(rounds):
-        idx = torch.stack([
-            torch.stack([batch_indices(parts[i], tc.batch_size, generator(seed, t, i, s, "batch"))
-                         for s in range(tc.local_steps)])
-            for i in range(n)
-        ])
-        params = unflatten(w, model)
-        if vectorize:
-            rows, momenta = batched(params, xs[idx], ys[idx], momenta)
+        idx = batch_draws(parts, tc, seed, t)
+        if vectorize and net is not None:
+            rows, momenta = local_updates(net, tc, w, xs[idx], ys[idx], momenta)
+        elif vectorize:
+            rows, momenta = batched(unflatten(w, model), xs[idx], ys[idx], momenta)
         else:
+            params = unflatten(w, model)
             outs = [step(params, xs[idx[i]], ys[idx[i]], momenta[i]) for i in range(n)]
             rows, momenta = torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
         if isinstance(attack, NodeAttack):
@@ -136,7 +154,7 @@ def run_cell(
             previous, kept = aggregate, chain.last_kept
         history["scores"].append(score_round(X, f, kept))
         history["positive"].append(positive)
-        history["accuracy"].append(accuracy(model, w, data.x_test, data.y_test))
+        history["accuracy"].append(accuracy(model, w, data.x_test, data.y_test, net))
         if on_round is not None:
             on_round(t, history["accuracy"][-1])
     wall = time.perf_counter() - start
@@ -148,18 +166,20 @@ def run_cell(
         "kappa": history["kappa"], "kappa_max": max((k for k in history["kappa"] if k == k), default=float("nan")),
         "kappa_bound": kappa_bound(n, f) if n > 2 * f else float("inf"),
         "rejected": sum(len(r) for r in history["rejected"]), "skipped_rounds": history["skipped"],
-        "backdoor_asr": backdoor_success(attack, model, w, data),
+        "backdoor_asr": backdoor_success(attack, model, w, data, net),
         "byzantine": byzantine,
         "model_sha256": sha256(w), "wall_time": wall,
         "node_steps_per_s": rounds * n * tc.local_steps / wall,
     }
 
 
-def backdoor_success(attack: object, model: torch.nn.Module, w: torch.Tensor, data: Dataset) -> float | None:
+def backdoor_success(
+    attack: object, model: torch.nn.Module, w: torch.Tensor, data: Dataset, net: DenseNet | None = None
+) -> float | None:
     """Share of triggered test samples (true label not the target) classified as the target."""
     if not isinstance(attack, Backdoor):
         return None
     keep = data.y_test != attack.target
     stamped = attack.stamp(data.x_test[keep])
     target = torch.full((stamped.shape[0],), attack.target)
-    return accuracy(model, w, stamped, target)
+    return accuracy(model, w, stamped, target, net)

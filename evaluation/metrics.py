@@ -24,12 +24,8 @@ def roc_auc(scores: torch.Tensor, positive: torch.Tensor) -> float:
     ``AUC = (#{(p, q): s_p > s_q} + 1/2 #{(p, q): s_p = s_q}) / (n_pos n_neg)`` over positive
     rows ``p`` and negative rows ``q``; ``nan`` if there are no positives or no negatives.
     """
-    pos, neg = _split(scores, positive)
-    if pos.numel() == 0 or neg.numel() == 0:
-        return math.nan
-    greater = int((pos[:, None] > neg[None, :]).sum())
-    ties = int((pos[:, None] == neg[None, :]).sum())
-    return (greater + 0.5 * ties) / (pos.numel() * neg.numel())  # exact counts, float64 ratio
+    _check(scores, positive)
+    return _auc_rows(scores[None], positive)[0]
 
 
 def tpr_at_fpr(scores: torch.Tensor, positive: torch.Tensor, fpr: float = 0.05) -> float:
@@ -42,14 +38,8 @@ def tpr_at_fpr(scores: torch.Tensor, positive: torch.Tensor, fpr: float = 0.05) 
     """
     if not 0.0 <= fpr <= 1.0:
         raise ValueError(f"fpr must be in [0, 1] (got {fpr})")
-    pos, neg = _split(scores, positive)
-    if pos.numel() == 0 or neg.numel() == 0:
-        return math.nan
-    k = math.floor(fpr * neg.numel() + 1e-9)  # 0.29 * 100 = 28.999...: allow 29
-    if k >= neg.numel():
-        return 1.0
-    t = torch.sort(neg, descending=True).values[k]
-    return float((pos > t).to(F64).mean())
+    _check(scores, positive)
+    return _tpr_rows(scores[None], positive, fpr)[0]
 
 
 def summarize_detection(
@@ -62,24 +52,55 @@ def summarize_detection(
     defined (a round without positives, negatives or that detector is skipped; ``nan`` if
     none is left). ``rounds_to_detect`` is the first round ``r`` with ``tpr_at_fpr == 1`` such
     that every later defined round also has ``tpr_at_fpr == 1``; ``None`` if there is none.
+    Rounds with the same Byzantine rows are scored together, one stacked tensor per detector.
     """
     if len(rounds) != len(positive):
         raise ValueError(
             f"rounds and positive must have one entry per round (got {len(rounds)} and {len(positive)})"
         )
     names = list(dict.fromkeys(name for scores in rounds for name in scores))
+    masks = [tuple(pos.tolist()) for pos in positive]
     summary: dict[str, dict] = {}
     for name in names:
-        aucs, tprs = [], []
-        for scores, pos in zip(rounds, positive):
-            aucs.append(roc_auc(scores[name], pos) if name in scores else math.nan)
-            tprs.append(tpr_at_fpr(scores[name], pos) if name in scores else math.nan)
+        aucs, tprs = [math.nan] * len(rounds), [math.nan] * len(rounds)
+        groups: dict[tuple, list[int]] = {}
+        for r, scores in enumerate(rounds):
+            if name in scores:
+                _check(scores[name], positive[r])
+                groups.setdefault(masks[r], []).append(r)
+        for members in groups.values():
+            stacked, pos = torch.stack([rounds[r][name] for r in members]), positive[members[0]]
+            for r, auc, tpr in zip(members, _auc_rows(stacked, pos), _tpr_rows(stacked, pos, 0.05)):
+                aucs[r], tprs[r] = auc, tpr
         summary[name] = {
             "auc": _nanmean(aucs),
             "tpr_at_5fpr": _nanmean(tprs),
             "rounds_to_detect": _rounds_to_detect(tprs),
         }
     return summary
+
+
+def _auc_rows(scores: torch.Tensor, positive: torch.Tensor) -> list[float]:
+    """:func:`roc_auc` of every row of ``scores`` (``(R, n)``) against one mask ``positive``."""
+    pos, neg = scores[:, positive].to(F64), scores[:, ~positive].to(F64)
+    if pos.shape[1] == 0 or neg.shape[1] == 0:
+        return [math.nan] * scores.shape[0]
+    greater = (pos[:, :, None] > neg[:, None, :]).sum(dim=(1, 2)).tolist()
+    ties = (pos[:, :, None] == neg[:, None, :]).sum(dim=(1, 2)).tolist()
+    pairs = pos.shape[1] * neg.shape[1]
+    return [(g + 0.5 * t) / pairs for g, t in zip(greater, ties)]  # exact counts, float64 ratio
+
+
+def _tpr_rows(scores: torch.Tensor, positive: torch.Tensor, fpr: float) -> list[float]:
+    """:func:`tpr_at_fpr` of every row of ``scores`` (``(R, n)``) against one mask ``positive``."""
+    pos, neg = scores[:, positive].to(F64), scores[:, ~positive].to(F64)
+    if pos.shape[1] == 0 or neg.shape[1] == 0:
+        return [math.nan] * scores.shape[0]
+    k = math.floor(fpr * neg.shape[1] + 1e-9)  # 0.29 * 100 = 28.999...: allow 29
+    if k >= neg.shape[1]:
+        return [1.0] * scores.shape[0]
+    t = torch.sort(neg, dim=1, descending=True).values[:, k : k + 1]
+    return (pos > t).to(F64).mean(dim=1).tolist()
 
 
 def kappa_hat(aggregate: torch.Tensor, honest: torch.Tensor) -> float:
@@ -97,10 +118,12 @@ def kappa_hat(aggregate: torch.Tensor, honest: torch.Tensor) -> float:
     err = torch.zeros((), dtype=F64)
     spread = torch.zeros((), dtype=F64)
     for s in range(0, honest.shape[1], BLOCK):
-        block = honest[:, s : s + BLOCK].to(F64)
+        block = honest[:, s : s + BLOCK].to(F64, copy=True)
         mean = block.mean(dim=0)
-        err += (aggregate[s : s + BLOCK].to(F64) - mean).square().sum()
-        spread += (block - mean).square().sum()
+        gap = aggregate[s : s + BLOCK].to(F64) - mean
+        block -= mean
+        err += gap @ gap  # dot products: no squared temporaries
+        spread += block.reshape(-1) @ block.reshape(-1)
     spread /= honest.shape[0]
     if spread == 0:
         return 0.0 if err == 0 else math.inf
@@ -134,15 +157,12 @@ def leaves_band(attacked: list[float], clean: list[list[float]]) -> int | None:
     return int(outside[0, 0]) if outside.numel() else None
 
 
-def _split(scores: torch.Tensor, positive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores of the positive and of the negative rows (float64)."""
+def _check(scores: torch.Tensor, positive: torch.Tensor) -> None:
     if positive.dtype != torch.bool or positive.shape != scores.shape or scores.dim() != 1:
         raise ValueError(
             f"need 1-D scores and a bool positive mask of the same shape "
             f"(got {tuple(scores.shape)} and {positive.dtype} {tuple(positive.shape)})"
         )
-    scores = scores.to(F64)
-    return scores[positive], scores[~positive]
 
 
 def _nanmean(values: list[float]) -> float:
