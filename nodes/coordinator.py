@@ -169,7 +169,8 @@ class Coordinator:
         return record
 
     def finish(self) -> None:
-        torch.save(unflatten(self.w, self.model), self.folder / "model.pt")
+        params = {k: v.clone() for k, v in unflatten(self.w, self.model).items()}
+        checkpoint.write_atomic(self.folder / "model.pt", lambda out: torch.save(params, out))
         checkpoint.write_result(self.folder, {
             "final_accuracy": accuracy(self.model, unflatten(self.w, self.model), self.x_test, self.y_test),
             "model_sha256": sha256(self.w), "rounds": self.round,

@@ -52,7 +52,10 @@ def corrupt_reply(fault: str, reply: Reply, row: np.ndarray, folder: Path) -> tu
         return dataclasses.replace(reply, signature=os.urandom(len(reply.signature))), row
     if fault == "replay":
         path = folder / REPLAY_FILE
-        saved = np.load(path, allow_pickle=False) if path.exists() else None
+        saved = None
+        if path.exists():
+            with np.load(path, allow_pickle=False) as stored:  # read it all before overwriting
+                saved = {k: stored[k] for k in stored.files}
         np.savez(path, row=row, run=reply.run, round=reply.round, base=reply.base, count=reply.count,
                  signature=np.frombuffer(reply.signature, dtype=np.uint8))
         if saved is not None:

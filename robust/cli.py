@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     # Before torch is imported: back large tensors with huge pages (first touch of a fresh
     # 400 MB update matrix: 126 ms -> 52 ms here). Flower/NumPy already do this for arrays.
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    # Flower (imported by the federation commands) must not phone home.
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
     p = parser()
     args = p.parse_args(argv)
     if not getattr(args, "run", None):

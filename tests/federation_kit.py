@@ -1,0 +1,60 @@
+"""Helpers for the federation tests: folders made with the real commands, and an in-process
+federation that runs the coordinator's and volunteers' exact functions (no Flower), used as
+the reference the deployed runs must match bit for bit."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from nodes import commands
+from nodes.coordinator import Coordinator
+from nodes.protocol import read_reply, reply_content
+from nodes.settings import Settings
+from nodes.volunteer import NodeData, work
+from robust import keys
+
+
+def make_federation(root: Path, n: int, settings: Settings, seed: int = 0) -> tuple[Path, list[Path]]:
+    """A coordinator folder with ``n`` admitted volunteers, keys derived from ``seed``."""
+    coord = root / "coordinator"
+    commands.coordinator_init(coord, [], settings, run_id=f"test-{seed}")
+    nodes = []
+    for i in range(1, n + 1):
+        folder = root / f"node{i}"
+        commands.node_keygen(folder, seed=("test", seed, i))
+        commands.coordinator_admit(coord, folder / "node.pub")
+        commands.prepare_data(folder, settings.dataset, None, f"{i}/{n}")
+        nodes.append(folder)
+    return coord, nodes
+
+
+def fingerprint(node: Path) -> str:
+    return keys.fingerprint(keys.load_private(node).public_key())
+
+
+def replies(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None = None):
+    """Every node's reply to the current task, as decoded from the wire: ``(fp, reply, row)``."""
+    task, w = coord.task()
+    out = []
+    for i, node in enumerate(nodes, start=1):
+        part = next(node.glob("data-*.pt"))
+        reply = reply_content(*work(task, w, NodeData.load(part), keys.load_private(node), torch.device("cpu"),
+                                    (attacks or {}).get(i, ""), node))
+        out.append((fingerprint(node), *read_reply(reply)))
+    return out
+
+
+def play(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None = None, shuffle: int | None = None) -> dict:
+    """One round in-process: every selected node replies (in a shuffled order if asked)."""
+    asked = coord.select([fingerprint(n) for n in nodes])
+    got = [r for r in replies(coord, nodes, attacks) if r[0] in asked]
+    if shuffle is not None:
+        random.Random(shuffle).shuffle(got)
+    rows, rejected = {}, {}
+    for fp, reply, row in got:
+        result = coord.check(fp, reply, row)
+        (rejected if isinstance(result, str) else rows)[fp] = result
+    return coord.finish_round(asked, rows, rejected, 0.0)

@@ -1,0 +1,162 @@
+"""The coordinator's and volunteers' logic in-process: every bad reply is rejected with its
+reason, arrival order and restarts do not change the bits, settings fail early."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+from nodes import checkpoint, faults
+from nodes.coordinator import Coordinator
+from nodes.protocol import read_reply
+from nodes.settings import Settings
+from robust import keys
+
+from .federation_kit import fingerprint, make_federation, play, replies
+
+SETTINGS = Settings(rounds=3, aggregator="trimmed-mean", tolerate=1, quorum=3, local_epochs=1)
+
+
+@pytest.fixture
+def federation(tmp_path):
+    return make_federation(tmp_path, 4, SETTINGS)
+
+
+def test_each_bad_reply_kind_is_rejected_and_the_round_completes(federation):
+    coord_dir, nodes = federation
+    coord = Coordinator(coord_dir)
+    replies(coord, nodes[:1], {1: "replay"})  # the replay node's first (honest) reply, kept
+    play(coord, nodes)
+    expected = {
+        "nan": "non-finite", "wrong-shape": "wrong shape", "huge-norm": "above the bound",
+        "inflated-count": "sample count", "bad-signature": "bad signature", "replay": "round 1, this is round 2",
+        "stale-base": "stale",
+    }
+    for fault, words in expected.items():
+        c = Coordinator(coord_dir)
+        c.round, c.w = 1, coord.w
+        fp, reply, row = replies(c, nodes[:1], {1: fault})[0]
+        reason = c.check(fp, reply, row)
+        assert isinstance(reason, str) and words in reason, (fault, reason)
+    record = play(coord, nodes, {1: "nan"})
+    assert record["accepted"] == 3 and not record["skipped"] and record["round"] == 2
+    assert list(record["rejected"].values()) == ["non-finite values"]
+    record = play(coord, nodes, {1: "nan", 2: "bad-signature"})  # below the quorum: no step
+    assert record["accepted"] == 2 and "quorum is 3" in record["skipped"]
+    assert record["model_sha256"] == json.loads((coord_dir / checkpoint.ROUNDS).read_text().splitlines()[1])["model_sha256"]
+
+
+def test_a_signature_from_another_admitted_key_is_rejected(federation):
+    coord_dir, nodes = federation
+    coord = Coordinator(coord_dir)
+    (fp1, reply, row), (fp2, *_rest) = replies(coord, nodes[:2])
+    assert isinstance(coord.check(fp1, reply, row), type(coord.w))
+    assert coord.check(fp2, reply, row) == "bad signature"
+
+
+def test_malformed_replies_are_reasons_not_crashes():
+    good = {"run": "r", "round": 1, "base": "b", "count": 1, "signature": b"s", "refused": ""}
+    cases = [
+        RecordDict({}),
+        RecordDict({"reply": ConfigRecord({**good, "count": "7"})}),
+        RecordDict({"reply": ConfigRecord(good)}),
+        RecordDict({"reply": ConfigRecord(good), "update": ArrayRecord({"row": Array(np.zeros(3, np.float64))})}),
+        RecordDict({"reply": ConfigRecord(good), "update": ArrayRecord({"row": Array(
+            dtype="float32", shape=(3,), stype="numpy.ndarray", data=b"garbage")})}),
+    ]
+    for content in cases:
+        with pytest.raises(ValueError):
+            read_reply(content)
+
+
+def test_arrival_order_does_not_change_the_model(tmp_path):
+    shas = []
+    for shuffle in (1, 2):
+        coord_dir, nodes = make_federation(tmp_path / str(shuffle), 4, SETTINGS)
+        coord = Coordinator(coord_dir)
+        while not coord.done:
+            play(coord, nodes, shuffle=shuffle)
+        shas.append(json.loads((coord_dir / checkpoint.RESULT).read_text())["model_sha256"])
+    assert shas[0] == shas[1]
+
+
+def test_a_restarted_coordinator_resumes_to_the_same_bits(tmp_path):
+    settings = dataclasses.replace(SETTINGS, aggregator="centered-clipping:tau=1")  # stateful rule
+    a_dir, a_nodes = make_federation(tmp_path / "a", 4, settings)
+    b_dir, b_nodes = make_federation(tmp_path / "b", 4, settings)
+    a = Coordinator(a_dir)
+    while not a.done:
+        play(a, a_nodes)
+    b = Coordinator(b_dir)
+    play(b, b_nodes)
+    del b  # "killed" after round 1: only its folder survives
+    b = Coordinator(b_dir)
+    assert b.round == 1 and b.chain.state()
+    while not b.done:
+        play(b, b_nodes)
+    assert (a_dir / checkpoint.RESULT).read_text() == (b_dir / checkpoint.RESULT).read_text()
+
+
+def test_resuming_with_other_settings_is_refused(federation):
+    coord_dir, nodes = federation
+    play(Coordinator(coord_dir), nodes)
+    text = (coord_dir / "coordinator.toml").read_text().replace('aggregator = "trimmed-mean"', 'aggregator = "median"')
+    (coord_dir / "coordinator.toml").write_text(text)
+    with pytest.raises(ValueError, match="different aggregator"):
+        Coordinator(coord_dir)
+
+
+def test_flagged_nodes_are_quarantined(federation):
+    coord_dir, nodes = federation
+    coord = Coordinator(coord_dir)
+    for _ in range(3):
+        record = play(coord, nodes, {4: "label-flip"})
+    bad = fingerprint(nodes[3])[:12]
+    assert record["quarantined"] == [bad]
+    assert fingerprint(nodes[3]) not in coord.select([fingerprint(n) for n in nodes])
+
+
+def test_a_volunteer_refuses_a_model_that_does_not_match_its_hash(federation):
+    coord_dir, nodes = federation
+    coord = Coordinator(coord_dir)
+    coord.w = coord.w.clone()
+    task, w = coord.task()
+    from nodes.volunteer import NodeData, work
+    import torch
+
+    w = w.copy()
+    w[0] += 1
+    reply, row = work(task, w, NodeData.load(next(nodes[0].glob("data-*.pt"))), keys.load_private(nodes[0]), torch.device("cpu"))
+    assert row is None and "does not match" in reply.refused
+    assert "refused the task" in coord.check(fingerprint(nodes[0]), reply, row)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"quorum": 2, "tolerate": 1, "aggregator": "krum"}, "krum needs n"),
+    ({"momentum": 1.5}, "momentum must be in"),
+    ({"deadline": 0}, "deadline must be"),
+    ({"dataset": "imagenet"}, "unknown dataset"),
+    ({"per_round": 2}, "below quorum"),
+])
+def test_settings_are_validated_with_a_fix(change, words):
+    with pytest.raises(ValueError, match=words):
+        Settings().replace(**change)
+
+
+def test_settings_round_trip(tmp_path):
+    s = Settings(aggregator="bucketing:s=2+centered-clipping:tau=10", quorum=5, lr=0.1)
+    (tmp_path / "coordinator.toml").write_text(s.to_toml())
+    assert Settings.read(tmp_path) == s
+
+
+def test_protocol_faults_are_known_to_the_cli():
+    from nodes.volunteer import check_attack
+
+    for fault in faults.PROTOCOL_FAULTS:
+        check_attack(fault)
+    with pytest.raises(ValueError, match="omniscient"):
+        check_attack("alie")
