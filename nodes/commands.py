@@ -179,7 +179,7 @@ def node_join(folder: Path, coordinator: str, ca: Path, device: str, dataset: st
     except KeyboardInterrupt:
         launch.stop(proc)
         return 130
-    if code == 305:  # Flower: the SuperLink would not activate this node
-        print(f"the coordinator refused this node: is {folder / keys.PUBLIC_FILE} admitted "
-              f"(robust coordinator admit DIR {folder / keys.PUBLIC_FILE})? Flower exit code {code}", flush=True)
+    if code != 0:  # Flower retries an unreachable SuperLink forever: an exit means a refusal
+        print(f"the coordinator refused this node (SuperNode exit code {code}): is {folder / keys.PUBLIC_FILE} "
+              f"admitted (robust coordinator admit DIR {folder / keys.PUBLIC_FILE})?", flush=True)
     return code

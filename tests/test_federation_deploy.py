@@ -1,0 +1,120 @@
+"""The federation for real: SuperLink and SuperNodes as processes on loopback, over TLS with
+node authentication (no mock of Flower). Each round takes several seconds (Flower polls every
+3 s and starts a fresh process per task), so these tests are few and short."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nodes import checkpoint, commands, launch
+from nodes.coordinator import Coordinator
+from nodes.settings import Settings
+
+from .federation_kit import fingerprint, make_federation, play
+
+
+def robust(*args: str, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+    return subprocess.Popen([sys.executable, "-m", "robust.cli", *args], stdout=open(log, "ab"),
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def join(node: Path, coord: Path, port: int, *extra: str) -> subprocess.Popen:
+    return robust("node", "join", "--coordinator", f"127.0.0.1:{port}", "--ca", str(coord / "tls" / "ca.crt"),
+                  "--key", str(node), "--partition", next(node.glob("data-*.pt")).stem.split("-")[-1].replace("of", "/"),
+                  "--device", "cpu", *extra, log=node / "join.log")
+
+
+def rounds_done(coord: Path) -> list[dict]:
+    path = coord / checkpoint.ROUNDS
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_until(predicate, timeout: float, what: str, logs: list[Path]) -> None:
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        if predicate():
+            return
+        time.sleep(0.5)
+    tails = "\n".join(f"--- {p}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-20:]) for p in logs if p.exists())
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tails}")
+
+
+def kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        launch.stop(proc, grace=5)
+
+
+def test_tls_auth_bad_replies_and_a_node_killed_mid_round(tmp_path, procs):
+    port = launch.free_port()
+    settings = Settings(rounds=3, aggregator="median", tolerate=0, quorum=1, deadline=45.0, port=port)
+    coord, nodes = make_federation(tmp_path, 3, settings)
+    stranger = tmp_path / "stranger"
+    commands.node_keygen(stranger, seed="not admitted")
+    commands.prepare_data(stranger, "digits", None, "1/3")
+    procs.append(robust("coordinator", "start", str(coord), log=tmp_path / "coordinator.log"))
+    logs = [tmp_path / "coordinator.log", coord / "logs" / "superlink.log", *(n / "join.log" for n in nodes)]
+    wait_until(lambda: (coord / "logs" / "superlink.log").exists() and "submitted" in (tmp_path / "coordinator.log").read_text(),
+               120, "the coordinator to submit its run", logs)
+    for i, node in enumerate(nodes, start=1):
+        procs.append(join(node, coord, port, *(["--attack", "bad-signature"] if i == 3 else [])))
+    refused = join(stranger, coord, port)
+    procs.append(refused)
+    wait_until(lambda: len(rounds_done(coord)) >= 1, 180, "round 1", logs)
+    assert refused.wait(60) != 0
+    assert "refused this node" in (stranger / "join.log").read_text()
+    kill(procs[2])  # node2's volunteer, during round 2
+    wait_until(lambda: (coord / checkpoint.RESULT).exists(), 240, "the run to finish", logs)
+    assert procs[0].wait(30) == 0
+    records = rounds_done(coord)
+    names = [fingerprint(n)[:12] for n in nodes]
+    assert [r["round"] for r in records] == [1, 2, 3]
+    assert records[0]["accepted"] == 2 and records[0]["rejected"] == {names[2]: "bad signature"}
+    assert names[1] in records[1]["missing"] + records[2]["missing"]  # killed: no reply, round still done
+    assert all(not r["skipped"] for r in records)
+    result = json.loads((coord / checkpoint.RESULT).read_text())
+    assert result["rounds"] == 3 and result["rejected"] == {names[2]: "bad signature"}
+    assert result["final_accuracy"] > 0.8
+
+
+def test_killed_coordinator_resumes_and_slow_nodes_give_the_same_bits(tmp_path, procs):
+    port = launch.free_port()
+    settings = Settings(rounds=4, aggregator="trimmed-mean", tolerate=1, quorum=3, deadline=90.0, port=port)
+    coord, nodes = make_federation(tmp_path / "deployed", 3, settings)
+    start = lambda: robust("coordinator", "start", str(coord), log=tmp_path / "coordinator.log")  # noqa: E731
+    procs.append(start())
+    logs = [tmp_path / "coordinator.log", coord / "logs" / "superlink.log", *(n / "join.log" for n in nodes)]
+    wait_until(lambda: "submitted" in (tmp_path / "coordinator.log").read_text(), 120, "the run", logs)
+    procs.extend(join(node, coord, port, "--slow", "4") for node in nodes)  # replies in random order
+    wait_until(lambda: len(rounds_done(coord)) >= 2, 240, "round 2", logs)
+    kill(procs[0])
+    procs[0] = start()
+    wait_until(lambda: (coord / checkpoint.RESULT).exists(), 300, "the resumed run to finish", logs)
+    assert "resuming after round" in (tmp_path / "coordinator.log").read_text()
+    # the reference: the same federation in-process, uninterrupted, every reply in order
+    ref_dir, ref_nodes = make_federation(tmp_path / "reference", 3, settings)
+    ref = Coordinator(ref_dir)
+    while not ref.done:
+        play(ref, ref_nodes)
+    deployed = json.loads((coord / checkpoint.RESULT).read_text())
+    assert deployed["model_sha256"] == json.loads((ref_dir / checkpoint.RESULT).read_text())["model_sha256"]
+    assert [r["round"] for r in rounds_done(coord)][-1] == 4
