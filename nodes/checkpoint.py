@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-CHECKPOINT, ROUNDS, RESULT = "checkpoint.pt", "rounds.jsonl", "result.json"
+CHECKPOINT, ROUNDS, RESULT, FAILED = "checkpoint.pt", "rounds.jsonl", "result.json", "failed.txt"
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -53,3 +53,8 @@ def append_round(folder: Path, record: dict) -> None:
 
 def write_result(folder: Path, result: dict) -> None:
     write_atomic(folder / RESULT, lambda out: out.write((json.dumps(result, indent=1) + "\n").encode()))
+
+
+def write_failure(folder: Path, err: BaseException) -> None:
+    """Why the ServerApp could not run, for ``robust coordinator start`` to print."""
+    write_atomic(folder / FAILED, lambda out: out.write(f"{type(err).__name__}: {err}\n".encode()))

@@ -68,6 +68,7 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
         return 0
     launch.prepare_coordinator(folder, settings.port)
     (folder / checkpoint.RESULT).unlink(missing_ok=True)
+    (folder / checkpoint.FAILED).unlink(missing_ok=True)
     print(f"starting SuperLink on {settings.bind}:{settings.port} (TLS, node authentication on), "
           f"{len(keys_)} admitted node(s)" + (f", resuming after round {done_rounds}" if done_rounds else ""), flush=True)
     superlink = launch.start_superlink(folder, settings.bind, settings.port)
@@ -93,6 +94,9 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
         launch.stop(superlink)
 
 
+STATUS_EVERY = 30.0  # seconds between asking Flower whether the run died (each `flwr ls` costs ~2 s of CPU)
+
+
 def _follow(folder: Path, run_id: str, settings: Settings, superlink) -> int:
     """Print each round as the ServerApp records it; return when the run ends."""
     rounds_file, seen, last_check = folder / checkpoint.ROUNDS, rounds_file_size(folder), 0.0
@@ -111,10 +115,13 @@ def _follow(folder: Path, run_id: str, settings: Settings, superlink) -> int:
             print(f"done: final accuracy {summary['final_accuracy']:.4f}, model SHA-256 {summary['model_sha256']}")
             print(f"  model {folder / 'model.pt'}, per-round log {rounds_file}")
             return 0
+        if (folder / checkpoint.FAILED).exists():
+            print(f"error: the coordinator could not start: {(folder / checkpoint.FAILED).read_text().strip()}")
+            return 1
         if superlink.poll() is not None:
             print(f"error: the SuperLink exited (code {superlink.returncode}): see {folder / launch.LOGS / 'superlink.log'}")
             return 1
-        if time.monotonic() - last_check > 5:
+        if time.monotonic() - last_check > STATUS_EVERY:
             last_check = time.monotonic()
             status, details = launch.run_status(folder, run_id)
             if status.startswith("finished") and not result.exists():

@@ -8,6 +8,8 @@ derived from ``--seed``, so two demos with the same seed end with the same SHA-2
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 import sys
@@ -31,10 +33,13 @@ def demo(seed: int, rounds: int, as_json: bool, keep: str | None) -> int:
                         deadline=60.0, local_epochs=2, port=port)
     procs = []
     try:
-        commands.coordinator_init(coord, [], settings, run_id=f"demo-{seed}")
-        for i in range(1, NODES + 1):
-            commands.node_keygen(root / f"node{i}", seed=("demo", seed, i))
-            commands.coordinator_admit(coord, root / f"node{i}" / "node.pub")
+        with contextlib.redirect_stdout(io.StringIO()):  # the step-by-step hints are for people doing it by hand
+            commands.coordinator_init(coord, [], settings, run_id=f"demo-{seed}")
+            for i in range(1, NODES + 1):
+                commands.node_keygen(root / f"node{i}", seed=("demo", seed, i))
+                commands.coordinator_admit(coord, root / f"node{i}" / "node.pub")
+        print(f"demo in {root}: coordinator initialised (CA, server certificate), {NODES} volunteer keys "
+              "made and admitted", flush=True)
 
         def start_nodes() -> None:
             for i in range(1, NODES + 1):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from flwr.app import Context, Message
@@ -18,6 +19,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from robust import keys
 
+from . import checkpoint
 from .coordinator import Coordinator, short
 from .protocol import read_reply, task_content
 
@@ -77,6 +79,9 @@ def play_round(grid: Grid, coord: Coordinator, first: bool) -> dict:
                 result = coord.check(fp, *read_reply(reply.content))
             except ValueError as err:
                 result = f"malformed reply: {err}"
+            except Exception as err:  # noqa: BLE001 - untrusted input must never end the round
+                log.exception("round %d: reply from %s could not be checked", coord.round + 1, short(fp))
+                result = f"reply could not be checked ({type(err).__name__})"
             if isinstance(result, str):
                 rejected[fp] = result
             else:
@@ -88,11 +93,16 @@ def play_round(grid: Grid, coord: Coordinator, first: bool) -> dict:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    coord = Coordinator(str(context.run_config["state-dir"]))
-    first = True
-    while not coord.done:
-        record = play_round(grid, coord, first)
-        first = False
-        log.info("round %d: accepted %d/%d, accuracy %.3f, flagged %s, rejected %s",
-                 record["round"], record["accepted"], record["asked"], record["accuracy"],
-                 record["flagged"], {short(k): v for k, v in record["rejected"].items()})
+    folder = Path(str(context.run_config["state-dir"]))
+    try:
+        coord = Coordinator(folder)
+        first = True
+        while not coord.done:
+            record = play_round(grid, coord, first)
+            first = False
+            log.info("round %d: accepted %d/%d, accuracy %.3f, flagged %s, rejected %s",
+                     record["round"], record["accepted"], record["asked"], record["accuracy"],
+                     record["flagged"], record["rejected"])
+    except Exception as err:  # `robust coordinator start` shows this file to the user
+        checkpoint.write_failure(folder, err)
+        raise
