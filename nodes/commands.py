@@ -33,15 +33,21 @@ def coordinator_init(folder: Path, hosts: list[str], settings: Settings, run_id:
 
 
 def coordinator_admit(folder: Path, public_file: Path) -> None:
-    Settings.read(folder)
+    settings = Settings.read(folder)
     fp = admit(folder, public_file)
     print(f"admitted node {fp[:12]} ({fp})")
+    if launch.answers(settings.port):  # a running coordinator: let the node in now
+        failed = launch.register(folder, [folder / ADMITTED / f"{fp}.pub"])
+        print("  registered with the running SuperLink: it is asked from the next round" if not failed
+              else f"  the running SuperLink refused it ({next(iter(failed.values()))}); it is registered at the next start")
 
 
 def _describe(record: dict, rounds: int) -> str:
     parts = [f"round {record['round']}/{rounds}", f"accepted {record['accepted']}/{record['asked']}"]
     if record["rejected"]:
         parts.append("rejected " + ", ".join(f"{k}: {v}" for k, v in record["rejected"].items()))
+    if record.get("failed"):
+        parts.append("failed " + ", ".join(f"{k}: {v}" for k, v in record["failed"].items()))
     if record["missing"]:
         parts.append("no reply " + " ".join(record["missing"]))
     if record["flagged"]:

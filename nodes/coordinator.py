@@ -98,7 +98,9 @@ class Coordinator:
 
     def select(self, online: list[str]) -> list[str]:
         """The nodes asked this round: admitted, online, not quarantined; a seeded sample of
-        ``per_round`` of them (every one if 0), in canonical order."""
+        ``per_round`` of them (every one if 0), in canonical order. The admission list is
+        re-read, so a key admitted while the run goes on is used from the next round."""
+        self.keys = admitted(self.folder)
         pool = sorted(fp for fp in set(online) if fp in self.keys and fp not in self.quarantined)
         k = self.settings.per_round or len(pool)
         if k >= len(pool):
@@ -135,16 +137,24 @@ class Coordinator:
         return tensor
 
     def finish_round(self, asked: list[str], rows: dict[str, torch.Tensor], rejected: dict[str, str],
-                     started: float) -> dict:
-        """Aggregate the accepted rows, flag, apply, evaluate, checkpoint; the round's record."""
-        s, t = self.settings, self.round + 1
+                     started: float, train_seconds: dict[str, float] | None = None,
+                     failed: dict[str, str] | None = None) -> dict:
+        """Aggregate the accepted rows, flag, apply, evaluate, checkpoint; the round's record.
+
+        ``rejected`` replies (bad content) count as flags; ``failed`` ones (a transport error,
+        or a node declining the task) are recorded without a flag: they are not lies.
+        ``train_seconds`` (what nodes say their training took) only feeds the overhead figure."""
+        s, t, failed = self.settings, self.round + 1, failed or {}
         for fp, reason in rejected.items():
             self.rejected[fp] = reason
             self.flags[fp] = self.flags.get(fp, 0) + 1
             log.warning("round %d: rejected %s: %s", t, short(fp), reason)
-        missing = sorted(set(asked) - set(rows) - set(rejected))
+        for fp, reason in failed.items():
+            log.warning("round %d: no usable reply from %s: %s", t, short(fp), reason)
+        missing = sorted(set(asked) - set(rows) - set(rejected) - set(failed))
         record = {"round": t, "asked": len(asked), "accepted": len(rows),
                   "rejected": {short(fp): r for fp, r in sorted(rejected.items())},
+                  "failed": {short(fp): r for fp, r in sorted(failed.items())},
                   "missing": [short(fp) for fp in missing], "flagged": [], "skipped": ""}
         if len(rows) < s.quorum:
             record["skipped"] = f"{len(rows)} valid replies, quorum is {s.quorum}: no step"
@@ -162,6 +172,7 @@ class Coordinator:
         record["accuracy"] = accuracy(self.model, unflatten(self.w, self.model), self.x_test, self.y_test)
         record["model_sha256"] = sha256(self.w)
         record["seconds"] = round(time.monotonic() - started, 3)
+        record["train_seconds_max"] = round(max((train_seconds or {}).get(fp, 0.0) for fp in rows) if rows else 0.0, 3)
         self.save()
         checkpoint.append_round(self.folder, record)
         if self.done:

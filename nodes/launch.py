@@ -24,13 +24,13 @@ APP_DIR, FLWR_HOME, LOGS = "app", "flwr-home", "logs"
 CONNECTION = "robust"
 
 APP_TOML = """\
-# The robust Flower App: its components come from the installed `robust` package.
+# A Flower App whose components come from the installed `robust` package.
 [build-system]
 requires = ["setuptools>=64"]
 build-backend = "setuptools.build_meta"
 
 [project]
-name = "robust-federation"
+name = "{name}"
 version = "1.0.0"
 dependencies = []
 
@@ -38,12 +38,12 @@ dependencies = []
 publisher = "robust"
 
 [tool.flwr.app.components]
-serverapp = "nodes.server_app:app"
-clientapp = "nodes.client_app:app"
+serverapp = "{serverapp}"
+clientapp = "{clientapp}"
 
 [tool.flwr.app.config]
 state-dir = ""
-"""
+{config}"""
 
 
 def _bin(name: str) -> str:
@@ -91,6 +91,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def answers(port: int) -> bool:
+    """Whether something listens on ``127.0.0.1:port`` (a running SuperLink, for us)."""
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def wait_for_tls(host: str, port: int, ca: Path, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
     """Return once ``host:port`` completes a TLS handshake that verifies against ``ca``."""
     context = ssl.create_default_context(cafile=str(ca))
@@ -111,10 +118,17 @@ def wait_for_tls(host: str, port: int, ca: Path, proc: subprocess.Popen, log: Pa
 # -- the coordinator side ------------------------------------------------------------------
 
 
+def write_app(folder: Path, serverapp: str, clientapp: str, **config: int | str) -> None:
+    """A Flower App folder (just its ``pyproject.toml``) naming installed components."""
+    folder.mkdir(exist_ok=True)
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in config.items())
+    name = "robust-" + folder.name.replace("_", "-")
+    (folder / "pyproject.toml").write_text(APP_TOML.format(name=name, serverapp=serverapp, clientapp=clientapp, config=extra))
+
+
 def prepare_coordinator(folder: Path, port: int) -> None:
-    """Write the Flower App folder and the ``flwr`` CLI's connection to our SuperLink."""
-    (folder / APP_DIR).mkdir(exist_ok=True)
-    (folder / APP_DIR / "pyproject.toml").write_text(APP_TOML)
+    """Write the robust Flower App folder and the ``flwr`` CLI's connection to our SuperLink."""
+    write_app(folder / APP_DIR, "nodes.server_app:app", "nodes.client_app:app")
     home = folder / FLWR_HOME
     home.mkdir(exist_ok=True)
     (home / "config.toml").write_text(
@@ -160,10 +174,10 @@ def register(folder: Path, public_files: list[Path]) -> dict[Path, str]:
     return failed
 
 
-def submit_run(folder: Path) -> str:
-    """Start the robust ServerApp on our SuperLink; return Flower's run id."""
+def submit_run(folder: Path, app: Path | None = None) -> str:
+    """Start a ServerApp (default: the robust one) on our SuperLink; return Flower's run id."""
     state = str(folder.resolve()).replace("\\", "\\\\").replace('"', '\\"')
-    done = flwr(folder, "run", str(folder / APP_DIR), CONNECTION, "--run-config", f'state-dir="{state}"', "--format", "json")
+    done = flwr(folder, "run", str(app or folder / APP_DIR), CONNECTION, "--run-config", f'state-dir="{state}"', "--format", "json")
     try:
         return str(json.loads(done.stdout)["run-id"])
     except (ValueError, KeyError, TypeError):

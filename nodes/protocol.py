@@ -38,6 +38,7 @@ class Reply:
     count: int          # samples the node says it trained on: capped and logged, never a weight
     signature: bytes
     refused: str = ""   # non-empty: the node declined the work, and why
+    seconds: float = 0.0  # the node's own training time (not signed: for overhead figures only)
 
 
 def signed_payload(run: str, round: int, base: str, update_sha: str, count: int) -> bytes:
@@ -62,7 +63,7 @@ def reply_content(reply: Reply, row: np.ndarray | None) -> RecordDict:
     return RecordDict(records)
 
 
-_TYPES = {"run": str, "round": int, "base": str, "count": int, "signature": bytes, "refused": str}
+_TYPES = {"run": str, "round": int, "base": str, "count": int, "signature": bytes, "refused": str, "seconds": float}
 
 
 def read_reply(content: RecordDict) -> tuple[Reply, np.ndarray | None]:

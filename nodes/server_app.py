@@ -65,18 +65,23 @@ def play_round(grid: Grid, coord: Coordinator, first: bool) -> dict:
     messages = [Message(task_content(task, w), dst_node_id=nid, message_type="train",
                         ttl=coord.settings.deadline + 30) for nid in sorted(nodes)]
     pending = {mid for mid in grid.push_messages(messages) if mid}
-    rows, rejected = {}, {}
+    rows, rejected, failed, seconds = {}, {}, {}, {}
     while pending and time.monotonic() < deadline:
         for reply in grid.pull_messages(list(pending)):
             pending.discard(reply.metadata.reply_to_message_id)
             fp = nodes.get(reply.metadata.src_node_id)
-            if fp is None or fp in rows or fp in rejected:
+            if fp is None or fp in rows or fp in rejected or fp in failed:
                 continue
             if reply.has_error():
-                rejected[fp] = f"node error: {reply.error.reason[:200]}"
+                failed[fp] = f"node error: {reply.error.reason[:200]}"
                 continue
             try:
-                result = coord.check(fp, *read_reply(reply.content))
+                answer, row = read_reply(reply.content)
+                seconds[fp] = answer.seconds
+                if answer.refused:
+                    failed[fp] = f"declined the task: {answer.refused[:200]}"
+                    continue
+                result = coord.check(fp, answer, row)
             except ValueError as err:
                 result = f"malformed reply: {err}"
             except Exception as err:  # noqa: BLE001 - untrusted input must never end the round
@@ -87,7 +92,7 @@ def play_round(grid: Grid, coord: Coordinator, first: bool) -> dict:
             else:
                 rows[fp] = result
         time.sleep(POLL)
-    return coord.finish_round(sorted(nodes.values()), rows, rejected, started)
+    return coord.finish_round(sorted(nodes.values()), rows, rejected, started, seconds, failed)
 
 
 @app.main()

@@ -9,6 +9,7 @@ task gives the same update on the same hardware, whatever else is running.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +67,28 @@ def check_attack(spec: str) -> None:
         )
 
 
+def train_delta(task: Task, w: torch.Tensor, data: NodeData, node: str, device: torch.device,
+                attack: str = "") -> torch.Tensor:
+    """The model delta (CPU float32) of the task's local epochs of SGD with momentum from ``w``,
+    on batches seeded by ``(seed, round, node, step)``; a node-side ``attack`` poisons the data
+    and scales the delta."""
+    seed, round, batch_size = task.seed, task.round, task.batch_size
+    x, y, scale = data.x, data.y, 1.0
+    if attack not in ("", "none"):
+        node_attack = attacks.build(attack, 1)
+        x, y = node_attack.poison(x, y, data.classes, generator(seed, node, "poison"))
+        scale = node_attack.scale()
+    model = build_model(task.model, tuple(x.shape[1:]), data.classes).to(device)
+    steps = task.local_epochs * max(1, math.floor(len(y) / batch_size))
+    everyone = torch.arange(len(y))
+    idx = torch.stack([batch_indices(everyone, batch_size, generator(seed, round, node, s, "batch"))
+                       for s in range(steps)])
+    cfg = TrainConfig(batch_size=batch_size, lr=task.lr, momentum=task.momentum, local_steps=steps)
+    params = unflatten(w.to(device), model)
+    delta, _ = local_update(model, cfg, params, x[idx].to(device), y[idx].to(device), torch.zeros(()))
+    return (delta * scale).detach().to("cpu", torch.float32)
+
+
 def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
          attack: str = "", folder: Path | None = None) -> tuple[Reply, np.ndarray | None]:
     """The signed reply to ``task`` with global weights ``w`` (or a refusal saying why)."""
@@ -78,29 +101,18 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
     weights = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
     if sha256(weights) != task.base:
         return refuse("the model received does not match its announced SHA-256")
-    model = build_model(task.model, tuple(data.x.shape[1:]), data.classes, task.seed).to(device)
-    try:
-        params = unflatten(weights.to(device), model)
-    except ValueError as err:
-        return refuse(f"model {task.model}: {err}")
-    x, y, scale = data.x, data.y, 1.0
+    expected = sum(p.numel() for p in build_model(task.model, tuple(data.x.shape[1:]), data.classes).parameters())
+    if weights.numel() != expected:
+        return refuse(f"model {task.model} on {data.dataset} has {expected} parameters, the task sent {weights.numel()}")
     node = keys.fingerprint(key.public_key())
-    if attack not in ("", "none") and attack not in faults.PROTOCOL_FAULTS:
-        node_attack = attacks.build(attack, 1)
-        x, y = node_attack.poison(x, y, data.classes, generator(task.seed, node, "poison"))
-        scale = node_attack.scale()
-    steps = task.local_epochs * max(1, math.floor(len(y) / task.batch_size))
-    everyone = torch.arange(len(y))
-    idx = torch.stack([batch_indices(everyone, task.batch_size, generator(task.seed, task.round, node, s, "batch"))
-                       for s in range(steps)])
-    cfg = TrainConfig(batch_size=task.batch_size, lr=task.lr, momentum=task.momentum, local_steps=steps)
-    delta, _ = local_update(model, cfg, params, x[idx].to(device), y[idx].to(device), torch.zeros(()))
-    row = (delta * scale).detach().to("cpu", torch.float32).numpy()
-    row = faults.corrupt_row(attack, row)
-    count, base = faults.corrupt_fields(attack, len(y), task.base)
+    start = time.perf_counter()
+    delta = train_delta(task, weights, data, node, device, "" if attack in faults.PROTOCOL_FAULTS else attack)
+    seconds = time.perf_counter() - start
+    row = faults.corrupt_row(attack, delta.numpy())
+    count, base = faults.corrupt_fields(attack, len(data.y), task.base)
     update_sha = sha256(torch.from_numpy(row))
     signature = keys.sign(key, signed_payload(task.run, task.round, base, update_sha, count))
-    reply = Reply(run=task.run, round=task.round, base=base, count=count, signature=signature)
+    reply = Reply(run=task.run, round=task.round, base=base, count=count, signature=signature, seconds=seconds)
     if folder is not None:
         reply, row = faults.corrupt_reply(attack, reply, row, folder)
     return reply, row

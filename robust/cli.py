@@ -21,6 +21,12 @@ def _bench(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _deploy_bench(args: argparse.Namespace) -> int:
+    from evaluation.deploy_bench import main
+
+    return main(args)
+
+
 def _federation(args: argparse.Namespace) -> int:
     from nodes.cli import run
 
@@ -116,6 +122,15 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--sweep-points", type=int, default=8, help="values in the sweep (default 8)")
     run.set_defaults(run=_bench)
     _federation_parsers(sub)
+    dep = sub.add_parser("deploy-bench", help="the deployment's round overhead beside Flower's FedAvg, on loopback")
+    dep.add_argument("--nodes", type=int, default=10)
+    dep.add_argument("--rounds", type=int, default=4)
+    dep.add_argument("--model", default="wide-mlp", help="default wide-mlp: 1.1M parameters on digits")
+    dep.add_argument("--aggregator", default="trimmed-mean")
+    dep.add_argument("--tolerate", type=int, default=2)
+    dep.add_argument("--keep", metavar="DIR", help="work in DIR and keep it")
+    dep.add_argument("--json", metavar="FILE", help="also write every round's times")
+    dep.set_defaults(run=_deploy_bench)
 
     bench = sub.add_parser(
         "agg-bench",

@@ -1,6 +1,6 @@
 """The models a scenario can name, built deterministically from a seed.
 
-``logreg`` (linear), ``mlp`` (one hidden layer), ``cnn`` (two conv blocks; a 1-D CNN when a
+``logreg`` (linear), ``mlp`` (one hidden layer of 64), ``wide-mlp`` (two of 1024), ``cnn`` (two conv blocks; a 1-D CNN when a
 sample is a sequence ``(C, L)``, e.g. mnist1d). Parameters are initialised under a private
 RNG seeded by ``seed``, so the global torch RNG is neither read nor changed.
 """
@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-MODELS = ("logreg", "mlp", "cnn")
+MODELS = ("logreg", "mlp", "wide-mlp", "cnn")
 
 
 def build_model(name: str, shape: tuple[int, ...], classes: int, seed: int = 0) -> nn.Module:
@@ -27,6 +27,11 @@ def build_model(name: str, shape: tuple[int, ...], classes: int, seed: int = 0) 
         if name == "mlp":
             return nn.Sequential(
                 nn.Flatten(), nn.Linear(features, 64), nn.ReLU(), nn.Linear(64, classes)
+            )
+        if name == "wide-mlp":  # two hidden layers of 1024: 1.1M parameters on digits
+            return nn.Sequential(
+                nn.Flatten(), nn.Linear(features, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                nn.Linear(1024, classes),
             )
         return _cnn(shape, classes)
 

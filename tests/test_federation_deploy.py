@@ -98,7 +98,8 @@ def test_tls_auth_bad_replies_and_a_node_killed_mid_round(tmp_path, procs):
 
 def test_killed_coordinator_resumes_and_slow_nodes_give_the_same_bits(tmp_path, procs):
     port = launch.free_port()
-    settings = Settings(rounds=4, aggregator="trimmed-mean", tolerate=1, quorum=3, deadline=90.0, port=port)
+    settings = Settings(rounds=4, aggregator="trimmed-mean", tolerate=1, quorum=3, deadline=90.0, port=port,
+                        bind="0.0.0.0")  # as for volunteers on other machines
     coord, nodes = make_federation(tmp_path / "deployed", 3, settings)
     start = lambda: robust("coordinator", "start", str(coord), log=tmp_path / "coordinator.log")  # noqa: E731
     procs.append(start())

@@ -160,3 +160,26 @@ def test_protocol_faults_are_known_to_the_cli():
         check_attack(fault)
     with pytest.raises(ValueError, match="omniscient"):
         check_attack("alie")
+
+
+def test_failed_replies_are_recorded_without_a_flag(federation):
+    coord_dir, nodes = federation
+    coord = Coordinator(coord_dir)
+    got = {fp: coord.check(fp, reply, row) for fp, reply, row in replies(coord, nodes)}
+    lost = fingerprint(nodes[0])
+    del got[lost]
+    record = coord.finish_round(sorted(got) + [lost], got, {}, 0.0, failed={lost: "node error: upload expired"})
+    assert record["failed"] == {lost[:12]: "node error: upload expired"} and not record["missing"]
+    assert coord.flags.get(lost, 0) == 0
+
+
+def test_a_key_admitted_during_the_run_is_asked_next_round(tmp_path):
+    coord_dir, nodes = make_federation(tmp_path, 3, SETTINGS)
+    coord = Coordinator(coord_dir)
+    late = tmp_path / "late"
+    from nodes import commands
+
+    commands.node_keygen(late, seed="late")
+    assert fingerprint(late) not in coord.select([fingerprint(n) for n in [*nodes, late]])
+    commands.coordinator_admit(coord_dir, late / "node.pub")
+    assert fingerprint(late) in coord.select([fingerprint(n) for n in [*nodes, late]])

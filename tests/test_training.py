@@ -12,7 +12,7 @@ from robust.seeds import derive, generator
 
 
 @pytest.mark.parametrize(
-    "name, shape", [("logreg", (32,)), ("mlp", (1, 8, 8)), ("cnn", (1, 40)), ("cnn", (3, 32, 32))]
+    "name, shape", [("logreg", (32,)), ("mlp", (1, 8, 8)), ("wide-mlp", (1, 8, 8)), ("cnn", (1, 40)), ("cnn", (3, 32, 32))]
 )
 def test_models_are_seeded_and_shaped(name, shape):
     a, b = build_model(name, shape, 10, seed=3), build_model(name, shape, 10, seed=3)
@@ -22,7 +22,7 @@ def test_models_are_seeded_and_shaped(name, shape):
 
 
 def test_model_errors_say_what_to_use():
-    with pytest.raises(ValueError, match="unknown model 'resnet': choose from logreg, mlp, cnn"):
+    with pytest.raises(ValueError, match="unknown model 'resnet': choose from logreg, mlp, wide-mlp, cnn"):
         build_model("resnet", (4,), 2)
     with pytest.raises(ValueError, match="cnn needs samples shaped"):
         build_model("cnn", (4,), 2)
