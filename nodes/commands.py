@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +60,10 @@ def _describe(record: dict, rounds: int) -> str:
     return "  ".join(parts)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None] | None = None) -> int:
     """Start the SuperLink, register the admitted keys, submit the run and follow it.
     ``on_ready`` is called once volunteers can connect (the demo starts its nodes there)."""
@@ -79,6 +84,7 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
           f"{len(keys_)} admitted node(s)" + (f", resuming after round {done_rounds}" if done_rounds else ""), flush=True)
     superlink = launch.start_superlink(folder, settings.bind, settings.port)
     run_id = None
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill`, systemd, docker stop: stop as on Ctrl-C
     try:
         failed = launch.register(folder, sorted((folder / ADMITTED).glob("*.pub")))
         for path, message in failed.items():
@@ -106,23 +112,28 @@ STATUS_EVERY = 30.0  # seconds between asking Flower whether the run died (each 
 def _follow(folder: Path, run_id: str, settings: Settings, superlink) -> int:
     """Print each round as the ServerApp records it; return when the run ends."""
     rounds_file, seen, last_check = folder / checkpoint.ROUNDS, rounds_file_size(folder), 0.0
-    while True:
+
+    def print_new_rounds() -> None:
+        nonlocal seen
         if rounds_file.exists() and rounds_file.stat().st_size > seen:
-            with open(rounds_file) as src:
+            with open(rounds_file, "rb") as src:
                 src.seek(seen)
                 chunk = src.read()
-            complete = chunk[: chunk.rfind("\n") + 1]
-            seen += len(complete.encode())
-            for line in complete.splitlines():
+            complete = chunk[: chunk.rfind(b"\n") + 1]  # a line being written waits for the next look
+            seen += len(complete)
+            for line in complete.decode().splitlines():
                 print(_describe(json.loads(line), settings.rounds), flush=True)
-        result = folder / checkpoint.RESULT
-        if result.exists():
-            summary = json.loads(result.read_text())
+
+    while True:
+        finished = (folder / checkpoint.RESULT).exists()  # looked at before the rounds: none is missed
+        print_new_rounds()
+        if finished:
+            summary = json.loads((folder / checkpoint.RESULT).read_text())
             print(f"done: final accuracy {summary['final_accuracy']:.4f}, model SHA-256 {summary['model_sha256']}")
             print(f"  model {folder / 'model.pt'}, per-round log {rounds_file}")
             return 0
         if (folder / checkpoint.FAILED).exists():
-            print(f"error: the coordinator could not start: {(folder / checkpoint.FAILED).read_text().strip()}")
+            print(f"error: the coordinator stopped: {(folder / checkpoint.FAILED).read_text().strip()}")
             return 1
         if superlink.poll() is not None:
             print(f"error: the SuperLink exited (code {superlink.returncode}): see {folder / launch.LOGS / 'superlink.log'}")
@@ -130,7 +141,7 @@ def _follow(folder: Path, run_id: str, settings: Settings, superlink) -> int:
         if time.monotonic() - last_check > STATUS_EVERY:
             last_check = time.monotonic()
             status, details = launch.run_status(folder, run_id)
-            if status.startswith("finished") and not result.exists():
+            if status.startswith("finished") and not (folder / checkpoint.RESULT).exists():
                 print(f"error: the run ended ({status}): {details}\n" + launch.run_log(folder, run_id)[-3000:])
                 return 1
         time.sleep(0.5)

@@ -195,7 +195,9 @@ def run_status(folder: Path, run_id: str) -> tuple[str, str]:
 
 
 def run_log(folder: Path, run_id: str) -> str:
-    return (done := flwr(folder, "log", run_id, CONNECTION, "--show")).stdout + done.stderr
+    """The ServerApp's log, as Flower kept it."""
+    done = flwr(folder, "log", run_id, CONNECTION, "--show")
+    return done.stdout + done.stderr
 
 
 # -- the volunteer side --------------------------------------------------------------------
