@@ -183,3 +183,20 @@ def test_a_key_admitted_during_the_run_is_asked_next_round(tmp_path):
     assert fingerprint(late) not in coord.select([fingerprint(n) for n in [*nodes, late]])
     commands.coordinator_admit(coord_dir, late / "node.pub")
     assert fingerprint(late) in coord.select([fingerprint(n) for n in [*nodes, late]])
+
+
+def test_federation_commands_fail_with_a_fix(tmp_path, capsys):
+    from robust.cli import main
+
+    assert main(["coordinator", "start", str(tmp_path / "none")]) == 2
+    assert "run `robust coordinator init" in capsys.readouterr().err
+    assert main(["coordinator", "init", str(tmp_path / "c"), "--aggregator", "krum", "--tolerate", "2", "--quorum", "4"]) == 2
+    assert "raise --quorum, or lower --tolerate" in capsys.readouterr().err
+    assert main(["coordinator", "init", str(tmp_path / "c")]) == 0
+    (tmp_path / "bad.pub").write_text("garbage\n")
+    assert main(["coordinator", "admit", str(tmp_path / "c"), str(tmp_path / "bad.pub")]) == 2
+    assert "not an OpenSSH public key" in capsys.readouterr().err
+    assert main(["coordinator", "start", str(tmp_path / "c")]) == 2
+    assert "no volunteer is admitted yet" in capsys.readouterr().err
+    assert main(["node", "join", "--coordinator", "h:1", "--ca", "x", "--key", str(tmp_path / "k")]) == 2
+    assert "robust node keygen DIR" in capsys.readouterr().err
