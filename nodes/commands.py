@@ -197,7 +197,7 @@ def node_join(folder: Path, coordinator: str, ca: Path, device: str, dataset: st
           + (f", playing {attack}" if attack else ""), flush=True)
     proc = launch.start_supernode(folder.resolve(), coordinator, ca.resolve(), {
         "folder": str(folder.resolve()), "data": str(data.resolve()), "device": device, "attack": attack, "slow": float(slow),
-    })
+    }, own_group=False)  # in our group: stopping `node join`'s group stops Flower's task processes too
     try:
         code = proc.wait()
     except KeyboardInterrupt:

@@ -62,20 +62,28 @@ def _die_with_parent() -> None:
         pass
 
 
-def spawn(args: list[str], home: Path, log: Path | None) -> subprocess.Popen:
-    """Start ``args`` in its own process group, dying with us; output to ``log`` (or ours)."""
+def spawn(args: list[str], home: Path, log: Path | None, own_group: bool = True) -> subprocess.Popen:
+    """Start ``args``, dying with us, in its own process group (or in ours, so that whoever
+    signals our group reaches every process Flower starts under it); output to ``log``."""
     out = open(log, "ab") if log else None  # noqa: SIM115 - the child keeps it open
     return subprocess.Popen(args, env=flwr_env(home), stdout=out, stderr=subprocess.STDOUT if out else None,
-                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+                            stdin=subprocess.DEVNULL, start_new_session=own_group, preexec_fn=_die_with_parent)
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    if os.getpgid(proc.pid) == proc.pid:
+        os.killpg(proc.pid, sig)  # the process and everything it started
+    else:
+        proc.send_signal(sig)
 
 
 def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM the process group, SIGKILL it after ``grace`` seconds."""
+    """SIGTERM the process (its group, if it leads one), SIGKILL after ``grace`` seconds."""
     if proc.poll() is not None:
         return
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
-            os.killpg(proc.pid, sig)
+            _signal(proc, sig)
         except ProcessLookupError:
             return
         try:
@@ -204,7 +212,7 @@ def run_log(folder: Path, run_id: str) -> str:
 
 
 def start_supernode(folder: Path, coordinator: str, ca: Path, node_config: dict[str, object],
-                    log: Path | None = None) -> subprocess.Popen:
+                    log: Path | None = None, own_group: bool = True) -> subprocess.Popen:
     config = " ".join(f'{k}={json.dumps(v)}' for k, v in node_config.items())
     home = folder / FLWR_HOME
     home.mkdir(parents=True, exist_ok=True)
@@ -212,4 +220,4 @@ def start_supernode(folder: Path, coordinator: str, ca: Path, node_config: dict[
         _bin("flower-supernode"), "--superlink", coordinator, "--root-certificates", str(ca),
         "--auth-supernode-private-key", str(folder / "node.key"), "--node-config", config,
         "--port", str(free_port()),
-    ], home, log)
+    ], home, log, own_group)
