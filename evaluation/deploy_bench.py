@@ -11,8 +11,6 @@ installing the app on every node).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import statistics
 import tempfile
@@ -51,23 +49,16 @@ def main(args: argparse.Namespace) -> int:
     if args.nodes < 3 or args.rounds < 2:
         raise ValueError("deploy-bench needs --nodes >= 3 and --rounds >= 2 (the first round is a warm-up)")
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="robust-deploy-bench-"))
-    coord = root / "coordinator"
     settings = Settings(rounds=args.rounds, model=args.model, aggregator=args.aggregator, tolerate=args.tolerate,
                         quorum=args.nodes, deadline=600.0, port=launch.free_port())
-    with contextlib.redirect_stdout(io.StringIO()):
-        commands.coordinator_init(coord, [], settings, run_id="deploy-bench")
-        for i in range(1, args.nodes + 1):
-            commands.node_keygen(root / f"node{i}", seed=("deploy-bench", i))
-            commands.coordinator_admit(coord, root / f"node{i}" / "node.pub")
-    launch.prepare_coordinator(coord, settings.port)
+    coord, folders = commands.local_federation(root, args.nodes, settings, "deploy-bench", ("deploy-bench",))
     launch.write_app(coord / FEDAVG_APP, "evaluation.flower_fedavg:server", "evaluation.flower_fedavg:client", nodes=args.nodes)
     print(f"deploy-bench in {root}: {args.nodes} nodes, model {args.model}, {args.rounds} rounds per run", flush=True)
     superlink = launch.start_superlink(coord, settings.bind, settings.port)
     nodes = []
     try:
         launch.register(coord, sorted((coord / "admitted").glob("*.pub")))
-        for i in range(1, args.nodes + 1):
-            folder = root / f"node{i}"
+        for i, folder in enumerate(folders, start=1):
             data = commands.prepare_data(folder, settings.dataset, None, f"{i}/{args.nodes}")
             nodes.append(launch.start_supernode(folder, f"127.0.0.1:{settings.port}", coord / "tls" / tls.CA_CERT,
                                                 {"folder": str(folder), "data": str(data), "device": "auto"},

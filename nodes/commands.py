@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import secrets
@@ -156,6 +158,19 @@ def node_keygen(folder: Path, seed: object | None = None) -> None:
     public = keys.write_identity(folder, keys.generate(seed))
     fp = keys.fingerprint(keys.load_private(folder).public_key())
     print(f"node {fp[:12]}: give {public} to the coordinator (robust coordinator admit DIR {public})")
+
+
+def local_federation(root: Path, nodes: int, settings: Settings, run_id: str, key_seed: tuple) -> tuple[Path, list[Path]]:
+    """A coordinator folder ``root/coordinator`` and ``nodes`` admitted volunteers
+    ``root/node1..N`` on one machine, their throwaway keys derived from ``(*key_seed, i)``.
+    Quiet: the step-by-step hints are for people doing it by hand."""
+    coord = root / "coordinator"
+    with contextlib.redirect_stdout(io.StringIO()):
+        coordinator_init(coord, [], settings, run_id=run_id)
+        for i in range(1, nodes + 1):
+            node_keygen(root / f"node{i}", seed=(*key_seed, i))
+            coordinator_admit(coord, root / f"node{i}" / keys.PUBLIC_FILE)
+    return coord, [root / f"node{i}" for i in range(1, nodes + 1)]
 
 
 def prepare_data(folder: Path, dataset: str, root: str | None, part: str) -> Path:

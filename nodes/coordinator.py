@@ -61,6 +61,16 @@ class Coordinator:
 
     # -- state ---------------------------------------------------------------------------
 
+    @property
+    def w(self) -> torch.Tensor:
+        """The global model, flat; :attr:`base` is its SHA-256, kept with it (checking each
+        reply against the base must not re-hash the model)."""
+        return self._w
+
+    @w.setter
+    def w(self, value: torch.Tensor) -> None:
+        self._w, self.base = value, sha256(value)
+
     def _resume(self) -> None:
         state = checkpoint.load(self.folder)
         if state is None:
@@ -110,21 +120,20 @@ class Coordinator:
 
     def task(self) -> tuple[Task, np.ndarray]:
         s = self.settings
-        task = Task(run=self.run_id, round=self.round + 1, base=sha256(self.w), seed=s.seed, dataset=s.dataset,
+        task = Task(run=self.run_id, round=self.round + 1, base=self.base, seed=s.seed, dataset=s.dataset,
                     model=s.model, local_epochs=s.local_epochs, batch_size=s.batch_size, lr=s.lr, momentum=s.momentum)
         return task, self.w.numpy()
 
     def check(self, fp: str, reply: Reply, row: np.ndarray | None) -> torch.Tensor | str:
         """The reply's update as a row, or the reason it is rejected."""
-        task, _ = self.task()
         if reply.refused:
             return f"refused the task: {reply.refused}"
-        if reply.run != task.run:
-            return f"signed for run {reply.run!r}, this is run {task.run!r}"
-        if reply.round != task.round:
-            return f"signed for round {reply.round}, this is round {task.round} (a replay?)"
-        if reply.base != task.base:
-            return f"trained on base model {reply.base[:12]}, not the current {task.base[:12]} (stale)"
+        if reply.run != self.run_id:
+            return f"signed for run {reply.run!r}, this is run {self.run_id!r}"
+        if reply.round != self.round + 1:
+            return f"signed for round {reply.round}, this is round {self.round + 1} (a replay?)"
+        if reply.base != self.base:
+            return f"trained on base model {reply.base[:12]}, not the current {self.base[:12]} (stale)"
         tensor = torch.from_numpy(np.array(row, copy=True)) if row is not None else None
         reason = rejection_reason(tensor, self.w.numel(), self.settings.max_norm)
         if reason:
@@ -170,21 +179,21 @@ class Coordinator:
         self.round = t
         record["quarantined"] = sorted(short(fp) for fp in self.quarantined)
         record["accuracy"] = accuracy(self.model, unflatten(self.w, self.model), self.x_test, self.y_test)
-        record["model_sha256"] = sha256(self.w)
+        record["model_sha256"] = self.base
         record["seconds"] = round(time.monotonic() - started, 3)
-        record["train_seconds_max"] = round(max((train_seconds or {}).get(fp, 0.0) for fp in rows) if rows else 0.0, 3)
+        record["train_seconds_max"] = round(max(((train_seconds or {}).get(fp, 0.0) for fp in rows), default=0.0), 3)
         self.save()
         checkpoint.append_round(self.folder, record)
         if self.done:
-            self.finish()
+            self.finish(record["accuracy"])
         return record
 
-    def finish(self) -> None:
+    def finish(self, final_accuracy: float) -> None:
+        """Write the final model (a ``state_dict``) and ``result.json``."""
         params = {k: v.clone() for k, v in unflatten(self.w, self.model).items()}
         checkpoint.write_atomic(self.folder / "model.pt", lambda out: torch.save(params, out))
         checkpoint.write_result(self.folder, {
-            "final_accuracy": accuracy(self.model, unflatten(self.w, self.model), self.x_test, self.y_test),
-            "model_sha256": sha256(self.w), "rounds": self.round,
+            "final_accuracy": final_accuracy, "model_sha256": self.base, "rounds": self.round,
             "rejected": {short(fp): r for fp, r in sorted(self.rejected.items())},
             "flagged": sorted(short(fp) for fp in self.ever_flagged),
             "quarantined": sorted(short(fp) for fp in self.quarantined),

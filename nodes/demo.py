@@ -8,8 +8,6 @@ derived from ``--seed``, so two demos with the same seed end with the same SHA-2
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 import sys
@@ -27,17 +25,12 @@ NODES, BYZANTINE, ATTACK = 5, (5,), "label-flip"
 def demo(seed: int, rounds: int, as_json: bool, keep: str | None) -> int:
     root = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="robust-demo-"))
     root.mkdir(parents=True, exist_ok=True)
-    coord = root / "coordinator"
     port = launch.free_port()
     settings = Settings(seed=seed, rounds=rounds, aggregator="trimmed-mean", tolerate=1, quorum=3,
                         deadline=60.0, local_epochs=2, port=port)
     procs = []
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # the step-by-step hints are for people doing it by hand
-            commands.coordinator_init(coord, [], settings, run_id=f"demo-{seed}")
-            for i in range(1, NODES + 1):
-                commands.node_keygen(root / f"node{i}", seed=("demo", seed, i))
-                commands.coordinator_admit(coord, root / f"node{i}" / "node.pub")
+        coord, _ = commands.local_federation(root, NODES, settings, f"demo-{seed}", ("demo", seed))
         print(f"demo in {root}: coordinator initialised (CA, server certificate), {NODES} volunteer keys "
               "made and admitted", flush=True)
 

@@ -71,20 +71,20 @@ def train_delta(task: Task, w: torch.Tensor, data: NodeData, node: str, device: 
                 attack: str = "") -> torch.Tensor:
     """The model delta (CPU float32) of the task's local epochs of SGD with momentum from ``w``,
     on batches seeded by ``(seed, round, node, step)``; a node-side ``attack`` poisons the data
-    and scales the delta."""
+    and scales the delta. ``ValueError`` if ``w`` does not fit the model."""
     seed, round, batch_size = task.seed, task.round, task.batch_size
+    model = build_model(task.model, tuple(data.x.shape[1:]), data.classes).to(device)
+    params = unflatten(w.to(device), model)
     x, y, scale = data.x, data.y, 1.0
     if attack not in ("", "none"):
         node_attack = attacks.build(attack, 1)
         x, y = node_attack.poison(x, y, data.classes, generator(seed, node, "poison"))
         scale = node_attack.scale()
-    model = build_model(task.model, tuple(x.shape[1:]), data.classes).to(device)
     steps = task.local_epochs * max(1, math.floor(len(y) / batch_size))
     everyone = torch.arange(len(y))
     idx = torch.stack([batch_indices(everyone, batch_size, generator(seed, round, node, s, "batch"))
                        for s in range(steps)])
     cfg = TrainConfig(batch_size=batch_size, lr=task.lr, momentum=task.momentum, local_steps=steps)
-    params = unflatten(w.to(device), model)
     delta, _ = local_update(model, cfg, params, x[idx].to(device), y[idx].to(device), torch.zeros(()))
     return (delta * scale).detach().to("cpu", torch.float32)
 
@@ -101,12 +101,12 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
     weights = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
     if sha256(weights) != task.base:
         return refuse("the model received does not match its announced SHA-256")
-    expected = sum(p.numel() for p in build_model(task.model, tuple(data.x.shape[1:]), data.classes).parameters())
-    if weights.numel() != expected:
-        return refuse(f"model {task.model} on {data.dataset} has {expected} parameters, the task sent {weights.numel()}")
     node = keys.fingerprint(key.public_key())
     start = time.perf_counter()
-    delta = train_delta(task, weights, data, node, device, "" if attack in faults.PROTOCOL_FAULTS else attack)
+    try:
+        delta = train_delta(task, weights, data, node, device, "" if attack in faults.PROTOCOL_FAULTS else attack)
+    except ValueError as err:  # the weights do not fit the model on this data
+        return refuse(f"model {task.model} on {data.dataset}: {err}")
     seconds = time.perf_counter() - start
     row = faults.corrupt_row(attack, delta.numpy())
     count, base = faults.corrupt_fields(attack, len(data.y), task.base)

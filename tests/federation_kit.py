@@ -18,16 +18,10 @@ from robust import keys
 
 
 def make_federation(root: Path, n: int, settings: Settings, seed: int = 0) -> tuple[Path, list[Path]]:
-    """A coordinator folder with ``n`` admitted volunteers, keys derived from ``seed``."""
-    coord = root / "coordinator"
-    commands.coordinator_init(coord, [], settings, run_id=f"test-{seed}")
-    nodes = []
-    for i in range(1, n + 1):
-        folder = root / f"node{i}"
-        commands.node_keygen(folder, seed=("test", seed, i))
-        commands.coordinator_admit(coord, folder / "node.pub")
+    """A coordinator folder with ``n`` admitted volunteers holding their data, keys derived from ``seed``."""
+    coord, nodes = commands.local_federation(root, n, settings, f"test-{seed}", ("test", seed))
+    for i, folder in enumerate(nodes, start=1):
         commands.prepare_data(folder, settings.dataset, None, f"{i}/{n}")
-        nodes.append(folder)
     return coord, nodes
 
 
