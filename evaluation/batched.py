@@ -60,10 +60,13 @@ class DenseNet:
         ``(n, N, *sample)`` for an ``(n, d)`` one."""
         return self._forward(w, x.flatten(w.dim()))[-1]
 
-    def grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """``(n, d)`` gradients of every node's mean cross-entropy on its batch ``x[i], y[i]``.
+    def accumulate_grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, into: torch.Tensor,
+                        beta: float) -> torch.Tensor:
+        """``into <- beta * into + g`` in place, ``g`` the ``(n, d)`` gradients of every node's
+        mean cross-entropy on its batch ``x[i], y[i]``; returns ``into``.
 
         ``w`` is ``(d,)`` (shared) or ``(n, d)``; ``x`` is ``(n, B, *sample)``, ``y`` ``(n, B)``.
+        Each layer's gradient lands in its slice of ``into`` (no concatenation, no extra ``(n, d)``).
         """
         n, batch = y.shape
         acts = self._forward(w, x.reshape(n, batch, -1))
@@ -72,14 +75,14 @@ class DenseNet:
         dz = torch.softmax(acts[-1].mT, dim=-2).mT.contiguous()
         dz.scatter_add_(-1, y.unsqueeze(-1), torch.full((n, batch, 1), -1.0, dtype=dz.dtype))
         dz /= batch
-        grads = []
-        layers = self._layers(w)
+        layers, slots = self._layers(w), self._layers(into)
         for k in range(len(layers) - 1, -1, -1):
-            weight, _ = layers[k]
-            grads += [dz.sum(dim=-2), (dz.mT @ acts[k]).reshape(n, -1)]
+            (weight, _), (g_weight, g_bias) = layers[k], slots[k]
+            g_bias.mul_(beta).add_(dz.sum(dim=-2))
+            g_weight.baddbmm_(dz.mT, acts[k], beta=beta)
             if k:
                 dz = torch.ops.aten.threshold_backward(dz @ weight, acts[k], 0.0)
-        return torch.cat(grads[::-1], dim=1)
+        return into
 
 
 def _flattens(module: nn.Module) -> bool:
@@ -100,11 +103,11 @@ def local_updates(
     """``nodes.training.local_update`` for all nodes at once: ``(rows, new momenta)`` from the
     global parameters ``w`` (``(d,)``), batches ``xs[i, s], ys[i, s]`` and momenta ``m`` (``(n, d)``)."""
     if cfg.local_steps == 1:
-        m = net.grad(w, xs[:, 0], ys[:, 0]).add_(m, alpha=cfg.momentum)  # in place: no new (n, d)
+        m = net.accumulate_grad(w, xs[:, 0], ys[:, 0], m.clone(), cfg.momentum)  # the caller's m stays
         return m, m
     v = torch.zeros_like(m)
     local = w
     for s in range(cfg.local_steps):
-        v = net.grad(local, xs[:, s], ys[:, s]).add_(v, alpha=cfg.momentum)
+        v = net.accumulate_grad(local, xs[:, s], ys[:, s], v, cfg.momentum)
         local = torch.add(local, v, alpha=-cfg.lr)
     return local - w, m

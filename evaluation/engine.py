@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 from torch.func import vmap
 
@@ -24,7 +25,8 @@ import attacks
 from attacks.base import NodeAttack, OmniscientAttack
 from attacks.node import Backdoor
 from nodes.rounds import canonical, rejected_rows
-from nodes.training import TrainConfig, apply_update, batch_indices, local_update
+from nodes.training import TrainConfig, apply_update, local_update
+from robust.batches import draw_batches, node_key
 from robust.data import Dataset, load
 from robust import models
 from robust.models import build_model
@@ -73,14 +75,20 @@ def node_data(
     return xs, ys, parts
 
 
-def batch_draws(parts: list[torch.Tensor], tc: TrainConfig, seed: int, t: int) -> torch.Tensor:
-    """``(n, local steps, batch size)`` sample indices of round ``t``: node ``i``'s batch for
-    step ``s`` is drawn as the volunteer draws it, seeded by ``(seed, t, i, s, "batch")``."""
-    draws = [
-        batch_indices(part, tc.batch_size, generator(seed, t, i, s, "batch"))
-        for i, part in enumerate(parts) for s in range(tc.local_steps)
-    ]
-    return torch.stack(draws).view(len(parts), tc.local_steps, tc.batch_size)
+class BatchDraws:
+    """Every node's sample indices of a round, drawn as each volunteer draws its own
+    (``robust.batches``, node ``i``'s stream keyed by ``(seed, i)``), in one call."""
+
+    def __init__(self, parts: list[torch.Tensor], tc: TrainConfig, seed: int) -> None:
+        self.sizes = np.array([p.numel() for p in parts])
+        self.table = torch.nn.utils.rnn.pad_sequence(parts, batch_first=True)  # (n, largest part)
+        self.keys = np.array([node_key(seed, i) for i in range(len(parts))])
+        self.tc = tc
+
+    def __call__(self, t: int) -> torch.Tensor:
+        """``(n, local steps, batch size)`` indices into the training tensors for round ``t``."""
+        pos = draw_batches(self.sizes, self.tc.batch_size, self.keys, t, self.tc.local_steps)
+        return self.table.gather(1, pos.flatten(1)).view_as(pos)
 
 
 def accuracy(
@@ -119,9 +127,12 @@ def run_cell(
     is_byz[byzantine] = True
     history: dict = {"accuracy": [], "kappa": [], "scores": [], "positive": [], "rejected": [], "skipped": 0}
     previous = None
+    draws = BatchDraws(parts, tc, seed)
     start = time.perf_counter()
+    training = 0.0  # seconds spent drawing batches and computing the nodes' rows
     for t in range(rounds):
-        idx = batch_draws(parts, tc, seed, t)
+        began = time.perf_counter()
+        idx = draws(t)
         if vectorize and net is not None:
             rows, momenta = local_updates(net, tc, w, xs[idx], ys[idx], momenta)
         elif vectorize:
@@ -130,6 +141,7 @@ def run_cell(
             params = unflatten(w, model)
             outs = [step(params, xs[idx[i]], ys[idx[i]], momenta[i]) for i in range(n)]
             rows, momenta = torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+        training += time.perf_counter() - began
         if isinstance(attack, NodeAttack):
             rows[is_byz] *= attack.scale()
         elif f and isinstance(attack, OmniscientAttack):
@@ -170,6 +182,7 @@ def run_cell(
         "byzantine": byzantine,
         "model_sha256": sha256(w), "wall_time": wall,
         "node_steps_per_s": rounds * n * tc.local_steps / wall,
+        "train_node_steps_per_s": rounds * n * tc.local_steps / training,
     }
 
 

@@ -68,10 +68,3 @@ def apply_update(w: torch.Tensor, aggregate: torch.Tensor, cfg: TrainConfig) -> 
     if cfg.local_steps == 1:
         return w - cfg.lr * aggregate
     return w + aggregate
-
-
-def batch_indices(part: torch.Tensor, size: int, gen: torch.Generator) -> torch.Tensor:
-    """``size`` indices from a node's partition: without replacement when it is big enough."""
-    if part.numel() >= size:
-        return part[torch.randperm(part.numel(), generator=gen)[:size]]
-    return part[torch.randint(part.numel(), (size,), generator=gen)]

@@ -2,8 +2,9 @@
 
 The ClientApp (``nodes/client_app.py``) only decodes the message, calls :func:`work` and
 encodes the result, so tests can run a volunteer's exact computation in-process.
-A volunteer's batches are seeded from ``(run seed, round, node fingerprint, step)``: the same
-task gives the same update on the same hardware, whatever else is running.
+A volunteer's batches are a function of ``(run seed, node fingerprint, round, step)``
+(``robust.batches``): the same task gives the same update on the same hardware, whatever
+else is running.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import torch
 import attacks
 from attacks.base import NodeAttack
 from robust import keys
+from robust.batches import draw_batches, node_key
 from robust.models import build_model
 from robust.params import sha256, unflatten
 from robust.seeds import generator
 
 from . import faults
 from .protocol import Reply, Task, signed_payload
-from .training import TrainConfig, batch_indices, local_update
+from .training import TrainConfig, local_update
 
 
 @dataclass
@@ -81,9 +83,7 @@ def train_delta(task: Task, w: torch.Tensor, data: NodeData, node: str, device: 
         x, y = node_attack.poison(x, y, data.classes, generator(seed, node, "poison"))
         scale = node_attack.scale()
     steps = task.local_epochs * max(1, math.floor(len(y) / batch_size))
-    everyone = torch.arange(len(y))
-    idx = torch.stack([batch_indices(everyone, batch_size, generator(seed, round, node, s, "batch"))
-                       for s in range(steps)])
+    idx = draw_batches([len(y)], batch_size, [node_key(seed, node)], round, steps)[0]
     cfg = TrainConfig(batch_size=batch_size, lr=task.lr, momentum=task.momentum, local_steps=steps)
     delta, _ = local_update(model, cfg, params, x[idx].to(device), y[idx].to(device), torch.zeros(()))
     return (delta * scale).detach().to("cpu", torch.float32)

@@ -86,6 +86,11 @@ def test_bench_runs_resumes_and_reports(tmp_path):
         assert set(r["detect"]) >= {"norm", "krum-score", "spectral"}
     summary = (out / "summary.md").read_text()
     assert "## Accuracy" in summary and "## Speed" in summary
+    speed = json.loads((out / "speed.json").read_text())
+    assert speed["training_speedup"] == pytest.approx(
+        speed["engine_training_node_steps_per_s"] / speed["plain_loop_node_steps_per_s"])
+    assert speed["engine_training_node_steps_per_s"] > speed["engine_node_steps_per_s"] > 0
+    assert f"**{speed['training_speedup']:.1f}x**" in summary
     assert all((out / name).stat().st_size > 1000 for name in ("heatmap.png", "accuracy_curves.png"))
     again = bench(out)  # everything is finished: nothing runs twice
     assert "6 cells (6 already in" in again.stderr and len(records(out)) == 6

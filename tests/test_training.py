@@ -5,7 +5,8 @@ import torch
 from torch.func import vmap
 
 from nodes.rounds import canonical, rejected_rows, rejection_reason
-from nodes.training import TrainConfig, apply_update, batch_indices, local_update, loss_fn
+from nodes.training import TrainConfig, apply_update, local_update, loss_fn
+from robust.batches import draw_batches, node_key
 from robust.models import build_model
 from robust.params import flat_params, sha256, unflatten
 from robust.seeds import derive, generator
@@ -50,11 +51,36 @@ def test_seeds_depend_only_on_their_parts():
     assert torch.equal(torch.rand(3, generator=generator(5, "x")), torch.rand(3, generator=generator(5, "x")))
 
 
-def test_batch_indices_stay_in_the_partition():
-    part = torch.tensor([3, 8, 9, 20])
-    assert set(batch_indices(part, 3, generator(0)).tolist()) <= set(part.tolist())
-    assert len(set(batch_indices(part, 4, generator(0)).tolist())) == 4  # without replacement
-    assert batch_indices(part, 10, generator(0)).numel() == 10  # with replacement when small
+def test_batches_stay_in_their_partition_distinct_unless_small():
+    sizes, keys = torch.tensor([4, 40, 2]), torch.tensor([node_key(0, i) for i in range(3)])
+    pos = draw_batches(sizes, 4, keys, round=7, steps=5)
+    assert pos.shape == (3, 5, 4) and pos.dtype == torch.int64
+    assert bool((pos >= 0).all()) and bool((pos < sizes[:, None, None]).all())
+    assert all(len(set(pos[i, s].tolist())) == 4 for i in (0, 1) for s in range(5))  # without replacement
+    assert sorted(pos[0, 0].tolist()) == [0, 1, 2, 3]  # a node with exactly `batch` samples uses them all
+    assert set(pos[2].flatten().tolist()) == {0, 1}  # with replacement when smaller than a batch
+
+
+def test_batches_are_a_function_of_node_round_and_step_only():
+    sizes, keys = torch.tensor([50, 30, 90]), torch.tensor([node_key(3, i) for i in range(3)])
+    together = draw_batches(sizes, 8, keys, round=2, steps=3)
+    for i in range(3):  # a volunteer draws alone what the harness draws for everyone
+        assert torch.equal(draw_batches(sizes[i : i + 1], 8, keys[i : i + 1], round=2, steps=3)[0], together[i])
+    assert torch.equal(draw_batches(sizes, 8, keys, round=2, steps=2), together[:, :2])
+    assert not torch.equal(draw_batches(sizes, 8, keys, round=3, steps=3), together)
+    assert not torch.equal(together[0, 0], together[0, 1])
+    with pytest.raises(ValueError, match="between 1 and"):
+        draw_batches(torch.tensor([5, 0]), 2, keys[:2], round=0, steps=1)
+
+
+def test_batches_cover_a_partition_uniformly():
+    # 2,000 rounds x 8 of 20 positions: each position is drawn 800 times in expectation; a
+    # biased hash (say, low bits that do not mix) would leave some far from it
+    counts = torch.zeros(20)
+    for t in range(2000):
+        counts += torch.bincount(draw_batches(torch.tensor([20]), 8, torch.tensor([node_key(1, "n")]), t, 1).flatten(), minlength=20)
+    chi2 = float(((counts - 800) ** 2 / 800).sum())
+    assert chi2 < 45  # 19 degrees of freedom: P(chi2 > 45) < 0.001 for a uniform draw
 
 
 @pytest.mark.parametrize("steps", [1, 3])
