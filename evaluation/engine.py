@@ -12,7 +12,6 @@ cell gives the same bits whether cells run one at a time or in parallel processe
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -90,6 +89,11 @@ class BatchDraws:
         pos = draw_batches(self.sizes, self.tc.batch_size, self.keys, t, self.tc.local_steps)
         return self.table.gather(1, pos.flatten(1)).view_as(pos)
 
+    def node(self, i: int, t: int) -> torch.Tensor:
+        """Node ``i``'s ``(local steps, batch size)`` indices for round ``t``, drawn alone."""
+        pos = draw_batches(self.sizes[i : i + 1], self.tc.batch_size, self.keys[i : i + 1], t, self.tc.local_steps)
+        return self.table[i][pos[0]]
+
 
 def accuracy(
     model: torch.nn.Module, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, net: DenseNet | None = None
@@ -102,88 +106,123 @@ def accuracy(
         return float((net.logits(w, x).argmax(dim=1) == y).float().mean())
 
 
-def run_cell(
-    cell: Cell, vectorize: bool = True, on_round: Callable[[int, float], None] | None = None
-) -> dict:
-    """Train the cell's scenario under its attack and defence; return its result record."""
-    torch.set_num_threads(1)
-    cfg, seed = cell.config, cell.seed
-    n, f, rounds = int(cfg["nodes"]), int(cfg["byzantine"]), int(cfg["rounds"])
-    tc = train_config(cfg)
-    data = load(cfg["dataset"], root=cfg.get("data-root"), seed=seed)
-    parts = partition(data.y_train, n, cfg["partition"], alpha=float(cfg.get("alpha", 1.0)), seed=seed)
-    byzantine = sorted(torch.randperm(n, generator=generator(seed, "byzantine"))[:f].tolist())
-    attack = attacks.build(cell.attack, f)
-    chain = aggregators.build(cell.aggregator, f)
-    model = build_model(cfg["model"], data.shape, data.classes, seed)
-    net = DenseNet.of(model)
-    xs, ys, parts = node_data(data, parts, byzantine, attack, seed)
-    w = flat_params(model)
-    momenta = torch.zeros(n, w.numel())
-    step = partial(local_update, model, tc)
-    batched = vmap(step, in_dims=(None, 0, 0, 0))
-    max_norm = cfg.get("max-norm")
-    is_byz = torch.zeros(n, dtype=torch.bool)
-    is_byz[byzantine] = True
-    history: dict = {"accuracy": [], "kappa": [], "scores": [], "positive": [], "rejected": [], "skipped": 0}
-    previous = None
-    draws = BatchDraws(parts, tc, seed)
-    start = time.perf_counter()
-    training = 0.0  # seconds spent drawing batches and computing the nodes' rows
-    for t in range(rounds):
-        began = time.perf_counter()
-        idx = draws(t)
-        if vectorize and net is not None:
-            rows, momenta = local_updates(net, tc, w, xs[idx], ys[idx], momenta)
-        elif vectorize:
-            rows, momenta = batched(unflatten(w, model), xs[idx], ys[idx], momenta)
+class CellRun:
+    """One cell between rounds: its scenario built once, the global model, and the history.
+
+    A round is ``finish_round(t, rows)`` on the nodes' rows of round ``t``: those of
+    ``rows(t)`` here, or those Flower's simulated nodes computed with :meth:`node_row`
+    (``evaluation.flower_engine``). Threads are pinned to one, so a cell gives the same bits
+    whether cells run one at a time or in parallel processes.
+    """
+
+    def __init__(self, cell: Cell, vectorize: bool = True) -> None:
+        torch.set_num_threads(1)
+        cfg, seed = cell.config, cell.seed
+        self.cell, self.vectorize, self.seed = cell, vectorize, seed
+        self.n, self.f, self.rounds = int(cfg["nodes"]), int(cfg["byzantine"]), int(cfg["rounds"])
+        self.tc = train_config(cfg)
+        self.data = load(cfg["dataset"], root=cfg.get("data-root"), seed=seed)
+        parts = partition(self.data.y_train, self.n, cfg["partition"], alpha=float(cfg.get("alpha", 1.0)), seed=seed)
+        self.byzantine = sorted(torch.randperm(self.n, generator=generator(seed, "byzantine"))[: self.f].tolist())
+        self.attack = attacks.build(cell.attack, self.f)
+        self.chain = aggregators.build(cell.aggregator, self.f)
+        self.model = build_model(cfg["model"], self.data.shape, self.data.classes, seed)
+        self.net = DenseNet.of(self.model)
+        self.xs, self.ys, self.parts = node_data(self.data, parts, self.byzantine, self.attack, seed)
+        self.w = flat_params(self.model)
+        self.momenta = torch.zeros(self.n, self.w.numel())
+        self.step = partial(local_update, self.model, self.tc)
+        self.draws = BatchDraws(self.parts, self.tc, seed)
+        self.max_norm = cfg.get("max-norm")
+        self.is_byz = torch.zeros(self.n, dtype=torch.bool)
+        self.is_byz[self.byzantine] = True
+        self.history: dict = {"accuracy": [], "kappa": [], "scores": [], "positive": [], "rejected": [], "skipped": 0}
+        self.previous: torch.Tensor | None = None
+
+    def node_row(self, i: int, t: int, w: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Node ``i``'s ``(row, new momentum)`` in round ``t`` from the global ``w`` and its
+        momentum ``m``, computed alone as a volunteer computes it (node-side attacks included)."""
+        idx = self.draws.node(i, t)
+        row, m = self.step(unflatten(w, self.model), self.xs[idx], self.ys[idx], m)
+        return (row * self.attack.scale() if self.is_byz[i] and isinstance(self.attack, NodeAttack) else row), m
+
+    def rows(self, t: int) -> torch.Tensor:
+        """Every node's row of round ``t`` (batched unless ``vectorize`` is off); the nodes'
+        momenta advance."""
+        if not self.vectorize:
+            outs = [self.node_row(i, t, self.w, self.momenta[i]) for i in range(self.n)]
+            self.momenta = torch.stack([o[1] for o in outs])
+            return torch.stack([o[0] for o in outs])
+        idx = self.draws(t)
+        if self.net is not None:
+            rows, self.momenta = local_updates(self.net, self.tc, self.w, self.xs[idx], self.ys[idx], self.momenta)
         else:
-            params = unflatten(w, model)
-            outs = [step(params, xs[idx[i]], ys[idx[i]], momenta[i]) for i in range(n)]
-            rows, momenta = torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
-        training += time.perf_counter() - began
-        if isinstance(attack, NodeAttack):
-            rows[is_byz] *= attack.scale()
-        elif f and isinstance(attack, OmniscientAttack):
+            batched = vmap(self.step, in_dims=(None, 0, 0, 0))
+            rows, self.momenta = batched(unflatten(self.w, self.model), self.xs[idx], self.ys[idx], self.momenta)
+        if isinstance(self.attack, NodeAttack):
+            rows[self.is_byz] *= self.attack.scale()
+        return rows
+
+    def finish_round(self, t: int, rows: torch.Tensor) -> None:
+        """The coordinator's steps on round ``t``'s rows (``(n, d)``, node order): the threat
+        model, validate, canonical order, aggregate, apply, score, evaluate."""
+        history, is_byz = self.history, self.is_byz
+        if self.f and isinstance(self.attack, OmniscientAttack):
             ctx = attacks.Context(
-                n=n, generator=generator(seed, t, "attack"), aggregator=chain,
-                previous=previous, own=rows[is_byz], round=t,
+                n=self.n, generator=generator(self.seed, t, "attack"), aggregator=self.chain,
+                previous=self.previous, own=rows[is_byz], round=t,
             )
-            rows[is_byz] = attack(rows[~is_byz], ctx).to(rows.dtype)
-        rejected = rejected_rows(rows, max_norm)
+            rows = rows.clone()
+            rows[is_byz] = self.attack(rows[~is_byz], ctx).to(rows.dtype)
+        rejected = rejected_rows(rows, self.max_norm)
         history["rejected"].append(rejected)
-        ids, X = canonical({i: rows[i] for i in range(n) if i not in rejected})
+        ids, X = canonical({i: rows[i] for i in range(self.n) if i not in rejected})
         positive = is_byz[ids]
         try:
-            aggregate = chain(X)
+            aggregate = self.chain(X)
         except ValueError:  # too few valid rows for the rule this round: no step
             history["skipped"] += 1
             history["kappa"].append(float("nan"))
             kept = None
         else:
             history["kappa"].append(kappa_hat(aggregate, X[~positive]))
-            w = apply_update(w, aggregate, tc)
-            previous, kept = aggregate, chain.last_kept
-        history["scores"].append(score_round(X, f, kept))
+            self.w = apply_update(self.w, aggregate, self.tc)
+            self.previous, kept = aggregate, self.chain.last_kept
+        history["scores"].append(score_round(X, self.f, kept))
         history["positive"].append(positive)
-        history["accuracy"].append(accuracy(model, w, data.x_test, data.y_test, net))
-        if on_round is not None:
-            on_round(t, history["accuracy"][-1])
-    wall = time.perf_counter() - start
-    return {
-        "aggregator": cell.aggregator, "attack": cell.attack, "seed": seed,
-        "config": cfg, "sweep": cell.sweep, "vectorize": vectorize,
-        "final_accuracy": history["accuracy"][-1], "accuracy": history["accuracy"],
-        "detect": summarize_detection(history["scores"], history["positive"]),
-        "kappa": history["kappa"], "kappa_max": max((k for k in history["kappa"] if k == k), default=float("nan")),
-        "kappa_bound": kappa_bound(n, f) if n > 2 * f else float("inf"),
-        "rejected": sum(len(r) for r in history["rejected"]), "skipped_rounds": history["skipped"],
-        "backdoor_asr": backdoor_success(attack, model, w, data, net),
-        "byzantine": byzantine,
-        "model_sha256": sha256(w), "wall_time": wall,
-        "node_steps_per_s": rounds * n * tc.local_steps / wall,
-        "train_node_steps_per_s": rounds * n * tc.local_steps / training,
-    }
+        history["accuracy"].append(accuracy(self.model, self.w, self.data.x_test, self.data.y_test, self.net))
+
+    def record(self, wall: float, training: float) -> dict:
+        """The cell's result record after its last round (``wall`` and ``training`` seconds)."""
+        cell, history, n, f = self.cell, self.history, self.n, self.f
+        node_steps = self.rounds * n * self.tc.local_steps
+        return {
+            "aggregator": cell.aggregator, "attack": cell.attack, "seed": cell.seed,
+            "config": cell.config, "sweep": cell.sweep, "vectorize": self.vectorize,
+            "final_accuracy": history["accuracy"][-1], "accuracy": history["accuracy"],
+            "detect": summarize_detection(history["scores"], history["positive"]),
+            "kappa": history["kappa"], "kappa_max": max((k for k in history["kappa"] if k == k), default=float("nan")),
+            "kappa_bound": kappa_bound(n, f) if n > 2 * f else float("inf"),
+            "rejected": sum(len(r) for r in history["rejected"]), "skipped_rounds": history["skipped"],
+            "backdoor_asr": backdoor_success(self.attack, self.model, self.w, self.data, self.net),
+            "byzantine": self.byzantine,
+            "model_sha256": sha256(self.w), "wall_time": wall,
+            "node_steps_per_s": node_steps / wall,
+            "train_node_steps_per_s": node_steps / training if training > 0 else None,
+        }
+
+
+def run_cell(cell: Cell, vectorize: bool = True) -> dict:
+    """Train the cell's scenario under its attack and defence; return its result record."""
+    run = CellRun(cell, vectorize)
+    start = time.perf_counter()
+    training = 0.0  # seconds spent drawing batches and computing the nodes' rows
+    for t in range(run.rounds):
+        began = time.perf_counter()
+        rows = run.rows(t)
+        training += time.perf_counter() - began
+        run.finish_round(t, rows)
+    return run.record(time.perf_counter() - start, training)
 
 
 def backdoor_success(
