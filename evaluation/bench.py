@@ -23,9 +23,21 @@ from .scenario import cell_id, cells, load_scenario
 from .speed import plain_loop_rate
 
 
-def _run(cell: Cell, vectorize: bool) -> dict:
-    record = run_cell(cell, vectorize=vectorize)
-    return {"cell": cell_id(cell), **record}
+ENGINES_SAID = {
+    "local": "local engine (vectorised)", "per-node": "local engine, per node (as volunteers compute)",
+    "flower": "Flower simulation engine (Ray)",
+}
+
+
+def record_id(cell: Cell, engine: str) -> str:
+    """The id a finished cell has in results.jsonl: engines other than the default are apart,
+    so running another engine into the same DIR does not skip its cells."""
+    return cell_id(cell) if engine == "local" else f"{cell_id(cell)}-{engine}"
+
+
+def _run(cell: Cell, engine: str) -> dict:
+    record = run_cell(cell, vectorize=engine == "local")
+    return {"cell": record_id(cell, engine), **record}
 
 
 class Progress:
@@ -52,16 +64,19 @@ class Progress:
 def main(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1 (got {args.jobs})")
+    engine = "per-node" if args.no_vectorize else args.engine
+    if engine == "flower" and args.jobs > 1:
+        raise ValueError("--engine flower runs one cell at a time on every core (Ray): drop --jobs")
     scenario = load_scenario(args.config, args.set or [])
     todo_all = cells(scenario, args.sweep, args.sweep_points)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     finished = {r["cell"] for r in read_results(results)} if results.exists() else set()
-    todo = [c for c in todo_all if cell_id(c) not in finished]
+    todo = [c for c in todo_all if record_id(c, engine) not in finished]
     print(
         f"robust bench: {len(todo_all)} cells ({len(todo_all) - len(todo)} already in {results}), "
-        f"{args.jobs} job(s), {'vectorised' if not args.no_vectorize else 'per-node'} engine",
+        f"{args.jobs} job(s), {ENGINES_SAID[engine]}",
         file=sys.stderr,
     )
     progress = Progress(len(todo_all), len(todo_all) - len(todo))
@@ -77,11 +92,15 @@ def main(args: argparse.Namespace) -> int:
             progress.update(record)
 
         try:
-            if args.jobs == 1:
+            if engine == "flower":
+                from .flower_engine import run_cells  # imports Flower and Ray
+
+                run_cells(todo, lambda cell, record: save({"cell": record_id(cell, engine), **record}))
+            elif args.jobs == 1:
                 for cell in todo:
-                    save(_run(cell, not args.no_vectorize))
+                    save(_run(cell, engine))
             else:
-                _run_parallel(todo, args, save)
+                _run_parallel(todo, args.jobs, engine, save)
         except KeyboardInterrupt:
             print(
                 f"\ninterrupted: {progress.done} of {len(todo_all)} cells are saved in {results}; "
@@ -100,7 +119,7 @@ def write_speed(path: Path, config: dict) -> None:
     """The engine's node-steps/s (medians over this DIR's cells: whole rounds, and the
     training phase alone) beside the plain per-node loop's, measured now on the first
     scenario, and their ratios."""
-    records = [r for r in read_results(path.parent / "results.jsonl") if "train_node_steps_per_s" in r]
+    records = [r for r in read_results(path.parent / "results.jsonl") if r.get("train_node_steps_per_s")]
     if not records:
         return
     whole = _median(r["node_steps_per_s"] for r in records)
@@ -123,10 +142,10 @@ def _median(values) -> float:
     return ordered[len(ordered) // 2]
 
 
-def _run_parallel(todo: list[Cell], args: argparse.Namespace, save) -> None:
+def _run_parallel(todo: list[Cell], jobs: int, engine: str, save) -> None:
     context = multiprocessing.get_context("spawn")  # no forked torch thread pools
-    with ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
-        pending = {pool.submit(_run, cell, not args.no_vectorize) for cell in todo}
+    with ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        pending = {pool.submit(_run, cell, engine) for cell in todo}
         try:
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)

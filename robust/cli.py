@@ -118,6 +118,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--jobs", type=int, default=1, help="cells run in parallel processes (default 1)")
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a scenario key (repeatable)")
     run.add_argument("--no-vectorize", action="store_true", help="compute each node's update one by one, as a volunteer does")
+    run.add_argument(
+        "--engine", choices=("local", "flower"), default="local",
+        help="local (in-process, default) or flower: Flower's simulation engine, one simulated "
+             "SuperNode per node; same model_sha256 as --no-vectorize",
+    )
     run.add_argument("--sweep", metavar="ATTACK:PARAM=LO..HI", help="stealth frontier: sweep one attack parameter, e.g. alie:z=0.1..3")
     run.add_argument("--sweep-points", type=int, default=8, help="values in the sweep (default 8)")
     run.set_defaults(run=_bench)
