@@ -10,7 +10,7 @@ import random
 import time
 from pathlib import Path
 
-from flwr.app import Context, Message
+from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from robust import keys
@@ -32,3 +32,10 @@ def train(msg: Message, context: Context) -> Message:
     if slow > 0:  # a slow volunteer: a random delay, so replies arrive in a random order
         time.sleep(random.uniform(0, slow))
     return Message(reply_content(reply, row), reply_to=msg)
+
+
+@app.query()
+def nudge(msg: Message, context: Context) -> Message:
+    """A no-op the coordinator sends to a node that has not replied by mid-deadline: pulling
+    it makes the SuperNode push a reply it still holds (``nodes.server_app``)."""
+    return Message(RecordDict(), reply_to=msg)

@@ -5,6 +5,15 @@ run, so the loop is ours: ask the selected nodes, collect until every one replie
 deadline passed, hand each reply to :meth:`Coordinator.check` (a bad reply is a rejection with
 a reason, never an exception), then :meth:`Coordinator.finish_round`. The run config's
 ``state-dir`` is the coordinator's folder; everything else is read from there.
+
+Nudges. A Flower 1.41 SuperNode pushes its finished replies only right after it pulls a new
+message, one message in flight at a time. When a coordinator dies while a node is fetching
+a task, the SuperNode drops the message but its ClientApp still answers it, and from then on
+the node is one reply behind: each reply waits in the SuperNode until the *next* message
+arrives, so the node looks silent every round (seen after a SIGKILLed coordinator resumed).
+So at half the deadline every node that has not replied is sent a no-op ``query`` message:
+pulling it makes the SuperNode push the reply it holds. A node that is merely slow runs
+one more no-op after its real work.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ import time
 from pathlib import Path
 
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
-from flwr.app import Context, Message
+from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from robust import keys
@@ -66,7 +75,11 @@ def play_round(grid: Grid, coord: Coordinator, first: bool) -> dict:
                         ttl=coord.settings.deadline + 30) for nid in sorted(nodes)]
     pending = {mid for mid in grid.push_messages(messages) if mid}
     rows, rejected, failed, seconds = {}, {}, {}, {}
+    nudge_at = started + coord.settings.deadline / 2
     while pending and time.monotonic() < deadline:
+        if nudge_at is not None and time.monotonic() >= nudge_at:
+            nudge(grid, {nid: fp for nid, fp in nodes.items() if fp not in rows | rejected | failed}, deadline)
+            nudge_at = None
         for reply in grid.pull_messages(list(pending)):
             pending.discard(reply.metadata.reply_to_message_id)
             fp = nodes.get(reply.metadata.src_node_id)
@@ -93,6 +106,15 @@ def play_round(grid: Grid, coord: Coordinator, first: bool) -> dict:
                 rows[fp] = result
         time.sleep(POLL)
     return coord.finish_round(sorted(nodes.values()), rows, rejected, started, seconds, failed)
+
+
+def nudge(grid: Grid, silent: dict[int, str], deadline: float) -> None:
+    """Send each silent node (Flower id -> fingerprint) a no-op, so a reply it holds is pushed."""
+    if not silent:
+        return
+    ttl = max(deadline - time.monotonic(), 1.0)
+    grid.push_messages([Message(RecordDict(), dst_node_id=nid, message_type="query", ttl=ttl) for nid in sorted(silent)])
+    log.info("no reply yet from %s: nudged", ", ".join(short(fp) for fp in sorted(silent.values())))
 
 
 @app.main()
