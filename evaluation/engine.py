@@ -23,7 +23,7 @@ import aggregators
 import attacks
 from attacks.base import NodeAttack, OmniscientAttack
 from attacks.node import Backdoor
-from nodes.rounds import canonical, rejected_rows
+from nodes.rounds import rejected_rows
 from nodes.training import TrainConfig, apply_update, local_update
 from robust.batches import draw_batches, node_key
 from robust.data import Dataset, load
@@ -176,7 +176,8 @@ class CellRun:
             rows[is_byz] = self.attack(rows[~is_byz], ctx).to(rows.dtype)
         rejected = rejected_rows(rows, self.max_norm)
         history["rejected"].append(rejected)
-        ids, X = canonical({i: rows[i] for i in range(self.n) if i not in rejected})
+        ids = [i for i in range(self.n) if i not in rejected]  # rows are in node order: canonical
+        X = rows if len(ids) == self.n else rows[ids]  # order is the ids' order, no restacking
         positive = is_byz[ids]
         try:
             aggregate = self.chain(X)
