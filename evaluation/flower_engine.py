@@ -30,6 +30,7 @@ from .engine import Cell, CellRun
 from .scenario import cell_id
 
 POLL_SECONDS = 0.01  # the in-memory simulation answers in milliseconds
+WAIT_SECONDS = 600.0  # for the nodes to start, and for one round: then the run fails, loudly
 
 
 _BUILT: dict[str, CellRun] = {}  # per process (Ray actor): the cell its nodes work on now
@@ -72,7 +73,10 @@ def server_app(cells: dict[str, Cell], save: Callable[[Cell, dict], None]) -> Se
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         n = int(next(iter(cells.values())).config["nodes"])
+        until = time.monotonic() + WAIT_SECONDS
         while len(nodes := sorted(grid.get_node_ids())) < n:  # simulated nodes register after we start
+            if time.monotonic() > until:
+                raise RuntimeError(f"only {len(nodes)} of {n} simulated nodes started in {WAIT_SECONDS:.0f} s")
             time.sleep(POLL_SECONDS)
         for key, cell in cells.items():
             run, start = CellRun(cell, vectorize=False), time.perf_counter()
@@ -94,7 +98,10 @@ def exchange(grid: Grid, nodes: list[int], w: torch.Tensor, key: str, t: int) ->
     ]
     pending = set(grid.push_messages(messages))
     rows: dict[int, torch.Tensor] = {}
+    until = time.monotonic() + WAIT_SECONDS
     while pending:
+        if time.monotonic() > until:
+            raise RuntimeError(f"{len(pending)} simulated node(s) did not answer round {t} in {WAIT_SECONDS:.0f} s")
         for reply in grid.pull_messages(pending):
             pending.discard(reply.metadata.reply_to_message_id)
             if reply.has_error():  # a simulated node crashed: the cell cannot match the local engine

@@ -34,8 +34,8 @@ def _federation(args: argparse.Namespace) -> int:
 
 
 SETTING_OPTIONS = {  # `robust coordinator init/start` options -> Settings fields (None: keep)
-    "--seed": (int, "run seed (default 0)"), "--dataset": (str, "digits | mnist1d | synthetic | mnist | fashion-mnist | cifar10"),
-    "--data-root": (str, "folder of local files for mnist / fashion-mnist / cifar10"),
+    "--seed": (int, "run seed (default 0)"), "--dataset": (str, "digits | mnist1d | synthetic | mnist | fashion-mnist | cifar10 | hf-disk"),
+    "--data-root": (str, "folder of local files for mnist / fashion-mnist / cifar10 / hf-disk"),
     "--model": (str, "logreg | mlp | cnn"), "--rounds": (int, "rounds to train (default 5)"),
     "--aggregator": (str, "robust aggregator spec, e.g. nnm+trimmed-mean (default trimmed-mean)"),
     "--tolerate": (int, "Byzantine replies per round the aggregator must survive (default 1)"),
@@ -84,7 +84,7 @@ def _federation_parsers(sub: argparse._SubParsersAction) -> None:
     join.add_argument("--key", required=True, metavar="DIR", help="the folder `robust node keygen` made")
     join.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     join.add_argument("--data", default="digits", help="the data set this node trains on (default digits)")
-    join.add_argument("--data-root", help="folder of local files for mnist / fashion-mnist / cifar10")
+    join.add_argument("--data-root", help="folder of local files for mnist / fashion-mnist / cifar10 / hf-disk")
     join.add_argument("--partition", default="1/1", metavar="I/N", help="train on part I of N (iid split; default 1/1)")
     join.add_argument("--attack", default="", metavar="SPEC", help="Byzantine test node: label-flip, backdoor, nan, "
                       "wrong-shape, huge-norm, inflated-count, bad-signature, replay, stale-base")

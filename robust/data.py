@@ -5,6 +5,14 @@ files the user downloaded elsewhere, in the folder ``root`` ("mnist", "fashion-m
 files, "cifar10" as the python pickle batches). Every loader returns numpy arrays; ``_finish``
 standardises them and converts them to torch once, so there is one code path per step.
 
+"hf-disk" reads a Hugging Face / Flower Datasets image set already on disk (nothing is
+downloaded) with the optional extra ``robust[flower-datasets]``: ``root`` is a folder written
+by ``DatasetDict.save_to_disk`` (splits "train" and "test"), or a local copy of a Hub data set
+repository (``hf download ylecun/mnist --repo-type dataset --local-dir DIR``). Its one
+``Image`` column becomes ``(N, C, H, W)`` like the other image sets (grey images get one
+channel), its "label" column (or single ``ClassLabel`` column) the labels; ``classes`` is the
+ClassLabel's count. ``datasets`` is imported only then: importing this module stays light.
+
 Inputs are standardised with the train set's mean and std per channel (dim 1: the colour
 channel of an image, the single channel of a 1-d signal, a feature of a flat vector), so the
 test set is scaled exactly like the data the model trains on.
@@ -42,7 +50,8 @@ class Dataset:
 
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # x_train, y_train, x_test, y_test
-CLASSES = 10  # every set here has ten classes
+CLASSES = 10  # every built-in set has ten classes; hf-disk says how many its set has
+HF_DISK = "hf-disk"
 
 
 def _digits(root: Path | None, seed: int) -> Arrays:
@@ -199,15 +208,15 @@ def _cifar10(root: Path | None, seed: int) -> Arrays:
 
 
 def _check(root: Path, shape: tuple[int, ...], x_train: np.ndarray, y_train: np.ndarray,
-           x_test: np.ndarray, y_test: np.ndarray) -> Arrays:
+           x_test: np.ndarray, y_test: np.ndarray, classes: int = CLASSES) -> Arrays:
     """Refuse files whose images and labels do not match each other or the expected format."""
     for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
         if not len(x) or x.shape[-len(shape):] != shape or len(x) != len(y):
             raise ValueError(f"the {split} files in {root} hold {len(x)} images of "
                              f"{x.shape[1:]} and {len(y)} labels, expected images of {shape} "
                              "and one label each: re-download them")
-        if y.min() < 0 or y.max() >= CLASSES:
-            raise ValueError(f"the {split} labels in {root} are not all in 0..{CLASSES - 1}: "
+        if y.min() < 0 or y.max() >= classes:
+            raise ValueError(f"the {split} labels in {root} are not all in 0..{classes - 1}: "
                              "re-download them")
     return x_train, y_train, x_test, y_test
 
@@ -224,7 +233,7 @@ LOADERS: dict[str, Callable[[Path | None, int], Arrays]] = {
 
 def names() -> list[str]:
     """The data sets ``load`` knows; the first three need no files."""
-    return list(LOADERS)
+    return [*LOADERS, HF_DISK]
 
 
 def load(name: str, *, root: str | None = None, seed: int = 0) -> Dataset:
@@ -233,14 +242,20 @@ def load(name: str, *, root: str | None = None, seed: int = 0) -> Dataset:
     ``root`` is the folder of a file-based set's files; ``seed`` draws the generated sets
     (and the digits split) and is ignored by the file-based ones, whose split is fixed.
     """
+    folder = None if root is None else Path(root)
+    if name == HF_DISK:
+        from .flower_datasets import read_folder  # lazily: datasets and pyarrow are heavy
+
+        *arrays, classes = read_folder(folder)
+        return _finish(name, *_check(folder, arrays[0].shape[1:], *arrays, classes=classes),
+                       classes=classes)
     if name not in LOADERS:
-        raise ValueError(f"unknown data set {name!r}: choose one of {', '.join(LOADERS)}")
-    arrays = LOADERS[name](None if root is None else Path(root), seed)
-    return _finish(name, *arrays)
+        raise ValueError(f"unknown data set {name!r}: choose one of {', '.join(names())}")
+    return _finish(name, *LOADERS[name](folder, seed))
 
 
 def _finish(name: str, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,
-            y_test: np.ndarray) -> Dataset:
+            y_test: np.ndarray, classes: int = CLASSES) -> Dataset:
     """Standardise per channel with float64 train statistics and convert to torch."""
     x_train = x_train.astype(np.float32)
     x_test = x_test.astype(np.float32)
@@ -261,5 +276,5 @@ def _finish(name: str, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndar
         y_train=torch.from_numpy(y_train.astype(np.int64)),
         x_test=torch.from_numpy(x_test),
         y_test=torch.from_numpy(y_test.astype(np.int64)),
-        classes=CLASSES,
+        classes=classes,
     )

@@ -13,6 +13,17 @@ Kinds:
   node ``shards`` random shards, so it sees about ``shards`` labels.
 
 Everything is drawn from one numpy Generator seeded with ``seed``, never from global state.
+
+The ``flwr-*`` kinds use Flower Datasets' partitioners instead (the optional extra
+``robust[flower-datasets]``, imported only when asked for), on the rows shuffled first as
+``FederatedDataset`` does, with seeds derived from ``seed``:
+
+- ``flwr-iid``: ``IidPartitioner``, contiguous near-equal cuts of the shuffled rows.
+- ``flwr-dirichlet``: ``DirichletPartitioner(alpha=alpha, min_partition_size=<as dirichlet's>,
+  self_balancing=False)``; it redraws at most 10 times, where ``dirichlet`` redraws 1000.
+- ``flwr-shards``: ``ShardPartitioner(num_shards_per_partition=shards)``: shards of
+  ``N // (nodes * shards)`` label-sorted rows, so up to ``nodes * shards - 1`` rows (more
+  when shards are small) are left to no node, unlike ``label-shards``.
 """
 
 from __future__ import annotations
@@ -22,7 +33,8 @@ import math
 import numpy as np
 import torch
 
-KINDS = ("iid", "dirichlet", "label-shards")
+FLWR_KINDS = ("flwr-iid", "flwr-dirichlet", "flwr-shards")
+KINDS = ("iid", "dirichlet", "label-shards", *FLWR_KINDS)
 DIRICHLET_TRIES = 1000
 
 
@@ -31,12 +43,18 @@ def partition(y: torch.Tensor, nodes: int, kind: str = "iid", *, alpha: float = 
     """One sorted int64 tensor of indices into ``y`` per node; the parts are disjoint.
 
     ``iid`` and ``label-shards`` cover every index; ``dirichlet`` does too, as each class is
-    split entirely. ``alpha`` is used by ``dirichlet`` only, ``shards`` by ``label-shards``.
+    split entirely, and so do ``flwr-iid`` and ``flwr-dirichlet``; ``flwr-shards`` may not.
+    ``alpha`` is used by the dirichlet kinds only, ``shards`` by the shard kinds.
     """
     _check(y, nodes, kind, alpha, shards)
     labels = y.cpu().numpy()
     rng = np.random.default_rng(seed)
-    if kind == "iid":
+    if kind in FLWR_KINDS:
+        from . import flower_datasets  # lazily: datasets and pyarrow take seconds to import
+
+        parts = flower_datasets.partition(labels, nodes, kind, alpha=alpha, shards=shards,
+                                          min_size=_min_size(len(labels), nodes), seed=seed)
+    elif kind == "iid":
         parts = np.array_split(rng.permutation(len(labels)), nodes)
     elif kind == "dirichlet":
         parts = _dirichlet(labels, nodes, alpha, rng)
@@ -57,24 +75,23 @@ def _check(y: torch.Tensor, nodes: int, kind: str, alpha: float, shards: int) ->
     if nodes > len(y):
         raise ValueError(f"{nodes} nodes cannot each get a sample of {len(y)}: use at most "
                          f"{len(y)} nodes")
-    if kind == "dirichlet" and not (isinstance(alpha, (int, float)) and math.isfinite(alpha)
-                                    and alpha > 0):
-        raise ValueError(f"dirichlet alpha must be a finite number > 0 (got alpha={alpha!r}): "
+    if kind in ("dirichlet", "flwr-dirichlet") and not (
+            isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"{kind} alpha must be a finite number > 0 (got alpha={alpha!r}): "
                          "small (0.1) for skewed nodes, large (100) for nearly iid")
-    if kind == "label-shards":
+    if kind in ("label-shards", "flwr-shards"):
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-            raise ValueError(f"label-shards shards must be a whole number >= 1 "
+            raise ValueError(f"{kind} shards must be a whole number >= 1 "
                              f"(got shards={shards!r})")
         if nodes * shards > len(y):
-            raise ValueError(f"label-shards needs nodes * shards <= {len(y)} samples (got "
+            raise ValueError(f"{kind} needs nodes * shards <= {len(y)} samples (got "
                              f"{nodes} * {shards}): lower shards or nodes")
 
 
 def _dirichlet(labels: np.ndarray, nodes: int, alpha: float,
                rng: np.random.Generator) -> list[np.ndarray]:
     """Hsu et al.'s per-class Dirichlet split, redrawn until every node has ``min_size``."""
-    # Two samples per node when there are enough: a node with one sample is barely a node.
-    min_size = 2 if len(labels) >= 2 * nodes else 1
+    min_size = _min_size(len(labels), nodes)
     by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
     sizes = np.array([len(idx) for idx in by_class])
     for _ in range(DIRICHLET_TRIES):
@@ -93,6 +110,11 @@ def _dirichlet(labels: np.ndarray, nodes: int, alpha: float,
         owner[rng.permutation(idx)] = np.repeat(np.arange(nodes), row)
     # A stable sort by owner lists each node's indices in ascending order.
     return np.split(np.argsort(owner, kind="stable"), np.cumsum(counts.sum(axis=0))[:-1])
+
+
+def _min_size(samples: int, nodes: int) -> int:
+    """Two samples per node when there are enough: a node with one sample is barely a node."""
+    return 2 if samples >= 2 * nodes else 1
 
 
 def _label_shards(labels: np.ndarray, nodes: int, shards: int,

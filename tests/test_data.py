@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from robust.data import CIFAR_FILES, IDX_FILES, load, names
-from robust.partition import KINDS, partition
+from robust.partition import FLWR_KINDS, KINDS, partition
 
 OFFLINE = {  # name: (shape, train size, test size)
     "digits": ((1, 8, 8), 1437, 360),
@@ -40,7 +40,7 @@ def channel_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_names():
-    assert names() == ["digits", "mnist1d", "synthetic", "mnist", "fashion-mnist", "cifar10"]
+    assert names() == ["digits", "mnist1d", "synthetic", "mnist", "fashion-mnist", "cifar10", "hf-disk"]
 
 
 @pytest.mark.parametrize("name", OFFLINE)
@@ -108,7 +108,7 @@ def test_synthetic_is_learnable_but_not_separable(offline):
 
 
 def test_unknown_name_lists_the_choices():
-    msg = "unknown data set 'mnsit': choose one of digits, mnist1d, synthetic, mnist, fashion-mnist, cifar10"
+    msg = "unknown data set 'mnsit': choose one of digits, mnist1d, synthetic, mnist, fashion-mnist, cifar10, hf-disk"
     with pytest.raises(ValueError, match=re.escape(msg)):
         load("mnsit")
 
@@ -297,7 +297,7 @@ def labels_(n: int, classes: int = 10, seed: int = 0) -> torch.Tensor:
 
 @settings(max_examples=150, deadline=None)
 @given(n=st.integers(1, 300), classes=st.integers(1, 12), data=st.data(),
-       kind=st.sampled_from(KINDS), alpha=st.floats(0.05, 100), seed=st.integers(0, 2**32 - 1))
+       kind=st.sampled_from([k for k in KINDS if k not in FLWR_KINDS]), alpha=st.floats(0.05, 100), seed=st.integers(0, 2**32 - 1))
 def test_partition_is_disjoint_sorted_covering_and_deterministic(n, classes, data, kind, alpha, seed):
     y = labels_(n, classes, seed % 1000)
     nodes = data.draw(st.integers(1, n))
@@ -349,7 +349,7 @@ def test_label_shards_give_each_node_its_shards_labels():
 
 
 @pytest.mark.parametrize("y, nodes, kind, kw, msg", [
-    (labels_(10), 2, "shards", {}, "unknown partition 'shards': choose one of iid, dirichlet, label-shards"),
+    (labels_(10), 2, "shards", {}, "unknown partition 'shards': choose one of iid, dirichlet, label-shards, flwr-iid, flwr-dirichlet, flwr-shards"),
     (labels_(10), 0, "iid", {}, "nodes must be a whole number >= 1 (got nodes=0)"),
     (labels_(10), 2.0, "iid", {}, "nodes must be a whole number >= 1 (got nodes=2.0)"),
     (labels_(10), True, "iid", {}, "nodes must be a whole number >= 1 (got nodes=True)"),
