@@ -11,9 +11,10 @@ message, one message in flight at a time. When a coordinator dies while a node i
 a task, the SuperNode drops the message but its ClientApp still answers it, and from then on
 the node is one reply behind: each reply waits in the SuperNode until the *next* message
 arrives, so the node looks silent every round (seen after a SIGKILLed coordinator resumed).
-So at half the deadline every node that has not replied is sent a no-op ``query`` message:
-pulling it makes the SuperNode push the reply it holds. A node that is merely slow runs
-one more no-op after its real work.
+So in a resumed run (only a stopped run leaves such replies behind), at half the deadline
+every node that has not replied is sent a no-op ``query`` message: pulling it makes the
+SuperNode push the reply it holds. A node that is merely slow runs one more no-op after its
+real work; a fresh run never nudges.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def wait_for_nodes(grid: Grid, coord: Coordinator, everyone: bool) -> dict[int, 
         time.sleep(1.0)
 
 
-def play_round(grid: Grid, coord: Coordinator, first: bool) -> dict:
+def play_round(grid: Grid, coord: Coordinator, first: bool, nudging: bool) -> dict:
     nodes = wait_for_nodes(grid, coord, first)
     started = time.monotonic()
     task, w = coord.task()
@@ -75,7 +76,7 @@ def play_round(grid: Grid, coord: Coordinator, first: bool) -> dict:
                         ttl=coord.settings.deadline + 30) for nid in sorted(nodes)]
     pending = {mid for mid in grid.push_messages(messages) if mid}
     rows, rejected, failed, seconds = {}, {}, {}, {}
-    nudge_at = started + coord.settings.deadline / 2
+    nudge_at = started + coord.settings.deadline / 2 if nudging else None
     while pending and time.monotonic() < deadline:
         if nudge_at is not None and time.monotonic() >= nudge_at:
             nudge(grid, {nid: fp for nid, fp in nodes.items() if fp not in rows | rejected | failed}, deadline)
@@ -123,9 +124,9 @@ def main(grid: Grid, context: Context) -> None:
     folder = Path(str(context.run_config["state-dir"]))
     try:
         coord = Coordinator(folder)
-        first = True
+        first, nudging = True, coord.round > 0  # resumed: nodes may hold the stopped run's replies
         while not coord.done:
-            record = play_round(grid, coord, first)
+            record = play_round(grid, coord, first, nudging)
             first = False
             log.info("round %d: accepted %d/%d, accuracy %.3f, flagged %s, rejected %s",
                      record["round"], record["accepted"], record["asked"], record["accuracy"],
