@@ -79,7 +79,7 @@ class DenseNet:
         for k in range(len(layers) - 1, -1, -1):
             (weight, _), (g_weight, g_bias) = layers[k], slots[k]
             g_bias.mul_(beta).add_(dz.sum(dim=-2))
-            g_weight.baddbmm_(dz.mT, acts[k], beta=beta)
+            g_weight.mul_(beta).add_(dz.mT @ acts[k])  # baddbmm_ on this strided view loops per node
             if k:
                 dz = torch.ops.aten.threshold_backward(dz @ weight, acts[k], 0.0)
         return into

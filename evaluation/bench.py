@@ -20,7 +20,7 @@ from pathlib import Path
 from .engine import Cell, run_cell
 from .report import read_results, write_report
 from .scenario import cell_id, cells, load_scenario
-from .speed import plain_loop_rate
+from .speed import median, paired_speed
 
 
 ENGINES_SAID = {
@@ -116,30 +116,22 @@ def main(args: argparse.Namespace) -> int:
 
 
 def write_speed(path: Path, config: dict) -> None:
-    """The engine's node-steps/s (medians over this DIR's cells: whole rounds, and the
-    training phase alone) beside the plain per-node loop's, measured now on the first
-    scenario, and their ratios."""
+    """The engine's speed against the plain per-node loop on the first scenario: the training
+    phase timed alternately with the loop (``evaluation.speed.paired_speed``), and whole
+    rounds (median over this DIR's cells) against the loop's rate."""
     records = [r for r in read_results(path.parent / "results.jsonl") if r.get("train_node_steps_per_s")]
     if not records:
         return
-    whole = _median(r["node_steps_per_s"] for r in records)
-    training = _median(r["train_node_steps_per_s"] for r in records)
-    plain = plain_loop_rate(config)
-    speed = {
-        "engine_node_steps_per_s": whole, "engine_training_node_steps_per_s": training,
-        "plain_loop_node_steps_per_s": plain, "speedup": whole / plain, "training_speedup": training / plain,
-    }
+    speed = paired_speed(config)
+    plain, training = speed["plain_loop_node_steps_per_s"], speed["engine_training_node_steps_per_s"]
+    whole = median([r["node_steps_per_s"] for r in records])
+    speed.update(engine_node_steps_per_s=whole, speedup=whole / plain)
     path.write_text(json.dumps(speed, indent=1) + "\n")
     print(
-        f"speed: training {training:.0f} node-steps/s, {training / plain:.1f}x a plain per-node loop "
-        f"({plain:.0f}, same scenario, measured now); whole rounds with attack, robust rule, "
+        f"speed: training {training:.0f} node-steps/s, {speed['training_speedup']:.1f}x a plain per-node loop "
+        f"({plain:.0f}, same scenario, timed alternately); whole rounds with attack, robust rule, "
         f"detectors and evaluation {whole:.0f} ({whole / plain:.1f}x)"
     )
-
-
-def _median(values) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
 
 
 def _run_parallel(todo: list[Cell], jobs: int, engine: str, save) -> None:

@@ -76,18 +76,29 @@ def node_data(
 
 class BatchDraws:
     """Every node's sample indices of a round, drawn as each volunteer draws its own
-    (``robust.batches``, node ``i``'s stream keyed by ``(seed, i)``), in one call."""
+    (``robust.batches``, node ``i``'s stream keyed by ``(seed, i)``), several rounds per
+    call (a few MB at most): the draw's cost is per call, not per sample."""
+
+    BUDGET = 1 << 23  # hashes per call
 
     def __init__(self, parts: list[torch.Tensor], tc: TrainConfig, seed: int) -> None:
         self.sizes = np.array([p.numel() for p in parts])
         self.table = torch.nn.utils.rnn.pad_sequence(parts, batch_first=True)  # (n, largest part)
         self.keys = np.array([node_key(seed, i) for i in range(len(parts))])
         self.tc = tc
+        width = max(int(self.sizes.max()), tc.batch_size)
+        self.chunk = max(1, min(16, self.BUDGET // (len(parts) * tc.local_steps * width)))
+        self.first, self.drawn = -1, torch.empty(0)
 
     def __call__(self, t: int) -> torch.Tensor:
         """``(n, local steps, batch size)`` indices into the training tensors for round ``t``."""
-        pos = draw_batches(self.sizes, self.tc.batch_size, self.keys, t, self.tc.local_steps)
-        return self.table.gather(1, pos.flatten(1)).view_as(pos)
+        if not self.first <= t < self.first + len(self.drawn):
+            n, rounds = len(self.sizes), np.arange(t, t + self.chunk)
+            pos = draw_batches(np.tile(self.sizes, self.chunk), self.tc.batch_size, np.tile(self.keys, self.chunk),
+                               np.repeat(rounds, n), self.tc.local_steps)
+            table = self.table.repeat(self.chunk, 1)
+            self.first, self.drawn = t, table.gather(1, pos.flatten(1)).view(self.chunk, n, *pos.shape[1:])
+        return self.drawn[t - self.first]
 
     def node(self, i: int, t: int) -> torch.Tensor:
         """Node ``i``'s ``(local steps, batch size)`` indices for round ``t``, drawn alone."""
@@ -159,7 +170,8 @@ class CellRun:
         else:
             batched = vmap(self.step, in_dims=(None, 0, 0, 0))
             rows, self.momenta = batched(unflatten(self.w, self.model), self.xs[idx], self.ys[idx], self.momenta)
-        if isinstance(self.attack, NodeAttack):
+        if isinstance(self.attack, NodeAttack) and self.attack.scale() != 1.0:
+            rows = rows.clone()  # with one local step the rows *are* the momenta: scale a copy
             rows[self.is_byz] *= self.attack.scale()
         return rows
 

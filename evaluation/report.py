@@ -386,9 +386,10 @@ def _speed_section(path: Path) -> list[str]:
     plain = speed["plain_loop_node_steps_per_s"]
     return [
         "## Speed", "",
-        f"Node-steps per second (median cell) against a plain per-node PyTorch loop ({plain:.0f}: "
-        "each node's module, `backward()`, worker momentum, mean aggregation) on the same scenario, "
-        "measured in the same run:", "",
+        f"Node-steps per second against a plain per-node PyTorch loop ({plain:.0f}: each node's "
+        "module, `backward()`, worker momentum, mean aggregation) on the same scenario. The training "
+        "phase is timed alternately with the loop (median of 5 pairs); whole rounds are the median "
+        "cell of this grid:", "",
         *_table(["", "node-steps/s", "vs plain loop"], [
             ["training (batch draws, gradients, momentum): the plain loop's work",
              f"{speed['engine_training_node_steps_per_s']:.0f}", f"**{speed['training_speedup']:.1f}x**"],

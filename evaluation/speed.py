@@ -3,10 +3,12 @@
 Each round, every node loads the global weights into its own ``nn.Module``, draws a batch
 from one run-wide generator (the cheapest draw there is), takes one SGD step's gradient
 with ``loss.backward()`` and its worker momentum, and the mean of the rows updates the
-global model. No attack, no robust rule, no detectors, no evaluation. ``robust bench``
-divides two engine rates by this loop's, measured on the same scenario and machine in the
-same run: the engine's training phase (the same work) and its whole rounds (which also
-attack, validate, aggregate robustly, score six detectors and evaluate, every round).
+global model. No attack, no robust rule, no detectors, no evaluation.
+
+:func:`paired_speed` times this loop and the engine's training phase (the same work: batch
+draws, gradients, worker momentum) alternately on one scenario, so both see the same
+machine: a shared machine's speed drifts by tens of percent within a minute, and a ratio of
+rates measured a minute apart would carry that drift.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import torch.nn.functional as F
 from robust.data import load
 from robust.models import build_model
 from robust.partition import partition
+
+from .engine import Cell, run_cell
 
 
 def plain_loop_rate(cfg: dict, seed: int = 0, rounds: int = 10) -> float:
@@ -50,3 +54,27 @@ def plain_loop_rate(cfg: dict, seed: int = 0, rounds: int = 10) -> float:
                 p -= lr * step[offset : offset + p.numel()].view_as(p)
                 offset += p.numel()
     return rounds * n / (time.perf_counter() - start)
+
+
+def paired_speed(cfg: dict, repeats: int = 5, rounds: int = 20) -> dict[str, float]:
+    """Medians over ``repeats`` alternations of the plain loop and an engine cell (``mean``,
+    no attack) of ``rounds`` rounds on ``cfg``: node-steps/s of the loop, of the engine's
+    training phase and of its whole rounds, and the median of the paired training ratios."""
+    cell = Cell({**cfg, "rounds": rounds}, "mean", "none", 0)
+    run_cell(Cell({**cfg, "rounds": 2}, "mean", "none", 0))  # warm-up: kernels, caches
+    plain, training, whole, ratios = [], [], [], []
+    for _ in range(repeats):
+        plain.append(plain_loop_rate(cfg, rounds=rounds))
+        record = run_cell(cell)
+        training.append(record["train_node_steps_per_s"])
+        whole.append(record["node_steps_per_s"])
+        ratios.append(training[-1] / plain[-1])
+    return {
+        "plain_loop_node_steps_per_s": median(plain), "engine_training_node_steps_per_s": median(training),
+        "engine_mean_cell_node_steps_per_s": median(whole), "training_speedup": median(ratios),
+    }
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]

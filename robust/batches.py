@@ -41,19 +41,21 @@ def node_key(seed: int, node: object) -> int:
     return derive(seed, node, "batch")
 
 
-def draw_batches(sizes: ArrayLike, batch: int, keys: ArrayLike, round: int, steps: int) -> torch.Tensor:
+def draw_batches(sizes: ArrayLike, batch: int, keys: ArrayLike, round: ArrayLike, steps: int) -> torch.Tensor:
     """``(n, steps, batch)`` int64 positions: ``out[i, s]`` indexes node ``i``'s ``sizes[i]``
-    samples for its local step ``s`` of round ``round``; ``keys[i]`` is :func:`node_key` of
-    node ``i``."""
+    samples for its local step ``s`` of round ``round`` (one round, or one per row: rows may
+    be the same node in several rounds); ``keys[i]`` is :func:`node_key` of node ``i``."""
     sizes, keys = np.asarray(sizes, dtype=np.int64), np.asarray(keys, dtype=np.int64)
-    if sizes.ndim != 1 or sizes.shape != keys.shape:
-        raise ValueError(f"sizes and keys must be 1-D and of one length (got {sizes.shape} and {keys.shape})")
-    if batch < 1 or steps < 1 or round < 0:
-        raise ValueError(f"need batch >= 1, steps >= 1 and round >= 0 (got {batch}, {steps}, {round})")
+    rounds = np.broadcast_to(np.asarray(round, dtype=np.int64), keys.shape) if keys.ndim == 1 else None
+    if sizes.ndim != 1 or sizes.shape != keys.shape or rounds is None:
+        raise ValueError(f"sizes, keys and rounds must be 1-D and of one length (got {sizes.shape}, "
+                         f"{keys.shape} and {np.shape(round)})")
+    if batch < 1 or steps < 1 or (rounds < 0).any():
+        raise ValueError(f"need batch >= 1, steps >= 1 and rounds >= 0 (got {batch}, {steps}, {round})")
     if (sizes < 1).any() or (sizes > LOW).any():
         raise ValueError(f"every node needs between 1 and 2^32 - 1 samples (sizes {sizes.tolist()})")
     width = max(int(sizes.max()), batch)
-    per_round = mix(keys.astype(U64) ^ U64(round))  # keys are arrays: no scalar overflow
+    per_round = mix(keys.astype(U64) ^ rounds.astype(U64))  # arrays wrap silently, scalars would warn
     per_step = mix(per_round[:, None] ^ np.arange(steps, dtype=U64))
     hashes = mix(per_step[:, :, None] ^ np.arange(width, dtype=U64))  # (n, steps, width)
     # the high 32 bits of a hash above the position: one plain sort orders positions by

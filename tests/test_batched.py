@@ -6,6 +6,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from evaluation.batched import DenseNet, local_updates
+from evaluation.engine import BatchDraws
 from nodes.training import TrainConfig, local_update
 from robust.models import build_model
 from robust.params import flat_params, unflatten
@@ -55,3 +56,15 @@ def test_only_flatten_linear_relu_stacks_are_dense():
     assert DenseNet.of(nn.Sequential(nn.Flatten(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))) is None
     assert DenseNet.of(nn.Sequential(nn.Flatten(), nn.Linear(4, 2, bias=False))) is None
     assert DenseNet.of(nn.Sequential(nn.Flatten(), nn.Linear(4, 4), nn.ReLU())) is None
+
+
+def test_batch_draws_of_all_nodes_equal_each_node_drawn_alone():
+    parts = [torch.arange(0, 40), torch.arange(40, 45), torch.arange(45, 145)]  # one node smaller than a batch
+    draws = BatchDraws(parts, TrainConfig(batch_size=8, local_steps=2), seed=3)
+    draws.chunk = 4  # rounds 0-3 come from one call, 4-7 from the next
+    for t in (0, 3, 4, 9, 2):  # forwards across chunks, and back
+        together = draws(t)
+        assert together.shape == (3, 2, 8)
+        for i in range(3):
+            assert torch.equal(together[i], draws.node(i, t))
+            assert set(together[i].flatten().tolist()) <= set(parts[i].tolist())
