@@ -178,32 +178,41 @@ class CellRun:
         return rows
 
     def finish_round(self, t: int, rows: torch.Tensor) -> None:
-        """The coordinator's steps on round ``t``'s rows (``(n, d)``, node order): the threat
-        model, validate, canonical order, aggregate, apply, score, evaluate."""
+        """The coordinator's steps on round ``t``'s rows (``(n, d)``, node order): validate,
+        the threat model (on the valid honest rows; its rows are validated in turn), canonical
+        order, aggregate, apply, score, evaluate."""
         history, is_byz = self.history, self.is_byz
-        if self.f and isinstance(self.attack, OmniscientAttack):
+        rejected = rejected_rows(rows, self.max_norm)
+        honest = ~is_byz
+        honest[list(rejected)] = False
+        if self.f and isinstance(self.attack, OmniscientAttack) and bool(honest.any()):
             ctx = attacks.Context(
                 n=self.n, generator=generator(self.seed, t, "attack"), aggregator=self.chain,
                 previous=self.previous, own=rows[is_byz], round=t,
             )
             rows = rows.clone()
-            rows[is_byz] = self.attack(rows[~is_byz], ctx).to(rows.dtype)
-        rejected = rejected_rows(rows, self.max_norm)
+            rows[is_byz] = self.attack(rows[honest], ctx).to(rows.dtype)
+            crafted = rejected_rows(rows[is_byz], self.max_norm)
+            rejected = {i: r for i, r in rejected.items() if not is_byz[i]}
+            rejected.update({self.byzantine[j]: r for j, r in crafted.items()})
         history["rejected"].append(rejected)
         ids = [i for i in range(self.n) if i not in rejected]  # rows are in node order: canonical
         X = rows if len(ids) == self.n else rows[ids]  # order is the ids' order, no restacking
         positive = is_byz[ids]
         try:
-            aggregate = self.chain(X)
-        except ValueError:  # too few valid rows for the rule this round: no step
+            aggregate = self.chain(X) if ids else None
+        except ValueError:  # too few valid rows for the rule this round
+            aggregate = None
+        kept = None
+        if aggregate is None:  # no step
             history["skipped"] += 1
             history["kappa"].append(float("nan"))
-            kept = None
         else:
-            history["kappa"].append(kappa_hat(aggregate, X[~positive]))
+            honest_rows = X[~positive]
+            history["kappa"].append(kappa_hat(aggregate, honest_rows) if len(honest_rows) else float("nan"))
             self.w = apply_update(self.w, aggregate, self.tc)
             self.previous, kept = aggregate, self.chain.last_kept
-        history["scores"].append(score_round(X, self.f, kept))
+        history["scores"].append(score_round(X, self.f, kept) if ids else {})  # no row, no score
         history["positive"].append(positive)
         history["accuracy"].append(accuracy(self.model, self.w, self.data.x_test, self.data.y_test, self.net))
 

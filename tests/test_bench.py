@@ -130,3 +130,14 @@ def test_node_side_scaling_leaves_the_worker_momentum_alone():
     fast, slow = (CellRun(Cell(cfg, "mean", "backdoor:gamma=3", 0), vectorize=v) for v in (True, False))
     for t in range(3):
         assert torch.allclose(fast.rows(t), slow.rows(t), rtol=1e-4, atol=1e-6)
+
+
+def test_a_diverged_model_does_not_stop_an_omniscient_attack_or_the_run():
+    # lr 1e38 blows the model up at once: rows turn non-finite and are rejected before the
+    # attack (which aggregates what it crafts) sees them; rounds without a valid row skip
+    # their step and their scores, and the run goes on to its end
+    for lr in ("1e30", "1e38"):
+        cfg = grid(load_scenario(None, TINY + [f"lr={lr}", "model=mlp", "rounds=6"]))[0]
+        for attack in ("optimal-alie", "alie"):
+            record = run_cell(Cell(cfg, "mean", attack, 0))
+            assert record["rejected"] > 0 and record["skipped_rounds"] > 0 and len(record["accuracy"]) == 6
