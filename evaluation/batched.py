@@ -1,7 +1,7 @@
 """A fast path for the vectorised engine: dense models trained on stacked per-node weights.
 
-The generic path (``nodes.training.local_update`` under ``vmap``) differentiates any model
-with ``torch.func``; it stays the reference. For a model that is ``Flatten, Linear
+The generic path (``nodes.protocol.Protocol.node_update`` under ``vmap``) differentiates any
+model with ``torch.func``; it stays the reference. For a model that is ``Flatten, Linear
 (ReLU, Linear)*`` (``logreg``, ``mlp``) the forward and backward passes of all nodes are a
 few batched matrix products over the parameter rows, written out by hand: about 3x faster,
 and equal to the generic path up to float rounding (``tests/test_batched.py``).
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nodes.training import TrainConfig
+from nodes.protocol import Protocol
 
 
 class DenseNet:
@@ -97,17 +97,17 @@ def _affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.
 
 
 def local_updates(
-    net: DenseNet, cfg: TrainConfig, w: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor,
+    net: DenseNet, protocol: Protocol, w: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor,
     m: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``nodes.training.local_update`` for all nodes at once: ``(rows, new momenta)`` from the
-    global parameters ``w`` (``(d,)``), batches ``xs[i, s], ys[i, s]`` and momenta ``m`` (``(n, d)``)."""
-    if cfg.local_steps == 1:
-        m = net.accumulate_grad(w, xs[:, 0], ys[:, 0], m.clone(), cfg.momentum)  # the caller's m stays
+    """``Protocol.node_update`` for all nodes at once: ``(rows, new momenta)`` from the global
+    parameters ``w`` (``(d,)``), batches ``xs[i, s], ys[i, s]`` and momenta ``m`` (``(n, d)``)."""
+    if protocol.kind == "momentum":
+        m = net.accumulate_grad(w, xs[:, 0], ys[:, 0], m.clone(), protocol.momentum)  # the caller's m stays
         return m, m
     v = torch.zeros_like(m)
     local = w
-    for s in range(cfg.local_steps):
-        v = net.accumulate_grad(local, xs[:, s], ys[:, s], v, cfg.momentum)
-        local = torch.add(local, v, alpha=-cfg.lr)
+    for s in range(protocol.steps):
+        v = net.accumulate_grad(local, xs[:, s], ys[:, s], v, protocol.momentum)
+        local = torch.add(local, v, alpha=-protocol.lr)
     return local - w, m

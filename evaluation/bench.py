@@ -17,15 +17,17 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
-from .engine import Cell, run_cell
+from .cell import Cell
+from .local import run_cell
 from .report import read_results, write_report
 from .scenario import cell_id, cells, load_scenario
 from .speed import median, paired_speed
 
 
 ENGINES_SAID = {
-    "local": "local engine (vectorised)", "per-node": "local engine, per node (as volunteers compute)",
-    "flower": "Flower simulation engine (Ray)",
+    "local": "local driver (vectorised)", "per-node": "local driver, per node (as volunteers compute)",
+    "flower": "Flower simulation (Ray), the coordinator's own ServerApp and ClientApp",
+    "deploy": "real processes on loopback: SuperLink, one SuperNode per node, TLS, signed updates",
 }
 
 
@@ -65,9 +67,11 @@ def main(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1 (got {args.jobs})")
     engine = "per-node" if args.no_vectorize else args.engine
-    if engine == "flower" and args.jobs > 1:
-        raise ValueError("--engine flower runs one cell at a time on every core (Ray): drop --jobs")
-    scenario = load_scenario(args.config, args.set or [])
+    if engine in ("flower", "deploy") and args.jobs > 1:
+        raise ValueError(f"--engine {engine} runs one cell at a time on every core: drop --jobs")
+    if args.no_vectorize and args.engine != "local":
+        raise ValueError(f"--no-vectorize is a mode of --engine local: drop it with --engine {args.engine}")
+    scenario = load_scenario(args.config, args.set or [], engine)
     todo_all = cells(scenario, args.sweep, args.sweep_points)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -93,9 +97,13 @@ def main(args: argparse.Namespace) -> int:
 
         try:
             if engine == "flower":
-                from .flower_engine import run_cells  # imports Flower and Ray
+                from .flower_sim import run_cells  # imports Flower and Ray
 
-                run_cells(todo, lambda cell, record: save({"cell": record_id(cell, engine), **record}))
+                run_cells(todo, out / "federations", lambda cell, record: save({"cell": record_id(cell, engine), **record}))
+            elif engine == "deploy":
+                from .deploy import run_cells
+
+                run_cells(todo, out / "federations", lambda cell, record: save({"cell": record_id(cell, engine), **record}))
             elif args.jobs == 1:
                 for cell in todo:
                     save(_run(cell, engine))

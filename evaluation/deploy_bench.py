@@ -19,6 +19,7 @@ from pathlib import Path
 
 from nodes import checkpoint, commands, launch
 from nodes.settings import Settings
+from nodes.volunteer import NodeConfig
 from robust import tls
 
 from .flower_fedavg import RESULT as FEDAVG_RESULT
@@ -60,8 +61,8 @@ def main(args: argparse.Namespace) -> int:
         launch.register(coord, sorted((coord / "admitted").glob("*.pub")))
         for i, folder in enumerate(folders, start=1):
             data = commands.prepare_data(folder, settings.dataset, None, f"{i}/{args.nodes}")
-            nodes.append(launch.start_supernode(folder, f"127.0.0.1:{settings.port}", coord / "tls" / tls.CA_CERT,
-                                                {"folder": str(folder), "data": str(data), "device": "auto"},
+            NodeConfig(str(data.resolve())).save(folder)
+            nodes.append(launch.start_supernode(folder.resolve(), f"127.0.0.1:{settings.port}", coord / "tls" / tls.CA_CERT,
                                                 folder / "supernode.log"))
         launch.submit_run(coord)
         _wait_for(coord / checkpoint.RESULT, superlink, "robust run result", 3600)

@@ -1,8 +1,8 @@
 """Flower's own FedAvg strategy (``Strategy.start``) on the same volunteers, data and model:
 the baseline beside which ``robust deploy-bench`` reports the deployment's round overhead.
 
-The ClientApp trains exactly as a robust volunteer does (:func:`nodes.volunteer.train_delta`)
-and returns weights, as FedAvg expects; the ServerApp records, per round, the wall time and
+The ClientApp trains exactly as a robust volunteer does (:func:`nodes.volunteer.compute`,
+the ``delta`` protocol) and returns weights, as FedAvg expects; the ServerApp records, per round, the wall time and
 the slowest node's training time (from the replies' metrics), and evaluates centrally, as
 the robust coordinator does. Results go to ``<state-dir>/fedavg.json``.
 """
@@ -19,9 +19,10 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from nodes.protocol import Task
 from nodes.settings import Settings
-from nodes.volunteer import NodeData, pick_device, train_delta
+from nodes.volunteer import NodeConfig, NodeData, compute, pick_device
+from nodes.wire import Task
+from robust import keys
 from robust.data import load
 from robust.models import accuracy, build_model
 from robust.params import flat_params, unflatten
@@ -34,15 +35,18 @@ client = ClientApp()
 @client.train()
 def train(msg: Message, context: Context) -> Message:
     config = msg.content["config"]
-    data = NodeData.load(Path(str(context.node_config["data"])))
+    folder = Path(str(context.node_config["folder"]))
+    data = NodeData.load(Path(NodeConfig.load(folder).data))
     model = build_model(str(config["model"]), tuple(data.x.shape[1:]), data.classes)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     w = flat_params(model)
     start = time.perf_counter()
     task = Task(run="fedavg", round=int(config["server-round"]), base="", seed=int(config["seed"]),
-                dataset=data.dataset, model=str(config["model"]), local_epochs=int(config["local-epochs"]),
-                batch_size=int(config["batch-size"]), lr=float(config["lr"]), momentum=float(config["momentum"]))
-    delta = train_delta(task, w, data, str(context.node_id), pick_device("auto"))
+                dataset=data.dataset, model=str(config["model"]), protocol=str(config["protocol"]),
+                batch_size=int(config["batch-size"]), lr=float(config["lr"]), momentum=float(config["momentum"]),
+                threads=int(config["threads"]))
+    node = keys.fingerprint(keys.load_private(folder).public_key())
+    delta, _ = compute(task, w, data.x, data.y, data.classes, node, pick_device("auto"))
     seconds = time.perf_counter() - start
     state = {k: v.clone() for k, v in unflatten(w + delta, model).items()}
     return Message(RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(
@@ -71,8 +75,9 @@ def main(grid: Grid, context: Context) -> None:
     strategy = FedAvg(fraction_evaluate=0.0, min_train_nodes=nodes, min_available_nodes=nodes,
                       train_metrics_aggr_fn=aggregate_train_metrics)
     strategy.start(grid, ArrayRecord(model.state_dict()), num_rounds=s.rounds, timeout=s.deadline,
-                   train_config=ConfigRecord({"model": s.model, "seed": s.seed, "local-epochs": s.local_epochs,
-                                              "batch-size": s.batch_size, "lr": s.lr, "momentum": s.momentum}),
+                   train_config=ConfigRecord({"model": s.model, "seed": s.seed, "protocol": s.protocol,
+                                              "batch-size": s.batch_size, "lr": s.lr, "momentum": s.momentum,
+                                              "threads": s.threads}),
                    evaluate_fn=evaluate)
     rounds = [{"round": i + 1, "seconds": marks[i + 1] - marks[i], "train_seconds_max": slowest[i]}
               for i in range(len(slowest))]

@@ -4,6 +4,11 @@
 (``alpha = [0.1, 1.0]``) becomes one more axis of the grid. ``--set key=value`` overrides a
 key from the command line (``value`` in TOML syntax: ``--set rounds=20``,
 ``--set 'attacks=["none","alie"]'``).
+
+Every key is declared once, as data: the keys a training run shares with the coordinator's
+settings are ``nodes.settings.RUN``'s own (same names, rules and defaults); the others
+(``SCENARIO``) are the bench's. A cell's settings are then built and checked exactly as a
+coordinator's (``evaluation.cell.cell_settings``).
 """
 
 from __future__ import annotations
@@ -18,33 +23,46 @@ import numpy as np
 
 import aggregators
 import attacks
-from robust.data import names as dataset_names
-from robust.models import MODELS
+from attacks.base import OmniscientAttack
+from nodes.settings import RUN
+from robust.constraints import Interval, OneOf, Param, Spec, table, unknown
+from robust.partition import KINDS
 from robust.spec import parse
 
-from .engine import Cell
+from .cell import SHARED, Cell, cell_settings
 
-DEFAULTS: dict = {
-    "dataset": "digits", "partition": "iid", "alpha": 1.0, "model": "mlp", "nodes": 25,
-    "byzantine": 5, "rounds": 50, "batch-size": 32, "lr": 0.05, "momentum": 0.9,
-    "local-steps": 1, "seeds": [0], "aggregators": ["mean"], "attacks": ["none"],
+SCENARIO = {
+    **{k: RUN[k] for k in SHARED},
+    **table(
+        Param("partition", OneOf(KINDS), "iid", "how the training set is split among nodes"),
+        Param("alpha", Interval(float, 0, None, "neither"), 1.0, "Dirichlet concentration (partition = dirichlet)"),
+        Param("nodes", Interval(int, 1, 100_000), 25, "nodes in the federation"),
+        Param("byzantine", Interval(int, 0, None), 5, "Byzantine nodes among them (the rule's f)"),
+        Param("seeds", RUN["seed"].rule, [0], "run seeds (a grid axis)"),
+        Param("aggregators", Spec(lambda spec: aggregators.build(spec, 0), "an aggregator spec"), ["mean"],
+              "aggregator specs (a grid axis)"),
+        Param("attacks", Spec(lambda spec: attacks.build(spec, 1), "an attack spec"), ["none"],
+              "attack specs (a grid axis)"),
+    ),
 }
 AXES = ("seeds", "aggregators", "attacks")
+DEFAULTS = {k: p.default for k, p in SCENARIO.items()}
 
 
-def load_scenario(path: str | None, overrides: list[str] = ()) -> dict:
-    """Defaults, then the file's ``[scenario]`` table, then ``--set`` overrides; validated."""
+def load_scenario(path: str | None, overrides: list[str] = (), engine: str = "local") -> dict:
+    """Defaults, then the file's ``[scenario]`` table, then ``--set`` overrides; validated
+    (for ``engine``: ``deploy`` plays node-side attacks only)."""
     scenario = dict(DEFAULTS)
     if path:
         try:
-            table = tomllib.loads(Path(path).read_text())
+            table_ = tomllib.loads(Path(path).read_text())
         except FileNotFoundError:
             raise ValueError(f"scenario file {path} not found: pass an existing --config") from None
         except tomllib.TOMLDecodeError as err:
             raise ValueError(f"{path} is not valid TOML ({err})") from None
-        if "scenario" not in table:
+        if "scenario" not in table_:
             raise ValueError(f"{path} has no [scenario] table: put the settings under [scenario]")
-        scenario.update(table["scenario"])
+        scenario.update(table_["scenario"])
     for item in overrides:
         key, eq, raw = item.partition("=")
         if not eq:
@@ -53,30 +71,33 @@ def load_scenario(path: str | None, overrides: list[str] = ()) -> dict:
             scenario[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             scenario[key.strip()] = raw  # a bare word such as --set dataset=mnist1d
-    validate(scenario)
+    validate(scenario, engine)
     return scenario
 
 
-def validate(scenario: dict) -> None:
-    """Refuse unknown keys and impossible values before any cell runs."""
-    unknown = set(scenario) - set(DEFAULTS) - {"data-root", "max-norm"}
-    if unknown:
-        raise ValueError(f"unknown scenario keys {sorted(unknown)}: known keys are {sorted(DEFAULTS)}")
-    for axis in AXES:
-        if not isinstance(scenario[axis], list) or not scenario[axis]:
-            scenario[axis] = [scenario[axis]]
+def validate(scenario: dict, engine: str = "local") -> None:
+    """Refuse unknown keys and impossible values before any cell runs, in one line each."""
+    unknown(scenario, SCENARIO, "scenario")
+    for key, value in scenario.items():
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise ValueError(f"{key} is an empty list: give at least one value")
+        scenario[key] = [SCENARIO[key].check(v) for v in values] if isinstance(value, list) or key in AXES \
+            else SCENARIO[key].check(value)
     for config in grid(scenario):
-        if config["dataset"] not in dataset_names():
-            raise ValueError(f"unknown dataset {config['dataset']!r}: choose from {', '.join(dataset_names())}")
-        if config["model"] not in MODELS:
-            raise ValueError(f"unknown model {config['model']!r}: choose from {', '.join(MODELS)}")
-        n, f = int(config["nodes"]), int(config["byzantine"])
-        if not 0 <= f < n:
-            raise ValueError(f"byzantine must be in [0, nodes) (got byzantine={f}, nodes={n})")
+        n, f = config["nodes"], config["byzantine"]
+        if f >= n:
+            raise ValueError(f"byzantine must be below nodes (got byzantine={f}, nodes={n})")
+        if config["quorum"] > n:
+            raise ValueError(f"quorum={config['quorum']} is above nodes={n}: no round could step; lower quorum")
         for spec in scenario["aggregators"]:
             aggregators.build(spec, f).check_n(n)
-        for spec in scenario["attacks"]:
-            attacks.build(spec, f)
+            cell_settings(Cell(config, spec, "none", scenario["seeds"][0]))
+    for spec in scenario["attacks"]:
+        attack = attacks.build(spec, 1)
+        if engine == "deploy" and isinstance(attack, OmniscientAttack) and attack.name != "none":
+            raise ValueError(f"--engine deploy plays node-side attacks only (label-flip, backdoor): {spec!r} is "
+                             "omniscient (it needs every node's update); run it with --engine local or flower")
 
 
 def grid(scenario: dict) -> list[dict]:

@@ -19,18 +19,25 @@ import time
 import torch
 import torch.nn.functional as F
 
+from robust.compute import profile
 from robust.data import load
 from robust.models import build_model
 from robust.partition import partition
 
-from .engine import Cell, run_cell
+from .cell import Cell
+from .local import run_cell
 
 
 def plain_loop_rate(cfg: dict, seed: int = 0, rounds: int = 10) -> float:
-    """Node-steps per second of the plain loop on the scenario ``cfg`` (one thread)."""
-    torch.set_num_threads(1)
+    """Node-steps per second of the plain loop on the scenario ``cfg`` (one thread, as the
+    engine's default compute profile)."""
+    with profile(1):
+        return _plain_loop_rate(cfg, seed, rounds)
+
+
+def _plain_loop_rate(cfg: dict, seed: int, rounds: int) -> float:
     n, batch, lr, beta = int(cfg["nodes"]), int(cfg["batch-size"]), float(cfg["lr"]), float(cfg["momentum"])
-    data = load(cfg["dataset"], root=cfg.get("data-root"), seed=seed)
+    data = load(cfg["dataset"], root=cfg.get("data-root") or None, seed=seed)
     parts = partition(data.y_train, n, cfg["partition"], alpha=float(cfg.get("alpha", 1.0)), seed=seed)
     server = build_model(cfg["model"], data.shape, data.classes, seed)
     workers = [copy.deepcopy(server) for _ in range(n)]

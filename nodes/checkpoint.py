@@ -44,6 +44,12 @@ def load(folder: Path) -> dict | None:
     return torch.load(path, weights_only=True) if path.exists() else None
 
 
+def rounds_done(folder: Path) -> int:
+    """How many rounds the checkpoint in ``folder`` holds (0 without one)."""
+    state = load(folder)
+    return int(state["engine"]["round"]) if state else 0
+
+
 def append_round(folder: Path, record: dict) -> None:
     with open(folder / ROUNDS, "a") as out:
         out.write(json.dumps(record) + "\n")

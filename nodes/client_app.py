@@ -1,13 +1,16 @@
 """The volunteer's Flower ClientApp: decode the task, :func:`nodes.volunteer.work`, reply.
 
-Its SuperNode's ``--node-config`` (written by ``robust node join``) names the node's folder
-(key and prepared data), its device and, for Byzantine test nodes, an attack.
+A node is a folder: its key, its prepared data and ``node.json`` (device, and for Byzantine
+test nodes an attack). A deployed SuperNode's ``--node-config`` names the folder (written by
+``robust node join``); the bench's Flower simulation builds the same app with
+:func:`make_app`, finding each simulated node's folder from its partition id.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from flwr.app import Context, Message, RecordDict
@@ -15,27 +18,39 @@ from flwr.clientapp import ClientApp
 
 from robust import keys
 
-from .protocol import read_task, reply_content
-from .volunteer import NodeData, pick_device, work
+from .volunteer import NodeConfig, NodeData, pick_device, work
+from .wire import identity_content, read_introduction, read_task, reply_content
 
-app = ClientApp()
-
-
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    config = context.node_config
-    folder = Path(str(config["folder"]))
-    slow = float(config.get("slow", 0.0))
-    task, w = read_task(msg.content)
-    reply, row = work(task, w, NodeData.load(Path(str(config["data"]))), keys.load_private(folder),
-                      pick_device(str(config.get("device", "auto"))), str(config.get("attack", "")), folder)
-    if slow > 0:  # a slow volunteer: a random delay, so replies arrive in a random order
-        time.sleep(random.uniform(0, slow))
-    return Message(reply_content(reply, row), reply_to=msg)
+FolderOf = Callable[[Context, str], Path]  # (context, run id) -> the node's folder
 
 
-@app.query()
-def nudge(msg: Message, context: Context) -> Message:
-    """A no-op the coordinator sends to a node that has not replied by mid-deadline: pulling
-    it makes the SuperNode push a reply it still holds (``nodes.server_app``)."""
-    return Message(RecordDict(), reply_to=msg)
+def make_app(folder_of: FolderOf) -> ClientApp:
+    """The volunteer ClientApp whose node folder is ``folder_of(context, run id)``."""
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        task, w = read_task(msg.content)
+        folder = folder_of(context, task.run)
+        config = NodeConfig.load(folder)
+        reply, row = work(task, w, NodeData.load(Path(config.data)), keys.load_private(folder),
+                          pick_device(config.device), config.attack, folder)
+        if config.slow > 0:  # a slow volunteer: a random delay, so replies arrive in a random order
+            time.sleep(random.uniform(0, config.slow))
+        return Message(reply_content(reply, row), reply_to=msg)
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        """An introduction (say who this node is: its public key), or a no-op the coordinator
+        sends to a node that has not replied by mid-deadline: pulling it makes the SuperNode
+        push a reply it still holds (``nodes.server_app``)."""
+        run = read_introduction(msg.content)
+        if run is not None:
+            key = keys.load_private(folder_of(context, run)).public_key()
+            return Message(identity_content(keys.public_bytes(key)), reply_to=msg)
+        return Message(RecordDict(), reply_to=msg)
+
+    return app
+
+
+app = make_app(lambda context, run: Path(str(context.node_config["folder"])))

@@ -16,7 +16,7 @@ from robust import keys, tls
 
 from . import checkpoint, launch
 from .admission import ADMITTED, admit, admitted
-from .coordinator import RUN_ID
+from .coordinator import RUN_ID, short
 from .settings import SETTINGS_FILE, Settings
 
 
@@ -46,15 +46,18 @@ def coordinator_admit(folder: Path, public_file: Path) -> None:
 
 
 def _describe(record: dict, rounds: int) -> str:
+    def names(ids) -> str:
+        return " ".join(short(fp) for fp in ids)
+
     parts = [f"round {record['round']}/{rounds}", f"accepted {record['accepted']}/{record['asked']}"]
     if record["rejected"]:
-        parts.append("rejected " + ", ".join(f"{k}: {v}" for k, v in record["rejected"].items()))
-    if record.get("failed"):
-        parts.append("failed " + ", ".join(f"{k}: {v}" for k, v in record["failed"].items()))
+        parts.append("rejected " + ", ".join(f"{short(k)}: {v}" for k, v in record["rejected"].items()))
+    if record["failed"]:
+        parts.append("failed " + ", ".join(f"{short(k)}: {v}" for k, v in record["failed"].items()))
     if record["missing"]:
-        parts.append("no reply " + " ".join(record["missing"]))
+        parts.append("no reply " + names(record["missing"]))
     if record["flagged"]:
-        parts.append("flagged " + " ".join(record["flagged"]))
+        parts.append("flagged " + names(record["flagged"]))
     if record["skipped"]:
         parts.append(record["skipped"])
     parts.append(f"accuracy {record['accuracy']:.3f}")
@@ -74,8 +77,7 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
     keys_ = admitted(folder)
     if not keys_:
         raise ValueError(f"no volunteer is admitted yet: `robust coordinator admit {folder} NODE.pub` first")
-    state = checkpoint.load(folder)
-    done_rounds = int(state["round"]) if state else 0
+    done_rounds = checkpoint.rounds_done(folder)
     if done_rounds >= settings.rounds:
         print(f"{folder} already finished {done_rounds} rounds: pass --rounds N (N > {done_rounds}) to train more")
         return 0
@@ -95,17 +97,26 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
             on_ready()
         run_id = launch.submit_run(folder)
         print(f"run {run_id} submitted: {settings.rounds} rounds of {settings.aggregator} (f={settings.tolerate}), "
-              f"quorum {settings.quorum}, deadline {settings.deadline:g} s", flush=True)
+              f"quorum {_quorum(settings)}, deadline {settings.deadline:g} s", flush=True)
         return _follow(folder, run_id, settings, superlink)
     except KeyboardInterrupt:
         if run_id:
             launch.flwr(folder, "stop", run_id, launch.CONNECTION, timeout=30)
-        state = checkpoint.load(folder)
-        print(f"\nstopped after round {int(state['round']) if state else 0}; "
+        print(f"\nstopped after round {checkpoint.rounds_done(folder)}; "
               f"`robust coordinator start {folder}` resumes from there", flush=True)
         return 130
     finally:
         launch.stop(superlink)
+
+
+def _quorum(settings: Settings) -> str:
+    if settings.quorum:
+        return str(settings.quorum)
+    import aggregators
+
+    from .engine import fewest_rows
+
+    return f"{fewest_rows(aggregators.build(settings.aggregator, settings.tolerate))} (the fewest {settings.aggregator} serves)"
 
 
 STATUS_EVERY = 30.0  # seconds between asking Flower whether the run died (each `flwr ls` costs ~2 s of CPU)
@@ -197,7 +208,7 @@ def prepare_data(folder: Path, dataset: str, root: str | None, part: str) -> Pat
 
 def node_join(folder: Path, coordinator: str, ca: Path, device: str, dataset: str, root: str | None,
               part: str, attack: str, slow: float) -> int:
-    from .volunteer import check_attack, pick_device
+    from .volunteer import NodeConfig, check_attack, pick_device
 
     key = keys.load_private(folder)
     if not ca.is_file():
@@ -210,9 +221,9 @@ def node_join(folder: Path, coordinator: str, ca: Path, device: str, dataset: st
     fp = keys.fingerprint(key.public_key())
     print(f"node {fp[:12]} joining {coordinator} on {chosen}, {dataset} part {part}"
           + (f", playing {attack}" if attack else ""), flush=True)
-    proc = launch.start_supernode(folder.resolve(), coordinator, ca.resolve(), {
-        "folder": str(folder.resolve()), "data": str(data.resolve()), "device": device, "attack": attack, "slow": float(slow),
-    }, own_group=False)  # in our group: stopping `node join`'s group stops Flower's task processes too
+    NodeConfig(str(data.resolve()), device, attack, float(slow)).save(folder)
+    proc = launch.start_supernode(folder.resolve(), coordinator, ca.resolve(),
+                                  own_group=False)  # in our group: stopping `node join`'s group stops Flower's task processes too
     try:
         code = proc.wait()
     except KeyboardInterrupt:

@@ -26,8 +26,8 @@ def demo(seed: int, rounds: int, as_json: bool, keep: str | None) -> int:
     root = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="robust-demo-"))
     root.mkdir(parents=True, exist_ok=True)
     port = launch.free_port()
-    settings = Settings(seed=seed, rounds=rounds, aggregator="trimmed-mean", tolerate=1, quorum=3,
-                        deadline=60.0, local_epochs=2, port=port)
+    settings = Settings(seed=seed, rounds=rounds, aggregator="trimmed-mean", tolerate=1, deadline=60.0,
+                        protocol="delta:steps=16", port=port)
     procs = []
     try:
         coord, _ = commands.local_federation(root, NODES, settings, f"demo-{seed}", ("demo", seed))

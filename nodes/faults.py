@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .protocol import Reply
+from .wire import Reply
 
 PROTOCOL_FAULTS = ("nan", "wrong-shape", "huge-norm", "inflated-count", "bad-signature", "replay", "stale-base")
 REPLAY_FILE = "last-reply.npz"

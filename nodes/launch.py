@@ -52,7 +52,12 @@ def _bin(name: str) -> str:
 
 
 def flwr_env(home: Path) -> dict[str, str]:
-    return {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+    """The environment of Flower's processes. Flower starts its own helpers by name (the
+    SuperLink ``flower-superexec``, the SuperNode ``flwr-clientapp``), so this environment's
+    script folder goes first on ``PATH``: ``/path/venv/bin/robust`` works with no venv on it."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return {**os.environ, "PATH": path, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_UPDATE_CHECK": "1"}
 
 
 def _die_with_parent() -> None:
@@ -211,9 +216,10 @@ def run_log(folder: Path, run_id: str) -> str:
 # -- the volunteer side --------------------------------------------------------------------
 
 
-def start_supernode(folder: Path, coordinator: str, ca: Path, node_config: dict[str, object],
-                    log: Path | None = None, own_group: bool = True) -> subprocess.Popen:
-    config = " ".join(f'{k}={json.dumps(v)}' for k, v in node_config.items())
+def start_supernode(folder: Path, coordinator: str, ca: Path, log: Path | None = None,
+                    own_group: bool = True) -> subprocess.Popen:
+    """A SuperNode for the volunteer whose folder (key, ``node.json``) is ``folder``."""
+    config = f"folder={json.dumps(str(folder))}"
     home = folder / FLWR_HOME
     home.mkdir(parents=True, exist_ok=True)
     return spawn([

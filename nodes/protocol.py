@@ -1,95 +1,121 @@
-"""What crosses the wire between coordinator and volunteer, and the bytes a volunteer signs.
+"""The training protocol: what a node's row is, and how the server applies the aggregate.
 
-A task carries the global model as one flat float32 array plus the round's settings; a reply
-carries the update row plus ``(run, round, base, count, signature)``. Conversions to and from
-Flower's ``RecordDict`` live here and nowhere else. Decoding a reply raises ``ValueError``
-with the reason for *anything* malformed: the caller turns it into a rejection, never a crash.
+One object, used by volunteers, by the coordinator and by every bench driver, so a bench
+result describes a protocol that can be deployed. Its spec uses the project's grammar:
+
+- ``momentum`` (D-SGD with worker momentum; Karimireddy, He and Jaggi, ICML 2021, "Learning
+  from history for Byzantine robust optimization"): each round a node takes the gradient
+  ``g`` of its loss on one batch at the global model ``w`` and sends its worker momentum
+  ``m <- beta m + g``, which it keeps between rounds; the server steps
+  ``w <- w - lr F(m_1..m_n)``.
+- ``delta:steps=K,server_lr=1,server_momentum=0,nesterov=false`` (FedAvg, McMahan et al.
+  2017, with DiLoCo's outer optimiser, Douillard et al. 2023): a node runs ``K`` SGD steps
+  (learning rate ``lr``, momentum ``beta`` started afresh each round) from ``w`` on ``K``
+  batches and sends ``w_K - w``; the server takes ``-F`` as a pseudo-gradient for SGD with
+  momentum ``mu = server_momentum`` (PyTorch's convention): ``b <- mu b - F``,
+  ``w <- w - server_lr (-F + mu b)`` with Nesterov, else ``w <- w - server_lr b``. With
+  ``mu = 0`` that is ``w <- w + server_lr F``.
+
+The number of local steps is the protocol's, never a function of a node's data size: a node
+with fewer samples than a batch samples with replacement (``robust.batches``).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad
 
-MODEL, TASK, UPDATE, REPLY = "model", "task", "update", "reply"
+from robust.constraints import Flag, Interval, Param, table, unknown
+from robust.spec import parse
+
+KINDS = ("delta", "momentum")
+PARAMS = {  # each kind's spec parameters
+    "delta": table(
+        Param("steps", Interval(int, 1, 100_000), 10, "local SGD steps per round"),
+        Param("server_lr", Interval(float, 0, None, "neither"), 1.0, "the server's step on the aggregate"),
+        Param("server_momentum", Interval(float, 0, 1, "left"), 0.0, "the server's outer momentum"),
+        Param("nesterov", Flag(), False, "Nesterov outer momentum"),
+    ),
+    "momentum": {},
+}
+
+Params = dict[str, torch.Tensor]
+
+
+def loss_fn(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``model`` with parameters ``params`` on ``(x, y)``."""
+    return F.cross_entropy(functional_call(model, params, (x,)), y)
+
+
+def _flat(params: Params) -> torch.Tensor:
+    return torch.cat([p.reshape(-1) for p in params.values()])
 
 
 @dataclass(frozen=True)
-class Task:
-    run: str            # the federation's run id (stable across coordinator restarts)
-    round: int
-    base: str           # SHA-256 of the model sent (see robust.params.sha256)
-    seed: int
-    dataset: str
-    model: str
-    local_epochs: int
-    batch_size: int
+class Protocol:
+    kind: str
     lr: float
-    momentum: float
+    momentum: float  # beta: the worker momentum (momentum), the local SGD momentum (delta)
+    batch_size: int
+    steps: int = 1
+    server_lr: float = 1.0
+    server_momentum: float = 0.0
+    nesterov: bool = False
 
+    @classmethod
+    def parse(cls, spec: str, *, lr: float, momentum: float, batch_size: int) -> Protocol:
+        """The protocol of ``spec`` (``momentum``, ``delta:steps=20``...); ``ValueError`` says
+        what to fix."""
+        parts = parse(spec)
+        if len(parts) != 1 or parts[0].name not in KINDS:
+            raise ValueError(f"protocol {spec!r}: write momentum, or delta with its options, e.g. delta:steps=10")
+        kind, given = parts[0].name, parts[0].params
+        declared = PARAMS[kind]
+        unknown(given, declared, f"protocol {spec!r}")
+        try:
+            values = {key: p.check(given.get(key, p.default)) for key, p in declared.items()}
+        except ValueError as err:
+            raise ValueError(f"protocol {spec!r}: {err}") from None
+        if values.get("nesterov") and not values["server_momentum"]:
+            raise ValueError(f"protocol {spec!r}: nesterov=true needs server_momentum > 0")
+        return cls(kind, float(lr), float(momentum), int(batch_size), **values)
 
-@dataclass(frozen=True)
-class Reply:
-    run: str
-    round: int
-    base: str
-    count: int          # samples the node says it trained on: capped and logged, never a weight
-    signature: bytes
-    refused: str = ""   # non-empty: the node declined the work, and why
-    seconds: float = 0.0  # the node's own training time (not signed: for overhead figures only)
+    @property
+    def keeps_momentum(self) -> bool:
+        """Whether a node carries state (its worker momentum) from one round to the next."""
+        return self.kind == "momentum"
 
+    def node_update(self, model: nn.Module, params: Params, xs: torch.Tensor, ys: torch.Tensor,
+                    m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(row, the node's new momentum)`` from the global parameters (``unflatten(w)``),
+        one batch ``xs[s], ys[s]`` per local step, and the node's momentum ``m`` (``(d,)``;
+        zeros in its first round; unused by ``delta``). Written with ``torch.func`` so the
+        harness can ``vmap`` it; gradients stay a parameter dict until the row is flattened."""
+        g_of = grad(lambda p, x, y: loss_fn(model, p, x, y))
+        if self.kind == "momentum":
+            m = self.momentum * m + _flat(g_of(params, xs[0], ys[0]))
+            return m, m
+        v = {k: torch.zeros_like(p) for k, p in params.items()}
+        local = params
+        for s in range(self.steps):
+            g = g_of(local, xs[s], ys[s])
+            v = {k: self.momentum * v[k] + g[k] for k in v}
+            local = {k: local[k] - self.lr * v[k] for k in local}
+        return _flat(local) - _flat(params), m
 
-def signed_payload(run: str, round: int, base: str, update_sha: str, count: int) -> bytes:
-    """The exact bytes a volunteer signs and the coordinator verifies."""
-    return f"robust-update/v1|{run}|{round}|{base}|{update_sha}|{count}".encode()
-
-
-def task_content(task: Task, w: np.ndarray) -> RecordDict:
-    return RecordDict({MODEL: ArrayRecord({"w": Array(w)}), TASK: ConfigRecord(asdict(task))})
-
-
-def read_task(content: RecordDict) -> tuple[Task, np.ndarray]:
-    config = content.config_records[TASK]
-    task = Task(**{f.name: config[f.name] for f in fields(Task)})
-    return task, content.array_records[MODEL]["w"].numpy()
-
-
-def reply_content(reply: Reply, row: np.ndarray | None) -> RecordDict:
-    records: dict = {REPLY: ConfigRecord(asdict(reply))}
-    if row is not None:
-        records[UPDATE] = ArrayRecord({"row": Array(row)})
-    return RecordDict(records)
-
-
-_TYPES = {"run": str, "round": int, "base": str, "count": int, "signature": bytes, "refused": str, "seconds": float}
-
-
-def read_reply(content: RecordDict) -> tuple[Reply, np.ndarray | None]:
-    """Decode a reply; ``ValueError`` says what is malformed."""
-    try:
-        config = content.config_records[REPLY]
-    except KeyError:
-        raise ValueError("no reply record") from None
-    values = {}
-    for name, kind in _TYPES.items():
-        value = config.get(name)
-        if type(value) is not kind:
-            raise ValueError(f"reply field {name!r} missing or not {kind.__name__}")
-        values[name] = value
-    reply = Reply(**values)
-    if reply.refused:
-        return reply, None
-    try:
-        record = content.array_records[UPDATE]
-        array = record["row"]
-    except KeyError:
-        raise ValueError("no update array") from None
-    if array.dtype != "float32":
-        raise ValueError(f"update dtype {array.dtype}, expected float32")
-    try:
-        row = array.numpy()
-    except Exception as err:  # noqa: BLE001 - untrusted bytes: any decoder failure is a rejection
-        raise ValueError(f"update does not decode ({type(err).__name__})") from None
-    return reply, row
+    def apply(self, w: torch.Tensor, aggregate: torch.Tensor, buffer: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The server's step: ``(new w, new outer-momentum buffer)``; ``buffer`` is ``None``
+        until the first step (and always without outer momentum)."""
+        if self.kind == "momentum":
+            return w - self.lr * aggregate, None
+        if not self.server_momentum:
+            return w + self.server_lr * aggregate, None
+        pseudo = -aggregate
+        buffer = pseudo.clone() if buffer is None else buffer * self.server_momentum + pseudo
+        step = pseudo + self.server_momentum * buffer if self.nesterov else buffer
+        return w - self.server_lr * step, buffer

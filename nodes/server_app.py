@@ -1,10 +1,17 @@
 """The coordinator's Flower ServerApp: a round loop on ``Grid.push_messages``/``pull_messages``.
 
 Flower's ``Strategy.start`` drops late replies silently and one malformed reply ends the whole
-run, so the loop is ours: ask the selected nodes, collect until every one replied or the
-deadline passed, hand each reply to :meth:`Coordinator.check` (a bad reply is a rejection with
-a reason, never an exception), then :meth:`Coordinator.finish_round`. The run config's
-``state-dir`` is the coordinator's folder; everything else is read from there.
+run, so the loop is ours (:func:`serve`): ask the selected nodes, collect until every one
+replied or the deadline passed, hand each reply to :meth:`Coordinator.check` (a bad reply is
+a rejection with a reason, never an exception), then :meth:`Coordinator.finish_round`, which
+runs the round engine. The deployed app reads the coordinator's folder from the run
+config's ``state-dir``; the bench's Flower simulation driver calls :func:`serve` itself, on
+a coordinator with its threat-model hook.
+
+Identity. A node is the fingerprint of its key: Flower authenticates deployed nodes by that
+key (SuperNode authentication). Simulated nodes have none, so with ``introductions`` on (the
+simulation only: the bench's nodes are its own) a node without one is asked once who it is;
+its signatures then prove it.
 
 Nudges. A Flower 1.41 SuperNode pushes its finished replies only right after it pulls a new
 message, one message in flight at a time. When a coordinator dies while a node is fetching
@@ -31,7 +38,7 @@ from robust import keys
 
 from . import checkpoint
 from .coordinator import Coordinator, short
-from .protocol import read_reply, task_content
+from .wire import introduction_content, read_identity, read_reply, task_content
 
 log = logging.getLogger("robust.coordinator")
 POLL = 0.5  # seconds between pulls: Flower's own polling (3 s) dominates anyway
@@ -39,36 +46,68 @@ POLL = 0.5  # seconds between pulls: Flower's own polling (3 s) dominates anyway
 app = ServerApp()
 
 
-def online_nodes(grid: Grid) -> dict[int, str]:
-    """Flower node id -> key fingerprint, for every node online now."""
-    out = {}
-    for info in grid.get_nodes():
-        if info.status != "online" or not info.public_key:
-            continue
-        try:
-            out[info.node_id] = keys.fingerprint(load_pem_public_key(info.public_key))
-        except ValueError:
-            log.warning("node %d has an unreadable public key: ignored", info.node_id)
-    return out
+class Roster:
+    """Who is online now: Flower node id -> key fingerprint (see "Identity" above)."""
+
+    def __init__(self, grid: Grid, coord: Coordinator, introductions: bool, poll: float) -> None:
+        self.grid, self.coord, self.introductions, self.poll = grid, coord, introductions, poll
+        self.introduced: dict[int, str] = {}
+
+    def online(self) -> dict[int, str]:
+        out, strangers = {}, []
+        for info in self.grid.get_nodes():
+            if info.status != "online":
+                continue
+            if info.node_id in self.introduced:
+                out[info.node_id] = self.introduced[info.node_id]
+                continue
+            try:
+                out[info.node_id] = keys.fingerprint(load_pem_public_key(info.public_key))
+            except (ValueError, TypeError):
+                strangers.append(info.node_id)
+        if strangers and self.introductions:
+            self.introduced.update(self._introduce(strangers))
+            out.update({nid: self.introduced[nid] for nid in strangers if nid in self.introduced})
+        elif strangers:
+            log.warning("node(s) %s have no usable public key: ignored", ", ".join(map(str, strangers)))
+        return out
+
+    def _introduce(self, nids: list[int]) -> dict[int, str]:
+        ttl = self.coord.settings.wait_nodes
+        messages = [Message(introduction_content(self.coord.run_id), dst_node_id=nid, message_type="query", ttl=ttl)
+                    for nid in sorted(nids)]
+        pending = {mid for mid in self.grid.push_messages(messages) if mid}
+        out, until = {}, time.monotonic() + ttl
+        while pending and time.monotonic() < until:
+            for reply in self.grid.pull_messages(list(pending)):
+                pending.discard(reply.metadata.reply_to_message_id)
+                try:
+                    out[reply.metadata.src_node_id] = keys.fingerprint(keys.load_public(read_identity(reply.content)))
+                except ValueError as err:
+                    log.warning("node %d did not introduce itself: %s", reply.metadata.src_node_id, err)
+            if pending:
+                time.sleep(self.poll)
+        return out
 
 
-def wait_for_nodes(grid: Grid, coord: Coordinator, everyone: bool) -> dict[int, str]:
+def wait_for_nodes(roster: Roster, coord: Coordinator, everyone: bool) -> dict[int, str]:
     """The selected online nodes (Flower id -> fingerprint). Waits up to ``wait_nodes`` seconds
     for a quorum, or with ``everyone`` (a run's first round) for every admitted node, so a
     federation whose nodes all start together trains on all of them from round one."""
     s = coord.settings
     until = time.monotonic() + s.wait_nodes
     while True:
-        nodes = online_nodes(grid)
+        nodes = roster.online()
         chosen = set(coord.select(list(nodes.values())))
-        enough = len(chosen) == len(coord.select(list(coord.keys))) if everyone else len(chosen) >= s.quorum
+        enough = len(chosen) == len(coord.select(list(coord.keys))) if everyone else len(chosen) >= coord.engine.quorum
         if enough or time.monotonic() > until:
             return {nid: fp for nid, fp in nodes.items() if fp in chosen}
-        time.sleep(1.0)
+        time.sleep(roster.poll)
 
 
-def play_round(grid: Grid, coord: Coordinator, first: bool, nudging: bool) -> dict:
-    nodes = wait_for_nodes(grid, coord, first)
+def play_round(roster: Roster, coord: Coordinator, first: bool, nudging: bool) -> dict:
+    grid = roster.grid
+    nodes = wait_for_nodes(roster, coord, first)
     started = time.monotonic()
     task, w = coord.task()
     deadline = started + coord.settings.deadline
@@ -105,7 +144,8 @@ def play_round(grid: Grid, coord: Coordinator, first: bool, nudging: bool) -> di
                 rejected[fp] = result
             else:
                 rows[fp] = result
-        time.sleep(POLL)
+        if pending:
+            time.sleep(roster.poll)
     return coord.finish_round(sorted(nodes.values()), rows, rejected, started, seconds, failed)
 
 
@@ -118,19 +158,24 @@ def nudge(grid: Grid, silent: dict[int, str], deadline: float) -> None:
     log.info("no reply yet from %s: nudged", ", ".join(short(fp) for fp in sorted(silent.values())))
 
 
+def serve(grid: Grid, coord: Coordinator, poll: float = POLL, introductions: bool = False) -> None:
+    """Play ``coord``'s rounds until its run is done."""
+    roster = Roster(grid, coord, introductions, poll)
+    first, nudging = True, coord.round > 0  # resumed: nodes may hold the stopped run's replies
+    while not coord.done:
+        record = play_round(roster, coord, first, nudging)
+        first = False
+        log.info("round %d: accepted %d/%d, accuracy %.3f, flagged %s, rejected %s", record["round"],
+                 record["accepted"], record["asked"], record["accuracy"], [short(fp) for fp in record["flagged"]],
+                 {short(fp): r for fp, r in record["rejected"].items()})
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     folder = Path(str(context.run_config["state-dir"]))
     try:
-        coord = Coordinator(folder)
-        first, nudging = True, coord.round > 0  # resumed: nodes may hold the stopped run's replies
-        while not coord.done:
-            record = play_round(grid, coord, first, nudging)
-            first = False
-            log.info("round %d: accepted %d/%d, accuracy %.3f, flagged %s, rejected %s",
-                     record["round"], record["accepted"], record["asked"], record["accuracy"],
-                     record["flagged"], record["rejected"])
+        serve(grid, Coordinator(folder))
     except Exception as err:  # `robust coordinator start` shows this file to the user
         checkpoint.write_failure(folder, err)
         raise

@@ -1,66 +1,103 @@
-"""A federation's settings: what ``robust coordinator init`` writes to ``DIR/coordinator.toml``,
-what ``start`` options override, and what the ServerApp reads. Validated up front, so a bad
-value fails before any process starts, with a message that says what to change."""
+"""A training run's settings, declared once as data (``robust.constraints``).
+
+``RUN`` is what a training run is (data, model, rule, protocol, flag policy, compute
+profile): the coordinator's settings and the bench scenario's keys alike, checked by the
+same rules. ``DEPLOY`` is what only a deployment has (network, deadlines, selection).
+:class:`Settings` holds both: ``robust coordinator init`` writes them to
+``DIR/coordinator.toml``, ``start`` options override them, the ServerApp reads them, and the
+bench builds one per cell. A bad value fails before any process starts, in one line that
+says what to change. Importing this module imports no torch (the CLI builds its options
+from it).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
+
+from robust.constraints import Interval, OneOf, Param, Spec, Text, table, unknown
 
 SETTINGS_FILE = "coordinator.toml"
 
 
-@dataclass(frozen=True)
-class Settings:
-    seed: int = 0                 # run seed: node selection, volunteers' batches, the initial model
-    dataset: str = "digits"       # the coordinator's test set; volunteers must hold the same data set
-    data_root: str = ""           # folder of local files for mnist / fashion-mnist / cifar10
-    model: str = "mlp"
-    rounds: int = 5
-    aggregator: str = "trimmed-mean"
-    tolerate: int = 1             # f: Byzantine replies per round the aggregator must survive
-    per_round: int = 0            # nodes asked per round (0 = every online, admitted node)
-    quorum: int = 3               # valid replies a round needs; fewer at the deadline -> no step
-    deadline: float = 60.0        # seconds a round waits for replies
-    wait_nodes: float = 120.0     # seconds to wait for `quorum` nodes to come online
-    local_epochs: int = 1
-    batch_size: int = 32
-    lr: float = 0.05
-    momentum: float = 0.9
-    max_norm: float = 1000.0      # replies with a larger update norm are rejected
-    max_count: int = 1_000_000    # replies claiming more samples are rejected (counts are never weights)
-    flag_ratio: float = 3.0       # flagged: distance to the median > flag_ratio x the median distance
-    quarantine_after: int = 3     # flags (or rejections) before a node is no longer asked
-    bind: str = "127.0.0.1"       # address the SuperLink listens on (0.0.0.0 for other machines)
-    port: int = 9190
+def _datasets() -> list[str]:
+    from robust.data import names
+
+    return names()
+
+
+def _models() -> tuple[str, ...]:
+    from robust.models import MODELS
+
+    return MODELS
+
+
+def _aggregator(spec: str) -> None:
+    import aggregators
+
+    aggregators.build(spec, 0)  # names and parameters; n against f is checked with the quorum
+
+
+def _protocol(spec: str) -> None:
+    from .protocol import Protocol
+
+    Protocol.parse(spec, lr=0.1, momentum=0.0, batch_size=1)
+
+
+RUN = table(
+    Param("seed", Interval(int, 0, None), 0, "run seed: the initial model, node selection, every node's batches"),
+    Param("dataset", OneOf(_datasets), "digits", "the data set; volunteers must hold the same one"),
+    Param("data-root", Text(), "", "folder of local files for mnist / fashion-mnist / cifar10 / hf-disk"),
+    Param("model", OneOf(_models), "mlp", "the model"),
+    Param("rounds", Interval(int, 1, None), 5, "rounds to train"),
+    Param("aggregator", Spec(_aggregator, "an aggregator spec"), "trimmed-mean",
+          "robust aggregator spec, e.g. nnm+trimmed-mean"),
+    Param("tolerate", Interval(int, 0, None), 1, "f: Byzantine rows per round the aggregator must survive"),
+    Param("quorum", Interval(int, 0, None), 0,
+          "valid rows a round needs to step (0: the fewest the aggregator can serve)"),
+    Param("protocol", Spec(_protocol, "a protocol spec"), "delta",
+          "momentum (D-SGD, worker momentum) or delta:steps=K[,server_lr=,server_momentum=,nesterov=] (local SGD)"),
+    Param("batch-size", Interval(int, 1, None), 32, "samples per local step"),
+    Param("lr", Interval(float, 0, None, "neither"), 0.05, "learning rate"),
+    Param("momentum", Interval(float, 0, 1, "left"), 0.9, "worker momentum (momentum) or local SGD momentum (delta)"),
+    Param("max-norm", Interval(float, 0, None, "neither"), 1000.0, "rows with a larger norm are rejected"),
+    Param("flag-ratio", Interval(float, 1, None, "neither"), 3.0,
+          "flag a row farther from the coordinate median than this x the typical row"),
+    Param("quarantine-after", Interval(int, 1, None), 3, "flags (or rejections) before a node is no longer asked"),
+    Param("threads", Interval(int, 1, 1024), 1,
+          "CPU threads of every computation whose bits matter: the same value gives the same bits on any core count"),
+)
+DEPLOY = table(
+    Param("per-round", Interval(int, 0, None), 0, "nodes asked per round (0: every online, admitted node)"),
+    Param("deadline", Interval(float, 0, None, "neither"), 60.0, "seconds a round waits for replies"),
+    Param("wait-nodes", Interval(float, 0, None, "neither"), 120.0, "seconds to wait for a quorum of nodes to come online"),
+    Param("max-count", Interval(int, 1, None), 1_000_000, "replies claiming more samples are rejected (counts are never weights)"),
+    Param("bind", Text(), "127.0.0.1", "address the SuperLink listens on (0.0.0.0 for other machines)"),
+    Param("port", Interval(int, 1, 65535), 9190, "SuperLink port"),
+)
+PARAMS = {**RUN, **DEPLOY}
+
+
+class _Checked:
+    """Validation and files of :class:`Settings` (whose fields come from ``PARAMS``)."""
 
     def __post_init__(self) -> None:
-        _positive(self, "rounds", "quorum", "local_epochs", "batch_size", "max_count", "quarantine_after", "port")
-        for name in ("deadline", "wait_nodes", "lr", "max_norm", "flag_ratio"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{_key(name)} must be a finite number > 0 (got {value!r})")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1) (got {self.momentum!r})")
-        if self.tolerate < 0 or self.per_round < 0:
-            raise ValueError("tolerate and per-round must be >= 0")
-        if self.per_round and self.per_round < self.quorum:
-            raise ValueError(f"per-round={self.per_round} is below quorum={self.quorum}: raise per-round or lower quorum")
+        for p in PARAMS.values():
+            object.__setattr__(self, p.attr, p.check(getattr(self, p.attr)))
         import aggregators
-        from robust.data import names
-        from robust.models import MODELS
 
-        if self.dataset not in names():
-            raise ValueError(f"unknown dataset {self.dataset!r}: choose one of {', '.join(names())}")
-        if self.model not in MODELS:
-            raise ValueError(f"unknown model {self.model!r}: choose one of {', '.join(MODELS)}")
+        from .engine import fewest_rows
+
         try:
-            aggregators.build(self.aggregator, self.tolerate).check_n(self.quorum)
+            chain = aggregators.build(self.aggregator, self.tolerate)
+            if self.quorum:
+                chain.check_n(self.quorum)
         except ValueError as err:
-            raise ValueError(f"{err} [the quorum is {self.quorum}: raise --quorum, or lower --tolerate]") from None
+            raise ValueError(f"{err} [the quorum is {self.quorum}: raise quorum, or lower tolerate]") from None
+        quorum = self.quorum or fewest_rows(chain)
+        if self.per_round and self.per_round < quorum:
+            raise ValueError(f"per-round={self.per_round} is below the quorum {quorum}: raise per-round or lower quorum")
 
     def replace(self, **changes: object) -> Settings:
         """A copy with ``changes`` (``None`` values ignored), validated."""
@@ -68,9 +105,10 @@ class Settings:
 
     def to_toml(self) -> str:
         lines = ["# robust coordinator settings: edit, or override with `robust coordinator start` options"]
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            lines.append(f"{_key(field.name)} = {_toml_value(value)}")
+        for p in PARAMS.values():
+            value = getattr(self, p.attr)
+            text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' if isinstance(value, str) else repr(value)
+            lines.append(f"{p.key} = {text}")
         return "\n".join(lines) + "\n"
 
     @classmethod
@@ -78,26 +116,20 @@ class Settings:
         path = Path(folder) / SETTINGS_FILE
         if not path.exists():
             raise ValueError(f"{path} not found: run `robust coordinator init {folder}` first")
-        raw = tomllib.loads(path.read_text())
-        known = {_key(f.name): f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - set(known))
-        if unknown:
-            raise ValueError(f"{path}: unknown settings {', '.join(unknown)} (known: {', '.join(known)})")
-        return cls(**{known[k]: v for k, v in raw.items()})
+        try:
+            raw = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(f"{path} is not valid TOML ({err}): fix it or run `robust coordinator init` in a new folder") from None
+        unknown(raw, PARAMS, str(path))
+        try:
+            return cls(**{PARAMS[k].attr: v for k, v in raw.items()})
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
 
 
-def _key(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return repr(value)
-
-
-def _positive(s: Settings, *names: str) -> None:
-    for name in names:
-        value = getattr(s, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{_key(name)} must be an integer >= 1 (got {value!r})")
+Settings = dataclasses.make_dataclass(
+    "Settings", [(p.attr, p.kind, dataclasses.field(default=p.default)) for p in PARAMS.values()],
+    bases=(_Checked,), frozen=True,
+)
+Settings.__module__ = __name__
+Settings.__doc__ = "A run's settings: one field per entry of ``PARAMS``, validated when built."

@@ -1,17 +1,22 @@
 """What a volunteer does with a task, with no Flower in sight: check it, train, sign.
 
-The ClientApp (``nodes/client_app.py``) only decodes the message, calls :func:`work` and
-encodes the result, so tests can run a volunteer's exact computation in-process.
-A volunteer's batches are a function of ``(run seed, node fingerprint, round, step)``
-(``robust.batches``): the same task gives the same update on the same hardware, whatever
-else is running.
+:func:`compute` is a node's whole computation of a round, the one function that real
+volunteers, simulated ones and the bench's per-node driver all call: same task, data and
+node identity, same bits. A node's batches are a function of ``(run seed, node fingerprint,
+round, step)`` (``robust.batches``), its poisoned data (a Byzantine test node) of
+``(run seed, fingerprint)``, and it runs under the compute profile the task states.
+
+Under the ``momentum`` protocol a node keeps its worker momentum between rounds, in its
+folder (``state/<run>.pt``: the momentum before and after the last round it computed), so a
+coordinator that is restarted and asks the same round again gets the same row.
 """
 
 from __future__ import annotations
 
-import math
+import json
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +24,7 @@ import torch
 
 import attacks
 from attacks.base import NodeAttack
+from robust import compute as profiles
 from robust import keys
 from robust.batches import draw_batches, node_key
 from robust.models import build_model
@@ -26,8 +32,11 @@ from robust.params import sha256, unflatten
 from robust.seeds import generator
 
 from . import faults
-from .protocol import Reply, Task, signed_payload
-from .training import TrainConfig, local_update
+from .checkpoint import write_atomic
+from .protocol import Protocol
+from .wire import Reply, Task, signed_payload
+
+STATE, CONFIG = "state", "node.json"
 
 
 @dataclass
@@ -40,12 +49,31 @@ class NodeData:
     classes: int
 
     def save(self, path: Path) -> None:
-        torch.save({"dataset": self.dataset, "x": self.x, "y": self.y, "classes": self.classes}, path)
+        write_atomic(path, lambda out: torch.save({"dataset": self.dataset, "x": self.x, "y": self.y,
+                                                   "classes": self.classes}, out))
 
     @classmethod
     def load(cls, path: Path) -> NodeData:
         raw = torch.load(path, weights_only=True)
         return cls(raw["dataset"], raw["x"], raw["y"], int(raw["classes"]))
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """How a node works (``DIR/node.json``, written by ``robust node join`` or a bench driver):
+    its prepared data file, device, and for a Byzantine test node its attack and delay."""
+
+    data: str
+    device: str = "auto"
+    attack: str = ""
+    slow: float = 0.0  # seconds: each reply waits a random 0..slow
+
+    def save(self, folder: Path) -> None:
+        write_atomic(folder / CONFIG, lambda out: out.write((json.dumps(asdict(self)) + "\n").encode()))
+
+    @classmethod
+    def load(cls, folder: Path) -> NodeConfig:
+        return cls(**json.loads((folder / CONFIG).read_text()))
 
 
 def pick_device(choice: str) -> torch.device:
@@ -69,29 +97,59 @@ def check_attack(spec: str) -> None:
         )
 
 
-def train_delta(task: Task, w: torch.Tensor, data: NodeData, node: str, device: torch.device,
-                attack: str = "") -> torch.Tensor:
-    """The model delta (CPU float32) of the task's local epochs of SGD with momentum from ``w``,
-    on batches seeded by ``(seed, round, node, step)``; a node-side ``attack`` poisons the data
-    and scales the delta. ``ValueError`` if ``w`` does not fit the model."""
-    seed, round, batch_size = task.seed, task.round, task.batch_size
-    model = build_model(task.model, tuple(data.x.shape[1:]), data.classes).to(device)
-    params = unflatten(w.to(device), model)
-    x, y, scale = data.x, data.y, 1.0
-    if attack not in ("", "none"):
-        node_attack = attacks.build(attack, 1)
-        x, y = node_attack.poison(x, y, data.classes, generator(seed, node, "poison"))
-        scale = node_attack.scale()
-    steps = task.local_epochs * max(1, math.floor(len(y) / batch_size))
-    idx = draw_batches([len(y)], batch_size, [node_key(seed, node)], round, steps)[0]
-    cfg = TrainConfig(batch_size=batch_size, lr=task.lr, momentum=task.momentum, local_steps=steps)
-    delta, _ = local_update(model, cfg, params, x[idx].to(device), y[idx].to(device), torch.zeros(()))
-    return (delta * scale).detach().to("cpu", torch.float32)
+def protocol_of(task: Task) -> Protocol:
+    return Protocol.parse(task.protocol, lr=task.lr, momentum=task.momentum, batch_size=task.batch_size)
+
+
+def compute(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,
+            device: torch.device, attack: str = "", m: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(row, new worker momentum)``, both CPU float32, of node ``node`` (its fingerprint)
+    for ``task`` from the global model ``w``, on its data ``x, y``, with its momentum ``m``
+    (zeros if ``None``). A node-side ``attack`` poisons the data and scales the row (never
+    the momentum). ``ValueError`` if ``w`` does not fit the model or the task is malformed."""
+    protocol = protocol_of(task)
+    with profiles.profile(task.threads, device):
+        model = build_model(task.model, tuple(x.shape[1:]), classes).to(device)
+        params = unflatten(w.to(device), model)
+        scale = 1.0
+        if attack not in ("", "none"):
+            node_attack = attacks.build(attack, 1)
+            x, y = node_attack.poison(x, y, classes, generator(task.seed, node, "poison"))
+            scale = node_attack.scale()
+        idx = draw_batches([len(y)], protocol.batch_size, [node_key(task.seed, node)], task.round, protocol.steps)[0]
+        m = torch.zeros_like(w) if m is None else m
+        row, m = protocol.node_update(model, params, x[idx].to(device), y[idx].to(device), m.to(device))
+        row = row * scale if scale != 1.0 else row
+    return row.detach().to("cpu", torch.float32), m.detach().to("cpu", torch.float32)
+
+
+def _state_path(folder: Path, run: str) -> Path:
+    return folder / STATE / (re.sub(r"[^A-Za-z0-9._-]", "_", run) + ".pt")
+
+
+def load_momentum(folder: Path, task: Task, d: int) -> torch.Tensor | str:
+    """The node's worker momentum before ``task``'s round, or why it cannot be had."""
+    path = _state_path(folder, task.run)
+    if not path.exists():
+        return torch.zeros(d)
+    state = torch.load(path, weights_only=True)
+    if state["round"] > task.round:
+        return (f"this node's momentum is from round {state['round']} of run {task.run}, the task is round "
+                f"{task.round}: the coordinator went back in time (a restored folder?)")
+    m = state["before"] if state["round"] == task.round else state["after"]  # the same round asked again
+    return m if m.numel() == d else f"this node's momentum has {m.numel()} values, the model {d}"
+
+
+def save_momentum(folder: Path, task: Task, before: torch.Tensor, after: torch.Tensor) -> None:
+    path = _state_path(folder, task.run)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, lambda out: torch.save({"round": task.round, "before": before, "after": after}, out))
 
 
 def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
          attack: str = "", folder: Path | None = None) -> tuple[Reply, np.ndarray | None]:
-    """The signed reply to ``task`` with global weights ``w`` (or a refusal saying why)."""
+    """The signed reply to ``task`` with global weights ``w`` (or a refusal saying why).
+    ``folder`` keeps the node's worker momentum (and a replaying test node's last reply)."""
 
     def refuse(reason: str) -> tuple[Reply, None]:
         return Reply(run=task.run, round=task.round, base=task.base, count=0, signature=b"", refused=reason), None
@@ -102,12 +160,26 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
     if sha256(weights) != task.base:
         return refuse("the model received does not match its announced SHA-256")
     node = keys.fingerprint(key.public_key())
+    try:
+        keeps = protocol_of(task).keeps_momentum
+    except ValueError as err:
+        return refuse(f"protocol: {err}")
+    m = None
+    if keeps:
+        if folder is None:
+            return refuse("the momentum protocol needs a node folder to keep its momentum in")
+        m = load_momentum(folder, task, weights.numel())
+        if isinstance(m, str):
+            return refuse(m)
     start = time.perf_counter()
     try:
-        delta = train_delta(task, weights, data, node, device, "" if attack in faults.PROTOCOL_FAULTS else attack)
+        delta, after = compute(task, weights, data.x, data.y, data.classes, node, device,
+                               "" if attack in faults.PROTOCOL_FAULTS else attack, m)
     except ValueError as err:  # the weights do not fit the model on this data
         return refuse(f"model {task.model} on {data.dataset}: {err}")
     seconds = time.perf_counter() - start
+    if keeps:
+        save_momentum(folder, task, m, after)
     row = faults.corrupt_row(attack, delta.numpy())
     count, base = faults.corrupt_fields(attack, len(data.y), task.base)
     update_sha = sha256(torch.from_numpy(row))

@@ -33,31 +33,12 @@ def _federation(args: argparse.Namespace) -> int:
     return run(args)
 
 
-SETTING_OPTIONS = {  # `robust coordinator init/start` options -> Settings fields (None: keep)
-    "--seed": (int, "run seed (default 0)"), "--dataset": (str, "digits | mnist1d | synthetic | mnist | fashion-mnist | cifar10 | hf-disk"),
-    "--data-root": (str, "folder of local files for mnist / fashion-mnist / cifar10 / hf-disk"),
-    "--model": (str, "logreg | mlp | cnn"), "--rounds": (int, "rounds to train (default 5)"),
-    "--aggregator": (str, "robust aggregator spec, e.g. nnm+trimmed-mean (default trimmed-mean)"),
-    "--tolerate": (int, "Byzantine replies per round the aggregator must survive (default 1)"),
-    "--per-round": (int, "nodes asked per round (default 0: all online)"),
-    "--quorum": (int, "valid replies a round needs (default 3)"),
-    "--deadline": (float, "seconds a round waits for replies (default 60)"),
-    "--wait-nodes": (float, "seconds to wait for a quorum of nodes to come online (default 120)"),
-    "--local-epochs": (int, "volunteers' local epochs per round (default 1)"),
-    "--batch-size": (int, "default 32"), "--lr": (float, "volunteers' learning rate (default 0.05)"),
-    "--momentum": (float, "volunteers' SGD momentum (default 0.9)"),
-    "--max-norm": (float, "reject updates with a larger norm (default 1000)"),
-    "--max-count": (int, "reject replies claiming more samples (default 1000000)"),
-    "--flag-ratio": (float, "flag rows farther than this x the median distance from the median (default 3)"),
-    "--quarantine-after": (int, "flags before a node is no longer asked (default 3)"),
-    "--bind": (str, "address the SuperLink listens on (default 127.0.0.1; 0.0.0.0 for other machines)"),
-    "--port": (int, "SuperLink port (default 9190)"),
-}
-
-
 def _add_settings(p: argparse.ArgumentParser) -> None:
-    for flag, (kind, text) in SETTING_OPTIONS.items():
-        p.add_argument(flag, type=kind, default=None, help=text)
+    """One option per coordinator setting, from their one declaration (``nodes.settings``)."""
+    from nodes.settings import PARAMS  # declarations only: imports no torch
+
+    for param in PARAMS.values():
+        p.add_argument(f"--{param.key}", type=param.kind, default=None, help=f"{param.help} (default {param.default!r})")
 
 
 def _federation_parsers(sub: argparse._SubParsersAction) -> None:
@@ -119,9 +100,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a scenario key (repeatable)")
     run.add_argument("--no-vectorize", action="store_true", help="compute each node's update one by one, as a volunteer does")
     run.add_argument(
-        "--engine", choices=("local", "flower"), default="local",
-        help="local (in-process, default) or flower: Flower's simulation engine, one simulated "
-             "SuperNode per node; same model_sha256 as --no-vectorize",
+        "--engine", choices=("local", "flower", "deploy"), default="local",
+        help="local (in-process, default); flower: Flower's simulation engine, one simulated SuperNode "
+             "per node; deploy: real SuperLink and SuperNodes on loopback (node-side attacks only). "
+             "flower and deploy give the same model_sha256 as --no-vectorize",
     )
     run.add_argument("--sweep", metavar="ATTACK:PARAM=LO..HI", help="stealth frontier: sweep one attack parameter, e.g. alie:z=0.1..3")
     run.add_argument("--sweep-points", type=int, default=8, help="values in the sweep (default 8)")

@@ -11,7 +11,7 @@ import torch
 
 from nodes import commands
 from nodes.coordinator import Coordinator
-from nodes.protocol import read_reply, reply_content
+from nodes.wire import read_reply, reply_content
 from nodes.settings import Settings
 from nodes.volunteer import NodeData, work
 from robust import keys

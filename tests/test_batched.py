@@ -6,8 +6,9 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from evaluation.batched import DenseNet, local_updates
-from evaluation.engine import BatchDraws
-from nodes.training import TrainConfig, local_update
+from evaluation.local import BatchDraws
+from nodes.protocol import Protocol
+from robust.batches import draw_batches, node_key
 from robust.models import build_model
 from robust.params import flat_params, unflatten
 
@@ -22,14 +23,14 @@ def batches(model, n, steps, batch, shape, classes, seed=0):
 
 
 @pytest.mark.parametrize("name, shape", [("logreg", (7,)), ("mlp", (1, 4, 4)), ("mlp", (12,))])
-@pytest.mark.parametrize("steps", [1, 3])
-def test_dense_updates_match_the_generic_path(name, shape, steps):
+@pytest.mark.parametrize("spec, steps", [("momentum", 1), ("delta:steps=1", 1), ("delta:steps=3", 3)])
+def test_dense_updates_match_the_generic_path(name, shape, spec, steps):
     model = build_model(name, shape, 5, seed=1)
     net = DenseNet.of(model)
-    cfg = TrainConfig(batch_size=6, lr=0.1, momentum=0.9, local_steps=steps)
+    protocol = Protocol.parse(spec, lr=0.1, momentum=0.9, batch_size=6)
     w, xs, ys, m = batches(model, 4, steps, 6, shape, 5)
-    rows, moms = local_updates(net, cfg, w, xs, ys, m)
-    generic = vmap(lambda *a: local_update(model, cfg, *a), in_dims=(None, 0, 0, 0))
+    rows, moms = local_updates(net, protocol, w, xs, ys, m)
+    generic = vmap(lambda *a: protocol.node_update(model, *a), in_dims=(None, 0, 0, 0))
     ref_rows, ref_moms = generic(unflatten(w, model), xs, ys, m)
     assert rows.shape == ref_rows.shape and moms.shape == ref_moms.shape
     assert torch.allclose(rows, ref_rows, rtol=1e-5, atol=1e-6)
@@ -60,11 +61,13 @@ def test_only_flatten_linear_relu_stacks_are_dense():
 
 def test_batch_draws_of_all_nodes_equal_each_node_drawn_alone():
     parts = [torch.arange(0, 40), torch.arange(40, 45), torch.arange(45, 145)]  # one node smaller than a batch
-    draws = BatchDraws(parts, TrainConfig(batch_size=8, local_steps=2), seed=3)
-    draws.chunk = 4  # rounds 0-3 come from one call, 4-7 from the next
-    for t in (0, 3, 4, 9, 2):  # forwards across chunks, and back
+    keys = [node_key(3, name) for name in ("a", "b", "c")]
+    draws = BatchDraws(parts, Protocol.parse("delta:steps=2", lr=0.1, momentum=0.0, batch_size=8), keys)
+    draws.chunk = 4  # rounds 1-4 come from one call, 5-8 from the next
+    for t in (1, 4, 5, 10, 3):  # forwards across chunks, and back
         together = draws(t)
         assert together.shape == (3, 2, 8)
-        for i in range(3):
-            assert torch.equal(together[i], draws.node(i, t))
+        for i in range(3):  # what the volunteer draws alone, in its own process
+            alone = parts[i][draw_batches([parts[i].numel()], 8, [keys[i]], t, 2)[0]]
+            assert torch.equal(together[i], alone)
             assert set(together[i].flatten().tolist()) <= set(parts[i].tolist())

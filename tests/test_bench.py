@@ -7,11 +7,12 @@ import sys
 import pytest
 import torch
 
-from evaluation.engine import Cell, CellRun, run_cell
+from evaluation.cell import Cell
+from evaluation.local import CellRun, run_cell
 from evaluation.scenario import cell_id, cells, grid, load_scenario, sweep_specs
 
 TINY = [
-    "rounds=4", "nodes=7", "byzantine=1", "seeds=[0]", "dataset=synthetic", "model=logreg",
+    "rounds=4", "nodes=7", "byzantine=1", "seeds=[0]", "dataset=synthetic", "model=logreg", "protocol=momentum",
     'aggregators=["mean","trimmed-mean"]', 'attacks=["none","alie","label-flip"]',
 ]
 
@@ -35,11 +36,11 @@ def test_grid_expands_list_values_and_axes():
 
 
 def test_scenario_errors_say_what_to_fix(tmp_path):
-    with pytest.raises(ValueError, match="unknown scenario keys \\['node'\\]"):
+    with pytest.raises(ValueError, match="scenario: unknown key node "):
         load_scenario(None, ["node=3"])
     with pytest.raises(ValueError, match="krum needs n >= 2f \\+ 3"):
         load_scenario(None, ["nodes=6", "byzantine=2", 'aggregators=["krum"]'])
-    with pytest.raises(ValueError, match="unknown dataset 'imagenet'"):
+    with pytest.raises(ValueError, match="dataset must be one of digits, .* \\(got 'imagenet'\\)"):
         load_scenario(None, ["dataset=imagenet"])
     with pytest.raises(ValueError, match="not found"):
         load_scenario(str(tmp_path / "missing.toml"))
@@ -70,7 +71,10 @@ def test_inf_rows_are_rejected_and_the_run_goes_on():
     cfg = grid(load_scenario(None, TINY))[0]
     record = run_cell(Cell(cfg, "trimmed-mean", "inf", 0))
     clean = run_cell(Cell(cfg, "trimmed-mean", "none", 0))
-    assert record["rejected"] == 4 and record["skipped_rounds"] == 0  # one node, four rounds
+    # one node, rejected in rounds 1-3, then quarantined (the flag policy's third flag): not asked in round 4
+    assert record["rejected"] == 3 and record["skipped_rounds"] == 0
+    assert list(record["rounds_to_quarantine"].values()) == [2] and record["caught_round"] == 2
+    assert record["false_quarantines"] == 0
     assert record["accuracy"][-1] > record["accuracy"][0]  # training went on with 6 rows
     assert record["final_accuracy"] == pytest.approx(clean["final_accuracy"], abs=0.02)
 
@@ -128,8 +132,8 @@ def test_node_side_scaling_leaves_the_worker_momentum_alone():
     # batched rows must follow the per-node rows round after round
     cfg = grid(load_scenario(None, TINY + ["model=mlp", "momentum=0.9"]))[0]
     fast, slow = (CellRun(Cell(cfg, "mean", "backdoor:gamma=3", 0), vectorize=v) for v in (True, False))
-    for t in range(3):
-        assert torch.allclose(fast.rows(t), slow.rows(t), rtol=1e-4, atol=1e-6)
+    for _ in range(3):  # the same round three times: the momenta accumulate
+        assert torch.allclose(fast.rows(fast.ids), slow.rows(slow.ids), rtol=1e-4, atol=1e-6)
 
 
 def test_a_diverged_model_does_not_stop_an_omniscient_attack_or_the_run():
@@ -141,3 +145,24 @@ def test_a_diverged_model_does_not_stop_an_omniscient_attack_or_the_run():
         for attack in ("optimal-alie", "alie"):
             record = run_cell(Cell(cfg, "mean", attack, 0))
             assert record["rejected"] > 0 and record["skipped_rounds"] > 0 and len(record["accuracy"]) == 6
+
+
+@pytest.mark.parametrize("value, words", [
+    ("rounds=0", "rounds must be an integer >= 1 (got 0)"),
+    ("batch-size=0", "batch-size must be an integer >= 1 (got 0)"),
+    ("protocol=delta:steps=0", "protocol 'delta:steps=0': steps must be an integer in [1, 100000] (got 0)"),
+    ("lr=[0.1, -1]", "lr must be a number > 0 (got -1)"),
+    ("quorum=9", "quorum=9 is above nodes=7: no round could step; lower quorum"),
+])
+def test_bad_scenario_values_are_one_line_errors(tmp_path, value, words):
+    done = bench(tmp_path / "x", "--set", value)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"robust bench: error: {words}"
+
+
+@pytest.mark.parametrize("aggregator", ["krum", "multi-krum", "bulyan", "mda"])
+def test_selecting_rules_quarantine_no_honest_node_in_20_rounds(aggregator):
+    cfg = grid(load_scenario(None, TINY + ["rounds=20", "byzantine=1"]))[0]
+    record = run_cell(Cell(cfg, aggregator, "none", 0))
+    assert record["false_quarantines"] == 0 and record["skipped_rounds"] == 0
+    assert record["final_accuracy"] > record["accuracy"][0]

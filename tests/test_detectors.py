@@ -1,4 +1,4 @@
-"""Detectors (``evaluation.detectors``) and detection/damage metrics (``evaluation.metrics``).
+"""Detectors (``nodes.detectors``) and detection/damage metrics (``evaluation.metrics``).
 
 Hand-computed examples carry their arithmetic in comments; detector values are checked
 against direct float64 formulas (SVD, cosine similarity, brute-force distances), not against
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregators.krum import krum_scores
-from evaluation.detectors import DETECTORS, score_round
+from nodes.detectors import DETECTORS, score_round
 from evaluation.metrics import (
     kappa_bound,
     kappa_hat,
@@ -175,6 +175,8 @@ def test_values_match_direct_formulas():
 
     assert torch.allclose(s["norm"], dev(X.norm(dim=1)))
     assert torch.allclose(s["median-distance"], dev((X - med).norm(dim=1)))
+    to_median = (X - med).norm(dim=1)
+    assert torch.allclose(s["distance-ratio"], to_median / to_median.median())
     cos = torch.nn.functional.cosine_similarity(X, med[None], dim=1)
     assert torch.allclose(s["median-cosine"], dev(1 - cos))
     brute = ((X[:, None] - X[None]) ** 2).sum(-1)
@@ -182,6 +184,15 @@ def test_values_match_direct_formulas():
     C = X - X.mean(dim=0)
     v = torch.linalg.svd(C).Vh[0]
     assert torch.allclose(s["spectral"], (C @ v).abs())
+
+
+def test_distance_ratio_is_scale_free_and_survives_a_zero_median():
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(8, 20, generator=g, dtype=F64)
+    assert torch.allclose(score_round(1e-3 * X, f=1)["distance-ratio"], score_round(X, f=1)["distance-ratio"])
+    same = torch.ones(5, 4, dtype=F64)
+    same[4] = 3.0  # four identical rows and one apart: the typical distance is 0
+    assert score_round(same, f=1)["distance-ratio"].tolist() == [0, 0, 0, 0, float("inf")]
 
 
 def test_krum_score_clamps_neighbours_for_small_n():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -12,13 +13,13 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from nodes import checkpoint, faults
 from nodes.coordinator import Coordinator
-from nodes.protocol import read_reply
+from nodes.wire import read_reply
 from nodes.settings import Settings
 from robust import keys
 
 from .federation_kit import fingerprint, make_federation, play, replies
 
-SETTINGS = Settings(rounds=3, aggregator="trimmed-mean", tolerate=1, quorum=3, local_epochs=1)
+SETTINGS = Settings(rounds=3, aggregator="trimmed-mean", tolerate=1, quorum=3, protocol="delta:steps=8")
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ def test_each_bad_reply_kind_is_rejected_and_the_round_completes(federation):
     }
     for fault, words in expected.items():
         c = Coordinator(coord_dir)
-        c.round, c.w = 1, coord.w
+        c.engine.round, c.engine.w = 1, coord.engine.w
         fp, reply, row = replies(c, nodes[:1], {1: fault})[0]
         reason = c.check(fp, reply, row)
         assert isinstance(reason, str) and words in reason, (fault, reason)
@@ -54,7 +55,7 @@ def test_a_signature_from_another_admitted_key_is_rejected(federation):
     coord_dir, nodes = federation
     coord = Coordinator(coord_dir)
     (fp1, reply, row), (fp2, *_rest) = replies(coord, nodes[:2])
-    assert isinstance(coord.check(fp1, reply, row), type(coord.w))
+    assert isinstance(coord.check(fp1, reply, row), type(coord.engine.w))
     assert coord.check(fp2, reply, row) == "bad signature"
 
 
@@ -95,7 +96,7 @@ def test_a_restarted_coordinator_resumes_to_the_same_bits(tmp_path):
     play(b, b_nodes)
     del b  # "killed" after round 1: only its folder survives
     b = Coordinator(b_dir)
-    assert b.round == 1 and b.chain.state()
+    assert b.round == 1 and b.engine.chain.state()
     while not b.done:
         play(b, b_nodes)
     assert (a_dir / checkpoint.RESULT).read_text() == (b_dir / checkpoint.RESULT).read_text()
@@ -115,7 +116,7 @@ def test_flagged_nodes_are_quarantined(federation):
     coord = Coordinator(coord_dir)
     for _ in range(3):
         record = play(coord, nodes, {4: "label-flip"})
-    bad = fingerprint(nodes[3])[:12]
+    bad = fingerprint(nodes[3])
     assert record["quarantined"] == [bad]
     assert fingerprint(nodes[3]) not in coord.select([fingerprint(n) for n in nodes])
 
@@ -123,7 +124,6 @@ def test_flagged_nodes_are_quarantined(federation):
 def test_a_volunteer_refuses_a_model_that_does_not_match_its_hash(federation):
     coord_dir, nodes = federation
     coord = Coordinator(coord_dir)
-    coord.w = coord.w.clone()
     task, w = coord.task()
     from nodes.volunteer import NodeData, work
     import torch
@@ -137,14 +137,27 @@ def test_a_volunteer_refuses_a_model_that_does_not_match_its_hash(federation):
 
 @pytest.mark.parametrize("change, words", [
     ({"quorum": 2, "tolerate": 1, "aggregator": "krum"}, "krum needs n"),
-    ({"momentum": 1.5}, "momentum must be in"),
-    ({"deadline": 0}, "deadline must be"),
-    ({"dataset": "imagenet"}, "unknown dataset"),
-    ({"per_round": 2}, "below quorum"),
+    ({"momentum": 1.5}, "momentum must be a number in [0, 1) (got 1.5)"),
+    ({"deadline": 0}, "deadline must be a number > 0 (got 0)"),
+    ({"dataset": "imagenet"}, "dataset must be one of digits"),
+    ({"per_round": 2}, "per-round=2 is below the quorum 3"),
+    ({"rounds": 0}, "rounds must be an integer >= 1 (got 0)"),
+    ({"tolerate": "x"}, "tolerate must be an integer >= 0 (got 'x')"),
+    ({"port": 70000}, "port must be an integer in [1, 65535] (got 70000)"),
+    ({"protocol": "delta:steps=0"}, "protocol 'delta:steps=0': steps must be an integer in [1, 100000] (got 0)"),
 ])
 def test_settings_are_validated_with_a_fix(change, words):
-    with pytest.raises(ValueError, match=words):
+    with pytest.raises(ValueError, match=re.escape(words)):
         Settings().replace(**change)
+
+
+def test_a_settings_file_with_bad_values_names_the_file_and_the_fix(tmp_path):
+    (tmp_path / "coordinator.toml").write_text('tolerate = "x"\nmomentum = "high"\n')
+    with pytest.raises(ValueError, match=re.escape("coordinator.toml: tolerate must be an integer >= 0 (got 'x')")):
+        Settings.read(tmp_path)
+    (tmp_path / "coordinator.toml").write_text("quorums = 3\n")
+    with pytest.raises(ValueError, match="unknown key quorums"):
+        Settings.read(tmp_path)
 
 
 def test_settings_round_trip(tmp_path):
@@ -169,8 +182,8 @@ def test_failed_replies_are_recorded_without_a_flag(federation):
     lost = fingerprint(nodes[0])
     del got[lost]
     record = coord.finish_round(sorted(got) + [lost], got, {}, 0.0, failed={lost: "node error: upload expired"})
-    assert record["failed"] == {lost[:12]: "node error: upload expired"} and not record["missing"]
-    assert coord.flags.get(lost, 0) == 0
+    assert record["failed"] == {lost: "node error: upload expired"} and not record["missing"]
+    assert coord.engine.flags.flags.get(lost, 0) == 0
 
 
 def test_a_key_admitted_during_the_run_is_asked_next_round(tmp_path):
@@ -191,7 +204,7 @@ def test_federation_commands_fail_with_a_fix(tmp_path, capsys):
     assert main(["coordinator", "start", str(tmp_path / "none")]) == 2
     assert "run `robust coordinator init" in capsys.readouterr().err
     assert main(["coordinator", "init", str(tmp_path / "c"), "--aggregator", "krum", "--tolerate", "2", "--quorum", "4"]) == 2
-    assert "raise --quorum, or lower --tolerate" in capsys.readouterr().err
+    assert "raise quorum, or lower tolerate" in capsys.readouterr().err
     assert main(["coordinator", "init", str(tmp_path / "c")]) == 0
     (tmp_path / "bad.pub").write_text("garbage\n")
     assert main(["coordinator", "admit", str(tmp_path / "c"), str(tmp_path / "bad.pub")]) == 2
@@ -200,3 +213,17 @@ def test_federation_commands_fail_with_a_fix(tmp_path, capsys):
     assert "no volunteer is admitted yet" in capsys.readouterr().err
     assert main(["node", "join", "--coordinator", "h:1", "--ca", "x", "--key", str(tmp_path / "k")]) == 2
     assert "robust node keygen DIR" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("aggregator", ["krum", "multi-krum", "bulyan", "mda"])
+def test_selecting_rules_train_20_rounds_without_quarantining_honest_nodes(tmp_path, aggregator):
+    """Krum and its kin use a few rows a round by design: a row they drop is not a flag."""
+    settings = Settings(rounds=20, aggregator=aggregator, tolerate=1, protocol="delta:steps=2")
+    coord_dir, nodes = make_federation(tmp_path, 7, settings)
+    coord = Coordinator(coord_dir)
+    records = []
+    while not coord.done:
+        records.append(play(coord, nodes))
+    assert [r["accepted"] for r in records] == [7] * 20 and not any(r["skipped"] for r in records)
+    assert records[-1]["quarantined"] == []
+    assert records[-1]["accuracy"] > records[0]["accuracy"] + 0.2

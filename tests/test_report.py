@@ -173,3 +173,25 @@ def test_varying_scenario_keys_label_the_rows(tmp_path):
     assert "- varying alpha: 0.1, 1.0" in summary
     assert "| mean (alpha=1.0) | 90.0 | 60.0 | 60.0 | alie |" in summary
     assert "| alie (alpha=0.1) | 20.0 |" in summary and "| alie (alpha=1.0) | 30.0 |" in summary
+
+
+def test_quarantine_table_by_hand(tmp_path):
+    quarantine = {  # (attack, seed) -> rounds_to_quarantine, caught_round, false_quarantines
+        ("none", 0): ({"a": None, "b": None}, None, 0), ("none", 1): ({"a": None, "b": None}, None, 0),
+        ("ipm", 0): ({"a": 1, "b": 2}, 2, 0), ("ipm", 1): ({"a": 1, "b": None}, None, 1),
+    }
+    records = []
+    for (aggregator, attack), seeds in GRID.items():
+        if aggregator != "mean" or attack == "alie":
+            continue
+        for seed, cell in enumerate(seeds):
+            to_quarantine, caught, false = quarantine[attack, seed]
+            records.append(record(aggregator, attack, seed, *cell) | {
+                "rounds_to_quarantine": to_quarantine, "caught_round": caught, "false_quarantines": false})
+    summary = write_summary(records, tmp_path).read_text()
+    section = summary.split("## Quarantine")[1]
+    assert "over all 4 cells: **1**" in section
+    # caught 2 and 1 of 2; by rounds 2 and never -> median never; damage: clean curve (mean of
+    # the none seeds) minus attacked at the round caught (2: .75 - .70) or at the end (3: .91 - .80)
+    assert "| ipm | mean | 1.5/2 | never | 8.0 | 0.5 |" in section
+    assert "| none | mean | — | — | — | 0 |" in section

@@ -1,11 +1,15 @@
-"""Models, flat parameters, seeds, a volunteer's update and the coordinator's row checks."""
+"""Models, flat parameters, seeds, the training protocol, a volunteer's update and the row checks."""
+
+import re
 
 import pytest
 import torch
 from torch.func import vmap
 
-from nodes.rounds import canonical, rejected_rows, rejection_reason
-from nodes.training import TrainConfig, apply_update, local_update, loss_fn
+from nodes.protocol import Protocol, loss_fn
+from nodes.rows import canonical, rejected_rows, rejection_reason
+from nodes.volunteer import compute
+from nodes.wire import Task
 from robust.batches import draw_batches, node_key
 from robust.models import build_model
 from robust.params import flat_params, sha256, unflatten
@@ -83,32 +87,79 @@ def test_batches_cover_a_partition_uniformly():
     assert chi2 < 45  # 19 degrees of freedom: P(chi2 > 45) < 0.001 for a uniform draw
 
 
-@pytest.mark.parametrize("steps", [1, 3])
-def test_vmapped_updates_equal_per_node_updates(steps):
+@pytest.mark.parametrize("spec, steps", [("momentum", 1), ("delta:steps=3", 3)])
+def test_vmapped_updates_equal_per_node_updates(spec, steps):
     """The harness's vectorised mode computes what each volunteer computes (to rounding)."""
     model = build_model("mlp", (6,), 3, seed=0)
-    cfg = TrainConfig(batch_size=5, lr=0.1, momentum=0.9, local_steps=steps)
+    protocol = Protocol.parse(spec, lr=0.1, momentum=0.9, batch_size=5)
     w = flat_params(model)
     g = torch.Generator().manual_seed(0)
     xs, ys = torch.randn(4, steps, 5, 6, generator=g), torch.randint(3, (4, steps, 5), generator=g)
     m = torch.randn(4, w.numel(), generator=g)
     params = unflatten(w, model)
-    rows, moms = vmap(lambda *a: local_update(model, cfg, *a), in_dims=(None, 0, 0, 0))(params, xs, ys, m)
+    rows, moms = vmap(lambda *a: protocol.node_update(model, *a), in_dims=(None, 0, 0, 0))(params, xs, ys, m)
     for i in range(4):
-        row, mom = local_update(model, cfg, params, xs[i], ys[i], m[i])
+        row, mom = protocol.node_update(model, params, xs[i], ys[i], m[i])
         assert torch.allclose(rows[i], row, atol=1e-6) and torch.allclose(moms[i], mom, atol=1e-6)
 
 
 def test_one_step_update_is_worker_momentum_of_the_gradient():
     model = build_model("logreg", (2,), 2, seed=0)
-    cfg = TrainConfig(batch_size=2, lr=0.5, momentum=0.5, local_steps=1)
+    protocol = Protocol.parse("momentum", lr=0.5, momentum=0.5, batch_size=2)
     w = flat_params(model).requires_grad_(True)
     x, y = torch.tensor([[1.0, 2.0], [0.0, -1.0]]), torch.tensor([0, 1])
     (g,) = torch.autograd.grad(loss_fn(model, unflatten(w, model), x, y), w)
     m0 = torch.ones_like(w)
-    row, m1 = local_update(model, cfg, unflatten(w.detach(), model), x[None], y[None], m0)
+    row, m1 = protocol.node_update(model, unflatten(w.detach(), model), x[None], y[None], m0)
     assert torch.allclose(row, 0.5 * m0 + g) and torch.equal(row, m1)
-    assert torch.allclose(apply_update(w.detach(), row, cfg), w.detach() - 0.5 * row)
+    assert torch.allclose(protocol.apply(w.detach(), row, None)[0], w.detach() - 0.5 * row)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_outer_momentum_is_pytorch_sgd_on_the_pseudo_gradient(nesterov):
+    """DiLoCo's outer step: SGD with momentum on -aggregate, as torch.optim.SGD takes it."""
+    spec = f"delta:steps=2,server_lr=0.7,server_momentum=0.9,nesterov={str(nesterov).lower()}"
+    protocol = Protocol.parse(spec, lr=0.1, momentum=0.0, batch_size=4)
+    g = torch.Generator().manual_seed(1)
+    w, buffer = torch.randn(5, generator=g), None
+    param = torch.nn.Parameter(w.clone())
+    sgd = torch.optim.SGD([param], lr=0.7, momentum=0.9, nesterov=nesterov)
+    for _ in range(4):
+        aggregate = torch.randn(5, generator=g)
+        w, buffer = protocol.apply(w, aggregate, buffer)
+        param.grad = -aggregate
+        sgd.step()
+        assert torch.allclose(w, param.detach(), atol=1e-6)
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("delta:steps=0", "steps must be an integer in [1, 100000] (got 0)"),
+    ("delta:step=3", "unknown key step"),
+    ("delta:nesterov=true", "nesterov=true needs server_momentum > 0"),
+    ("momentum:steps=2", "unknown key steps"),
+    ("fedprox", "write momentum, or delta"),
+])
+def test_protocol_errors_say_what_to_change(spec, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        Protocol.parse(spec, lr=0.1, momentum=0.9, batch_size=32)
+
+
+@pytest.mark.parametrize("spec", ["delta:steps=5", "momentum"])
+def test_a_partition_smaller_than_two_batches_lowers_its_loss(spec):
+    """40 samples, batch 32: the node still runs the protocol's steps (with replacement where
+    a batch does not fit), and the server's step with its row lowers the node's loss."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 8, generator=g), torch.randint(3, (40,), generator=g)
+    model = build_model("logreg", (8,), 3, seed=0)
+    w = flat_params(model)
+    protocol = Protocol.parse(spec, lr=0.1, momentum=0.9, batch_size=32)
+    task = Task(run="r", round=1, base="", seed=0, dataset="synthetic", model="logreg", protocol=spec,
+                batch_size=32, lr=0.1, momentum=0.9, threads=1)
+    row, _ = compute(task, w, x, y, 3, "node", torch.device("cpu"))
+    stepped, _ = protocol.apply(w, row, None)
+    before = float(loss_fn(model, unflatten(w, model), x, y))
+    after = float(loss_fn(model, unflatten(stepped, model), x, y))
+    assert after < before, (before, after)  # a raw gradient added as a delta raised it (2.53 -> 4.42)
 
 
 def test_rejection_reasons():
@@ -121,8 +172,9 @@ def test_rejection_reasons():
 
 
 def test_canonical_order_is_by_node_id():
-    ids, X = canonical({7: torch.tensor([7.0]), 2: torch.tensor([2.0]), 5: torch.tensor([5.0])})
-    assert ids == [2, 5, 7] and X[:, 0].tolist() == [2.0, 5.0, 7.0]
+    ids, X = canonical({"c": torch.tensor([7.0]), "a": torch.tensor([2.0]), "b": torch.tensor([5.0])}, 1)
+    assert ids == ["a", "b", "c"] and X[:, 0].tolist() == [2.0, 5.0, 7.0]
+    assert canonical({}, 3)[1].shape == (0, 3)
 
 
 def test_rejected_rows_screens_a_stack():

@@ -1,7 +1,6 @@
-"""The coordinator's round steps that know nothing about Flower: validate, order, aggregate.
+"""A round's rows: why one cannot be used, and their canonical stack.
 
-The harness's local engine and the Flower ServerApp both call these, so both give the same
-bits for the same inputs.
+The round engine (``nodes.engine``) validates every row with these, whoever computed it.
 """
 
 from __future__ import annotations
@@ -27,10 +26,10 @@ def rejection_reason(row: torch.Tensor, d: int, max_norm: float | None) -> str |
     return None
 
 
-def canonical(rows: dict[int, torch.Tensor]) -> tuple[list[int], torch.Tensor]:
-    """Node ids sorted, and their rows stacked in that order: the aggregation input."""
+def canonical(rows: dict[str, torch.Tensor], d: int) -> tuple[list[str], torch.Tensor]:
+    """Node ids sorted, and their ``(d,)`` rows stacked in that order (``(0, d)`` if none)."""
     ids = sorted(rows)
-    return ids, torch.stack([rows[i] for i in ids])
+    return ids, torch.stack([rows[i] for i in ids]) if ids else torch.empty(0, d)
 
 
 def rejected_rows(rows: torch.Tensor, max_norm: float | None) -> dict[int, str]:

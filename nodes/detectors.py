@@ -1,5 +1,9 @@
 """Per-round suspicion scores: how suspicious each row of a round's update matrix looks.
 
+The round engine (``nodes.engine``) scores every round with :func:`score_round`: the flag
+policy (``nodes.flags``) reads ``distance-ratio``, the benchmark measures every detector's
+AUC against the true Byzantine rows.
+
 ``score_round(X, f, kept)`` returns one float64 ``(n,)`` tensor per detector, rows in the
 canonical order of ``X``; higher means more suspicious. All detectors share one exact
 float64 squared-distance matrix ``D`` (``robust.geometry.sq_distances``) and one
@@ -9,6 +13,10 @@ coordinate-wise median ``m``; memory beyond ``X`` is O(n^2 + n * BLOCK + d).
   gaussian noise, model replacement).
 - ``median-distance``: ``||x_i - m||``. Catches rows far from the bulk even when their norm is
   ordinary (a large shift of a coordinate group, a Fang-style reversed update).
+- ``distance-ratio``: ``||x_i - m|| / median_j ||x_j - m||``, one-sided and scale-free: a
+  row twice as far from the median as the typical row scores 2 whatever the update's size
+  (``inf`` if the typical distance is 0 and this one is not; 0 if both are). The
+  coordinator's flag policy thresholds it.
 - ``median-cosine``: ``1 - cos(x_i, m)``, the cosine taken as 0 when ``x_i`` or ``m`` is the
   zero vector (score 1, never NaN). Catches direction attacks whose norm is disguised
   (sign-flip, IPM with a large epsilon).
@@ -20,7 +28,7 @@ coordinate-wise median ``m``; memory beyond ``X`` is O(n^2 + n * BLOCK + d).
   vector of the centred matrix ``C``. Catches colluding rows that all push one direction
   (ALIE, IPM, min-max), which dominate the top principal direction even when each row looks
   plausible on its own.
-- Every score but ``spectral`` and ``discarded`` is two-sided, ``|s_i - median_j s_j|`` of
+- Every score but ``distance-ratio``, ``spectral`` and ``discarded`` is two-sided, ``|s_i - median_j s_j|`` of
   the statistic above: a Byzantine row can be suspiciously *typical* (ALIE and mimic rows sit
   closer to the centre and to each other than honest rows do; a sign-flipped mean is shorter
   than any honest row), and a one-sided score would rank it least suspicious.
@@ -40,6 +48,7 @@ from robust.geometry import BLOCK, row_norms, sq_distances
 DETECTORS: tuple[str, ...] = (
     "norm",
     "median-distance",
+    "distance-ratio",
     "median-cosine",
     "krum-score",
     "spectral",
@@ -69,9 +78,11 @@ def score_round(
     med = reduce_sorted_columns(X, median_of_sorted)
     dist = sq_distances(X)
     norms = row_norms(X)
+    to_median = row_norms(X, center=med)
     scores = {
         "norm": two_sided(norms),
-        "median-distance": two_sided(row_norms(X, center=med)),
+        "median-distance": two_sided(to_median),
+        "distance-ratio": ratio_to_median(to_median),
         "median-cosine": two_sided(median_cosine(X, med.to(F64), norms)),
         "krum-score": two_sided(krum_score(dist, f)),
         "spectral": spectral(dist),
@@ -84,6 +95,14 @@ def score_round(
 def two_sided(statistic: torch.Tensor) -> torch.Tensor:
     """``|s_i - median(s)|``: atypical in either direction is suspicious."""
     return (statistic - statistic.median()).abs()
+
+
+def ratio_to_median(distance: torch.Tensor) -> torch.Tensor:
+    """``d_i / median(d)``; where the median is 0, ``inf`` for ``d_i > 0`` and 0 for ``d_i = 0``."""
+    typical = distance.median()
+    if typical > 0:
+        return distance / typical
+    return torch.where(distance > 0, torch.inf, 0.0).to(distance.dtype)
 
 
 def median_cosine(X: torch.Tensor, med: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:

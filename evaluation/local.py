@@ -1,0 +1,170 @@
+"""The local driver: one benchmark cell in-process, on the round engine the coordinator runs.
+
+Each round the engine selects the nodes to ask (quarantined ones are not), this driver
+computes their rows, and :meth:`nodes.engine.Engine.step` plays the round with the threat
+model's hook (``evaluation.threat``). Rows are computed
+
+- one node at a time (``vectorize=False``) by :func:`nodes.volunteer.compute`, the very
+  function a volunteer calls, with the node's data, identity and momentum, so the cell ends
+  with the bits a federation of real volunteers gives (``tests/test_drivers.py``); or
+- all at once: hand-written batched products for ``logreg``/``mlp``
+  (``evaluation.batched``), ``torch.func.vmap`` of ``Protocol.node_update`` for the rest;
+  the same mathematics, equal to rounding (``tests/test_batched.py``).
+
+Batch draws are the volunteers' own (``robust.batches``, keyed by node fingerprint), drawn
+for many nodes and rounds per call.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import numpy as np
+import torch
+from torch.func import vmap
+
+from attacks.base import NodeAttack
+from nodes.engine import Engine
+from nodes.protocol import Protocol
+from nodes.volunteer import compute
+from nodes.wire import Task
+from robust import compute as profiles
+from robust.batches import draw_batches, node_key
+from robust.params import unflatten
+from robust.seeds import generator
+
+from .batched import DenseNet, local_updates
+from .cell import Cell, CellSetup, cell_record
+from .threat import ThreatModel
+
+
+class BatchDraws:
+    """Every node's sample indices of a round, drawn as each volunteer draws its own, several
+    rounds per call (a few MB at most): the draw's cost is per call, not per sample."""
+
+    BUDGET = 1 << 23  # hashes per call
+
+    def __init__(self, parts: list[torch.Tensor], protocol: Protocol, keys: list[int]) -> None:
+        self.sizes = np.array([p.numel() for p in parts])
+        self.table = torch.nn.utils.rnn.pad_sequence(parts, batch_first=True)  # (n, largest part)
+        self.keys, self.protocol = np.array(keys), protocol
+        width = max(int(self.sizes.max()), protocol.batch_size)
+        self.chunk = max(1, min(16, self.BUDGET // (len(parts) * protocol.steps * width)))
+        self.first, self.drawn = -1, torch.empty(0)
+
+    def __call__(self, t: int) -> torch.Tensor:
+        """``(n, local steps, batch size)`` indices into the training tensors for round ``t``."""
+        if not self.first <= t < self.first + len(self.drawn):
+            n, rounds = len(self.sizes), np.arange(t, t + self.chunk)
+            pos = draw_batches(np.tile(self.sizes, self.chunk), self.protocol.batch_size,
+                               np.tile(self.keys, self.chunk), np.repeat(rounds, n), self.protocol.steps)
+            table = self.table.repeat(self.chunk, 1)
+            self.first, self.drawn = t, table.gather(1, pos.flatten(1)).view(self.chunk, n, *pos.shape[1:])
+        return self.drawn[t - self.first]
+
+
+class CellRun:
+    """One cell between rounds: its federation built once, the engine, the nodes' state."""
+
+    def __init__(self, cell: Cell, vectorize: bool = True) -> None:
+        self.setup = setup = CellSetup(cell)
+        self.vectorize, self.ids = vectorize, setup.ids
+        self.threat = ThreatModel(setup.attack, setup.byzantine, cell.seed)
+        self.engine = Engine(setup.settings, setup.model(), setup.data.x_test, setup.data.y_test, self.threat)
+        self.protocol = self.engine.protocol
+        self.index = {fp: i for i, fp in enumerate(self.ids)}
+        self.momenta = torch.zeros(len(self.ids), self.engine.w.numel())
+        self.records: list[dict] = []
+        self.training = 0.0  # seconds spent computing the nodes' rows
+        data, parts = setup.data, [setup.parts[fp] for fp in self.ids]
+        if vectorize:
+            self.net = DenseNet.of(self.engine.model)
+            self.xs, self.ys, parts = self._poisoned(parts)
+            self.draws = BatchDraws(parts, self.protocol, [node_key(cell.seed, fp) for fp in self.ids])
+            self.scaled = torch.tensor([fp in setup.byzantine for fp in self.ids]) if self._scale != 1.0 else None
+        else:  # every node its own copy of its data, as a volunteer holds it
+            self.local = [(data.x_train[p].clone(), data.y_train[p].clone()) for p in parts]
+
+    @property
+    def _scale(self) -> float:
+        attack = self.setup.attack
+        return attack.scale() if isinstance(attack, NodeAttack) else 1.0
+
+    def _poisoned(self, parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """Training tensors with the Byzantine nodes' poisoned copies appended (a node-side
+        attack poisons as the volunteer does), and every node's indices into them."""
+        setup, data = self.setup, self.setup.data
+        xs, ys, parts = [data.x_train], [data.y_train], list(parts)
+        start = len(data.y_train)
+        for i, fp in enumerate(self.ids):
+            if setup.attack_of(fp):
+                px, py = setup.attack.poison(data.x_train[parts[i]], data.y_train[parts[i]], data.classes,
+                                             generator(self.setup.cell.seed, fp, "poison"))
+                xs.append(px)
+                ys.append(py)
+                parts[i] = torch.arange(start, start + len(py))
+                start += len(py)
+        return torch.cat(xs), torch.cat(ys), parts
+
+    def task(self) -> Task:
+        s, engine = self.setup.settings, self.engine
+        return Task(run=f"bench-{self.setup.cell.seed}", round=engine.round + 1, base=engine.base, seed=s.seed,
+                    dataset=s.dataset, model=s.model, protocol=s.protocol, batch_size=s.batch_size, lr=s.lr,
+                    momentum=s.momentum, threads=s.threads)
+
+    def rows(self, asked: list[str]) -> torch.Tensor:
+        """The rows of the ``asked`` nodes (canonical order) this round; their momenta advance."""
+        idx = [self.index[fp] for fp in asked]
+        everyone = len(idx) == len(self.ids)
+        if not idx:  # every node quarantined
+            return torch.empty(0, self.engine.w.numel())
+        if not self.vectorize:
+            task, outs = self.task(), []
+            for i in idx:
+                x, y = self.local[i]
+                outs.append(compute(task, self.engine.w, x, y, self.setup.data.classes, self.ids[i],
+                                    torch.device("cpu"), self.setup.attack_of(self.ids[i]), self.momenta[i]))
+            self.momenta[idx] = torch.stack([m for _, m in outs])
+            return torch.stack([row for row, _ in outs])
+        with profiles.profile(self.setup.settings.threads):
+            pos = self.draws(self.engine.round + 1)
+            pos = pos if everyone else pos[idx]
+            m = self.momenta if everyone else self.momenta[idx]
+            if self.net is not None:  # flat samples by index_select: 3x faster than indexing by a 3-d idx
+                x = self.xs.flatten(1).index_select(0, pos.flatten()).view(*pos.shape, -1)
+                y = self.ys.index_select(0, pos.flatten()).view(pos.shape)
+                rows, m = local_updates(self.net, self.protocol, self.engine.w, x, y, m)
+            else:
+                model = self.engine.model
+                batched = vmap(partial(self.protocol.node_update, model), in_dims=(None, 0, 0, 0))
+                rows, m = batched(unflatten(self.engine.w, model), self.xs[pos], self.ys[pos], m)
+            if everyone:
+                self.momenta = m
+            else:
+                self.momenta[idx] = m
+            if self.scaled is not None:
+                rows = rows.clone()  # under `momentum` the rows *are* the momenta: scale a copy
+                rows[self.scaled[idx]] *= self._scale
+        return rows
+
+    def play_round(self) -> dict:
+        asked = self.engine.select(self.ids)
+        start = time.perf_counter()
+        X = self.rows(asked)
+        self.training += time.perf_counter() - start
+        self.records.append(self.engine.step(asked, asked, X))
+        return self.records[-1]
+
+    def record(self, wall: float) -> dict:
+        return cell_record(self.setup, self.records, self.engine.w, self.threat.kappa, wall, self.training,
+                           "local" if self.vectorize else "per-node")
+
+
+def run_cell(cell: Cell, vectorize: bool = True) -> dict:
+    """Train the cell's scenario under its attack and defence; return its result record."""
+    run = CellRun(cell, vectorize)
+    start = time.perf_counter()
+    while not run.engine.done:
+        run.play_round()
+    return run.record(time.perf_counter() - start)

@@ -1,0 +1,150 @@
+"""THE round engine: the one round function of the coordinator and of every bench driver.
+
+It knows nothing of Flower or of the harness. :class:`Engine` holds a training run between
+rounds (the global model ``w``, the aggregation chain and its state, the protocol's server
+state, the flag policy, the round count) and :meth:`Engine.step` plays one round on the
+rows the nodes sent:
+
+    canonical order -> validate -> threat-model hook (bench only) -> quorum -> aggregate
+    -> score -> flag -> apply -> evaluate -> record
+
+The deployed coordinator (``nodes.coordinator``, fed by the Flower ServerApp), the local
+bench driver (vectorised or per node) and the Flower simulation driver all call it, so a
+benchmark describes what users deploy. Everything runs under the run's compute profile
+(``threads``) and is a function of the settings and the rows: the same rows give the same
+bits whatever order they arrived in. A rule's error is never swallowed: a round below its
+quorum makes no step, and the quorum is at least what the rule can serve.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol as Interface
+
+import torch
+from torch import nn
+
+import aggregators
+from robust import compute
+from robust.models import accuracy
+from robust.params import flat_params, sha256, unflatten
+from robust.seeds import generator
+
+from .detectors import score_round
+from .flags import FlagPolicy
+from .protocol import Protocol
+from .rows import rejected_rows
+
+
+class ThreatHook(Interface):
+    """The bench's threat model: sees a round's valid rows before the rule (and may replace
+    the Byzantine ones, as an omniscient attacker would), and the aggregate after it."""
+
+    def rows(self, engine: Engine, round: int, ids: list[str], X: torch.Tensor) -> torch.Tensor: ...
+
+    def observe(self, ids: list[str], X: torch.Tensor, aggregate: torch.Tensor | None) -> None: ...
+
+
+def fewest_rows(chain: aggregators.Chain) -> int:
+    """The smallest number of rows ``chain`` can serve."""
+    for n in range(1, 100_000):
+        try:
+            chain.check_n(n)
+            return n
+        except ValueError:
+            continue
+    raise ValueError(f"{chain.spec} serves no number of rows up to 100000")
+
+
+class Engine:
+    def __init__(self, settings, model: nn.Module, x_test: torch.Tensor, y_test: torch.Tensor,
+                 hook: ThreatHook | None = None) -> None:
+        s = self.settings = settings
+        self.model, self.x_test, self.y_test, self.hook = model, x_test, y_test, hook
+        self.w = flat_params(model)
+        self.chain = aggregators.build(s.aggregator, s.tolerate)
+        self.protocol = Protocol.parse(s.protocol, lr=s.lr, momentum=s.momentum, batch_size=s.batch_size)
+        self.flags = FlagPolicy(s.flag_ratio, s.quarantine_after)
+        self.quorum = s.quorum or fewest_rows(self.chain)
+        self.buffer: torch.Tensor | None = None  # the protocol's outer momentum
+        self.round = 0  # rounds finished
+
+    @property
+    def w(self) -> torch.Tensor:
+        """The global model, flat; :attr:`base` is its SHA-256, kept with it (checking a reply
+        against the base must not re-hash the model)."""
+        return self._w
+
+    @w.setter
+    def w(self, value: torch.Tensor) -> None:
+        self._w, self.base = value, sha256(value)
+
+    @property
+    def done(self) -> bool:
+        return self.round >= self.settings.rounds
+
+    def select(self, candidates: list[str]) -> list[str]:
+        """The nodes asked next round, in canonical order: the candidates not quarantined, or
+        a seeded sample of ``per_round`` of them."""
+        pool = sorted(set(candidates) - set(self.flags.quarantined))
+        k = self.settings.per_round or len(pool)
+        if k >= len(pool):
+            return pool
+        order = torch.randperm(len(pool), generator=generator(self.settings.seed, self.round + 1, "select"))
+        return sorted(pool[i] for i in order[:k].tolist())
+
+    def accuracy(self) -> float:
+        return accuracy(self.model, unflatten(self.w, self.model), self.x_test, self.y_test)
+
+    def step(self, asked: list[str], ids: list[str], X: torch.Tensor, rejected: dict[str, str] | None = None,
+             failed: dict[str, str] | None = None) -> dict:
+        """Play round ``self.round + 1`` on the rows ``X`` (one per node of ``ids``, any order)
+        of the ``asked`` nodes; ``rejected`` replies (bad content) count as flags, ``failed``
+        ones (lost, declined) do not. Returns the round's record (JSON-ready)."""
+        t, rejected = self.round + 1, dict(rejected or {})
+        with compute.profile(self.settings.threads):
+            order = sorted(range(len(ids)), key=ids.__getitem__)  # canonical: by node identity
+            if order != list(range(len(ids))):
+                ids, X = [ids[i] for i in order], X[order]
+            ids, X = self._valid(ids, X, rejected)
+            if self.hook is not None and ids:
+                ids, X = self._valid(ids, self.hook.rows(self, t, ids, X), rejected)
+            skipped = "" if len(ids) >= self.quorum else f"{len(ids)} valid rows, quorum is {self.quorum}: no step"
+            aggregate = None if skipped else self.chain(X)
+            scores = score_round(X, self.chain.f, self.chain.last_kept if aggregate is not None else None) if ids else {}
+            flagged = self.flags.update(t, ids, scores, rejected)
+            if aggregate is not None:
+                self.w, self.buffer = self.protocol.apply(self.w, aggregate, self.buffer)
+            if self.hook is not None:
+                self.hook.observe(ids, X, aggregate)
+            self.round = t
+            acc = self.accuracy()
+        missing = sorted(set(asked) - set(ids) - set(rejected) - set(failed or {}))
+        return {
+            "round": t, "asked": len(asked), "accepted": len(ids), "ids": ids,
+            "rejected": dict(sorted(rejected.items())), "failed": dict(sorted((failed or {}).items())),
+            "missing": missing, "flagged": flagged, "quarantined": sorted(self.flags.quarantined),
+            "skipped": skipped, "accuracy": acc, "model_sha256": self.base,
+            "scores": {name: s.tolist() for name, s in scores.items()},
+        }
+
+    def _valid(self, ids: list[str], X: torch.Tensor, rejected: dict[str, str]) -> tuple[list[str], torch.Tensor]:
+        """The rows that can be used; the others go to ``rejected`` with their reason."""
+        bad = rejected_rows(X, self.settings.max_norm)
+        if not bad:
+            return ids, X
+        rejected.update({ids[i]: reason for i, reason in bad.items()})
+        keep = [i for i in range(len(ids)) if i not in bad]
+        return [ids[i] for i in keep], X[keep]
+
+    def state(self) -> dict:
+        """What a checkpoint keeps: :meth:`load_state` resumes to the same bits."""
+        state = {"w": self.w, "round": self.round, "chain": self.chain.state(), "flags": self.flags.state()}
+        if self.buffer is not None:
+            state["buffer"] = self.buffer
+        return state
+
+    def load_state(self, state: dict) -> None:
+        self.w, self.round = state["w"], int(state["round"])
+        self.chain.load_state(state["chain"])
+        self.flags.load_state(state["flags"])
+        self.buffer = state.get("buffer")

@@ -1,0 +1,49 @@
+"""The flag policy: which nodes look Byzantine, round after round, and when to stop asking them.
+
+One object, used the same way by the coordinator and by every bench driver, so the bench
+measures the quarantines a deployment would make, false ones included. Each round a node is
+flagged when
+
+- its reply was rejected (malformed, non-finite, above the norm bound, badly signed...), or
+- its row's ``distance-ratio`` score (``nodes.detectors``: its distance to the round's
+  coordinate-wise median over the typical such distance) is above ``ratio``.
+
+A row that a selecting rule (Krum, Multi-Krum, Bulyan, MDA) merely did not use is *not*
+flagged: those rules drop honest rows every round by design. A node flagged in ``after``
+rounds is quarantined: it is no longer asked. Flags never change a round's aggregate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+
+SCORE = "distance-ratio"
+
+
+class FlagPolicy:
+    def __init__(self, ratio: float, after: int) -> None:
+        self.ratio, self.after = ratio, after
+        self.flags: dict[str, int] = {}
+        self.quarantined: dict[str, int] = {}  # node -> the round it was quarantined in
+
+    def update(self, round: int, ids: list[str], scores: Mapping[str, torch.Tensor],
+               rejected: Iterable[str]) -> list[str]:
+        """Count round ``round``'s flags: accepted rows ``ids`` with their detector
+        ``scores`` (canonical order), and the ``rejected`` nodes; return the flagged nodes."""
+        flagged = set(rejected)
+        if ids:
+            flagged |= {i for i, s in zip(ids, scores[SCORE].tolist()) if s > self.ratio}
+        for node in flagged:
+            self.flags[node] = self.flags.get(node, 0) + 1
+            if self.flags[node] >= self.after and node not in self.quarantined:
+                self.quarantined[node] = round
+        return sorted(flagged)
+
+    def state(self) -> dict:
+        return {"flags": dict(self.flags), "quarantined": dict(self.quarantined)}
+
+    def load_state(self, state: dict) -> None:
+        self.flags = {str(k): int(v) for k, v in state["flags"].items()}
+        self.quarantined = {str(k): int(v) for k, v in state["quarantined"].items()}

@@ -1,0 +1,42 @@
+"""The compute profile a task states, so that the same task gives the same bits anywhere.
+
+A float reduction split over 2 threads adds in another order than over 1, so a model
+trained with ``torch.get_num_threads() == 2`` differs in its last bits from one trained with
+1. A task therefore names its intra-op thread count, and every computation whose bits matter
+(a volunteer's training, the coordinator's round) runs inside :func:`profile`, which sets
+that count, and on CUDA deterministic algorithms, and restores what it found on exit: no
+object changes process-global torch settings as a side effect of being built.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+
+@contextmanager
+def profile(threads: int, device: torch.device | str = "cpu") -> Iterator[None]:
+    """Run the block with ``threads`` intra-op CPU threads (and, on CUDA, deterministic
+    algorithms); the previous settings come back afterwards, also on an exception."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an integer >= 1 (got {threads!r})")
+    cuda = torch.device(device).type == "cuda"
+    before = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    benchmark = torch.backends.cudnn.benchmark
+    torch.set_num_threads(threads)
+    if cuda:
+        # cuBLAS reproducibility needs a fixed workspace (read when cuBLAS starts)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+        if cuda:
+            torch.use_deterministic_algorithms(deterministic)
+            torch.backends.cudnn.benchmark = benchmark

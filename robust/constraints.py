@@ -1,0 +1,168 @@
+"""Parameters declared once, as data, with their constraints (after scikit-learn's
+``_parameter_constraints``): a coordinator setting, a scenario key and a command-line option
+are the same :class:`Param`, checked by the same rule, refused with the same one-line error::
+
+    rounds must be an integer >= 1 (got 0)
+
+A :class:`Param` names its key (kebab-case), its rule, its default and a help text. Rules:
+:class:`Interval` (an int or float range), :class:`OneOf` (a fixed or computed list of
+names), :class:`Text`, :class:`Flag` (a bool) and :class:`Spec` (a value a builder accepts, e.g. an aggregator spec;
+the builder's own message says what is wrong).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An ``int`` (bools refused) or a ``float`` (ints accepted) in a range; ``None`` bounds
+    are open. ``closed`` says which ends belong: ``both``, ``left``, ``right``, ``neither``."""
+
+    kind: type
+    low: float | None = None
+    high: float | None = None
+    closed: str = "both"
+
+    def accepts(self, value: object) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float) if self.kind is float else int):
+            return False
+        if not math.isfinite(value):
+            return False
+        left, right = self.closed in ("both", "left"), self.closed in ("both", "right")
+        if self.low is not None and (value < self.low if left else value <= self.low):
+            return False
+        return self.high is None or (value <= self.high if right else value < self.high)
+
+    def convert(self, value: object) -> object:
+        return float(value) if self.kind is float else value
+
+    def describe(self) -> str:
+        what = "an integer" if self.kind is int else "a number"
+        left, right = self.closed in ("both", "left"), self.closed in ("both", "right")
+        if self.low is not None and self.high is not None:
+            return f"{what} in {'[' if left else '('}{self.low:g}, {self.high:g}{']' if right else ')'}"
+        if self.low is not None:
+            return f"{what} {'>=' if left else '>'} {self.low:g}"
+        if self.high is not None:
+            return f"{what} {'<=' if right else '<'} {self.high:g}"
+        return f"a finite {'integer' if self.kind is int else 'number'}"
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """One of a list of names, given as a tuple or as a function (imported lazily)."""
+
+    choices: tuple[str, ...] | Callable[[], Iterable[str]]
+
+    def names(self) -> list[str]:
+        return list(self.choices() if callable(self.choices) else self.choices)
+
+    def accepts(self, value: object) -> bool:
+        return isinstance(value, str) and value in self.names()
+
+    def convert(self, value: object) -> object:
+        return value
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(self.names())
+
+
+@dataclass(frozen=True)
+class Text:
+    """Any string."""
+
+    def accepts(self, value: object) -> bool:
+        return isinstance(value, str)
+
+    def convert(self, value: object) -> object:
+        return value
+
+    def describe(self) -> str:
+        return "a string"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """``true`` or ``false``."""
+
+    def accepts(self, value: object) -> bool:
+        return isinstance(value, bool)
+
+    def convert(self, value: object) -> object:
+        return value
+
+    def describe(self) -> str:
+        return "true or false"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A spec string that ``build`` accepts (``build`` raises ``ValueError`` saying why not)."""
+
+    build: Callable[[str], object]
+    what: str
+
+    def accepts(self, value: object) -> bool:
+        if not isinstance(value, str):
+            return False
+        self.build(value)  # its ValueError carries the precise reason
+        return True
+
+    def convert(self, value: object) -> object:
+        return value
+
+    def describe(self) -> str:
+        return self.what
+
+
+Rule = Interval | OneOf | Text | Flag | Spec
+
+
+@dataclass(frozen=True)
+class Param:
+    """One declared parameter: ``key`` (kebab-case), its rule, default and help."""
+
+    key: str
+    rule: Rule
+    default: object
+    help: str
+
+    @property
+    def attr(self) -> str:
+        """The Python name (``batch-size`` -> ``batch_size``)."""
+        return self.key.replace("-", "_")
+
+    @property
+    def kind(self) -> type:
+        """The command-line type of the value."""
+        if isinstance(self.rule, Interval):
+            return self.rule.kind
+        return bool if isinstance(self.rule, Flag) else str
+
+    def check(self, value: object) -> object:
+        """``value`` converted to the parameter's type, or ``ValueError`` in one line."""
+        try:
+            ok = self.rule.accepts(value)
+        except ValueError as err:  # the builder's own words; named by the key unless they are already
+            message = str(err)
+            raise ValueError(message if message.startswith(self.key) else f"{self.key}: {message}") from None
+        if not ok:
+            raise ValueError(f"{self.key} must be {self.rule.describe()} (got {value!r})")
+        return self.rule.convert(value)
+
+
+def table(*params: Param) -> dict[str, Param]:
+    """Params by key."""
+    return {p.key: p for p in params}
+
+
+def unknown(given: Iterable[str], known: Iterable[str], where: str) -> None:
+    """Refuse keys that are not declared, listing the ones that are."""
+    extra = sorted(set(given) - set(known))
+    if extra:
+        raise ValueError(f"{where}: unknown {'key' if len(extra) == 1 else 'keys'} {', '.join(extra)} "
+                         f"(known: {', '.join(sorted(known))})")

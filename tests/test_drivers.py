@@ -1,0 +1,61 @@
+"""One engine, three drivers: a bench cell computed node by node in-process, through Flower's
+simulation engine (the coordinator's own ServerApp and ClientApp) and through real
+SuperLink/SuperNode processes on loopback ends with the same model bits."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BASE = ["rounds=2", "nodes=3", "byzantine=1", "dataset=digits", "model=mlp", "protocol=momentum"]
+GRID = BASE + ["seeds=[0, 1]", 'aggregators=["trimmed-mean", "bucketing:s=2+centered-clipping:tau=10,iters=3"]',
+               'attacks=["none", "alie:z=1", "label-flip"]']
+NODE_SIDE = BASE + ["seeds=[0]", 'aggregators=["trimmed-mean"]', 'attacks=["none", "label-flip"]']
+
+
+def bench(out, scenario, *extra, home, env=None, command=(sys.executable, "-m", "robust.cli")):
+    cmd = [*command, "bench", "--out", str(out), *extra]
+    for item in scenario:
+        cmd += ["--set", item]
+    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+           **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+
+
+def shas(out):
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return {(r["aggregator"], r["attack"], r["seed"]): r["model_sha256"] for r in rows}, rows
+
+
+def test_per_node_flower_and_deploy_give_the_same_bits(tmp_path):
+    home = tmp_path / "home"
+    per_node = bench(tmp_path / "per-node", GRID, "--no-vectorize", home=home, env={"OMP_NUM_THREADS": "1"})
+    assert per_node.returncode == 0, per_node.stderr[-3000:]
+    want, _ = shas(tmp_path / "per-node")
+    assert len(want) == 12 and len(set(want.values())) == 12  # every cell trained a different model
+
+    flower = bench(tmp_path / "flower", GRID, "--engine", "flower", home=home)
+    assert flower.returncode == 0, flower.stderr[-3000:]
+    got, rows = shas(tmp_path / "flower")
+    assert got == want
+    assert all(r["engine"] == "flower" and len(r["accuracy"]) == 2 and len(r["kappa"]) == 2 for r in rows)
+    again = bench(tmp_path / "flower", GRID, "--engine", "flower", home=home)
+    assert again.returncode == 0 and "12 cells (12 already in" in again.stderr  # nothing runs twice
+
+    # the real thing, started as a pipx or systemd user would: by absolute path, no venv on
+    # PATH, and with another thread count than the reference
+    robust = Path(sys.executable).with_name("robust")
+    deploy = bench(tmp_path / "deploy", NODE_SIDE, "--engine", "deploy", home=home, command=(str(robust),),
+                   env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"})
+    assert deploy.returncode == 0, deploy.stderr[-3000:]
+    got, rows = shas(tmp_path / "deploy")
+    assert got == {k: v for k, v in want.items() if k[0] == "trimmed-mean" and k[2] == 0 and k[1] != "alie:z=1"}
+    assert all(r["engine"] == "deploy" and r["kappa"] is None for r in rows)
+
+
+def test_drivers_refuse_what_they_cannot_run(tmp_path):
+    for engine, extra, words in [("flower", ["--jobs", "2"], "drop --jobs"), ("deploy", [], "node-side attacks only"),
+                                 ("flower", ["--no-vectorize"], "--no-vectorize is a mode of --engine local")]:
+        run = bench(tmp_path / engine, GRID, "--engine", engine, *extra, home=tmp_path / "home")
+        assert run.returncode == 2 and words in run.stderr and "Traceback" not in run.stderr, run.stderr
