@@ -42,6 +42,16 @@ class Chain:
             if isinstance(stage, PreAggregator):
                 rows = stage.rows(rows)
 
+    def least_n(self, limit: int = 100_000) -> int:
+        """The fewest rows this chain can serve (``ValueError`` if none up to ``limit``)."""
+        for n in range(1, limit + 1):
+            try:
+                self.check_n(n)
+                return n
+            except ValueError:
+                continue
+        raise ValueError(f"{self.spec} serves no number of rows up to {limit}")
+
     def __call__(self, X: torch.Tensor) -> torch.Tensor:
         check_updates(X)
         self.check_n(X.shape[0])

@@ -105,6 +105,8 @@ def local_updates(
     if protocol.kind == "momentum":
         m = net.accumulate_grad(w, xs[:, 0], ys[:, 0], m.clone(), protocol.momentum)  # the caller's m stays
         return m, m
+    if protocol.kind != "delta":
+        raise ValueError(f"no batched kernel for the {protocol.kind!r} protocol")
     v = torch.zeros_like(m)
     local = w
     for s in range(protocol.steps):

@@ -26,6 +26,7 @@ from nodes.coordinator import short
 from nodes.protocol import Protocol
 from nodes.settings import RUN, Settings
 from robust import keys
+from robust.compute import profile
 from robust.data import Dataset, load
 from robust.models import accuracy, build_model
 from robust.params import unflatten
@@ -140,5 +141,6 @@ def backdoor_success(setup: CellSetup, w: torch.Tensor) -> float | None:
     data, model = setup.data, setup.model()
     keep = data.y_test != attack.target
     stamped = attack.stamp(data.x_test[keep])
-    return accuracy(model, unflatten(w, model), stamped, torch.full((stamped.shape[0],), attack.target))
+    with profile(setup.settings.threads):
+        return accuracy(model, unflatten(w, model), stamped, torch.full((stamped.shape[0],), attack.target))
 

@@ -19,6 +19,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
+from nodes.protocol import Protocol
 from nodes.settings import Settings
 from nodes.volunteer import NodeConfig, NodeData, compute, pick_device
 from nodes.wire import Task
@@ -57,6 +58,10 @@ def train(msg: Message, context: Context) -> Message:
 def main(grid: Grid, context: Context) -> None:
     folder = Path(str(context.run_config["state-dir"]))
     s = Settings.read(folder)
+    protocol = Protocol.parse(s.protocol, lr=s.lr, momentum=s.momentum, batch_size=s.batch_size)
+    if protocol.kind != "delta" or protocol.server_momentum or protocol.server_lr != 1.0:
+        raise ValueError(f"FedAvg applies the mean of model deltas as they are: protocol {s.protocol!r} is not "
+                         "that; run deploy-bench with plain delta:steps=K")
     nodes = int(context.run_config["nodes"])
     data = load(s.dataset, root=s.data_root or None, seed=0)
     model = build_model(s.model, data.shape, data.classes, s.seed)

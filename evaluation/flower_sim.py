@@ -10,7 +10,8 @@ introduce themselves (their signatures prove it). A cell ends with the same
 ``model_sha256`` as ``robust bench --no-vectorize`` (``tests/test_drivers.py``).
 
 One simulation (Ray start-up: about 10 s here) serves every cell with the same number of
-nodes. A node that fails or does not answer fails the run, loudly.
+nodes. A node whose ClientApp fails (Flower reports it at once) or that does not answer
+within ``WAIT_SECONDS`` fails the run when its cell ends, naming the node and the round.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def server_app(cells: list[Cell], root: Path, save: Callable[[Cell, dict], None]
             shutil.rmtree(folder, ignore_errors=True)  # a run killed mid-cell left it behind
             coord_dir, _ = federation.build(setup, folder, port=free_port(), deadline=WAIT_SECONDS,
                                             wait_nodes=WAIT_SECONDS)
-            threat = ThreatModel(setup.attack, setup.byzantine, cell.seed)
+            threat = ThreatModel(cell.attack, setup.byzantine, cell.seed)
             coord, start = Coordinator(coord_dir, hook=threat), time.perf_counter()
             serve(grid, coord, poll=POLL_SECONDS, introductions=True)
             wall = time.perf_counter() - start

@@ -70,7 +70,7 @@ class CellRun:
     def __init__(self, cell: Cell, vectorize: bool = True) -> None:
         self.setup = setup = CellSetup(cell)
         self.vectorize, self.ids = vectorize, setup.ids
-        self.threat = ThreatModel(setup.attack, setup.byzantine, cell.seed)
+        self.threat = ThreatModel(cell.attack, setup.byzantine, cell.seed)
         self.engine = Engine(setup.settings, setup.model(), setup.data.x_test, setup.data.y_test, self.threat)
         self.protocol = self.engine.protocol
         self.index = {fp: i for i, fp in enumerate(self.ids)}
@@ -108,10 +108,7 @@ class CellRun:
         return torch.cat(xs), torch.cat(ys), parts
 
     def task(self) -> Task:
-        s, engine = self.setup.settings, self.engine
-        return Task(run=f"bench-{self.setup.cell.seed}", round=engine.round + 1, base=engine.base, seed=s.seed,
-                    dataset=s.dataset, model=s.model, protocol=s.protocol, batch_size=s.batch_size, lr=s.lr,
-                    momentum=s.momentum, threads=s.threads)
+        return Task.of(self.setup.settings, "bench", self.engine.round + 1, self.engine.base)
 
     def rows(self, asked: list[str]) -> torch.Tensor:
         """The rows of the ``asked`` nodes (canonical order) this round; their momenta advance."""

@@ -1,8 +1,11 @@
 """The bench's threat model, played through the round engine's hook (``nodes.engine.ThreatHook``).
 
-Before the rule, an omniscient attacker sees the round's valid rows and replaces those of the
-Byzantine nodes still asked with the rows its attack crafts from the honest ones (colluding:
-one call crafts them all); the engine then validates the crafted rows like any other.
+Before the rule (in a round that steps), an omniscient attacker sees the round's valid rows
+and replaces those of the Byzantine nodes still asked with the rows its attack crafts from
+the honest ones (colluding: one call crafts them all); the engine then validates the crafted
+rows like any other. The attack is built for the ``k`` Byzantine rows present (its ``f``):
+once the flag policy has quarantined some colluders, the rest calibrate on what is left (an
+attack with memory, such as mimic, starts afresh with the new coalition).
 After the rule, the hook measures the damage of the round: the empirical robustness
 coefficient ``kappa_hat`` of the aggregate against the honest rows. Node-side attacks need
 no hook: those Byzantine nodes trained on poisoned data already.
@@ -22,8 +25,10 @@ from .metrics import kappa_hat
 
 
 class ThreatModel:
-    def __init__(self, attack: attacks.Attack, byzantine: set[str], seed: int) -> None:
-        self.attack, self.byzantine, self.seed = attack, byzantine, seed
+    def __init__(self, spec: str, byzantine: set[str], seed: int) -> None:
+        self.spec, self.byzantine, self.seed = spec, byzantine, seed
+        self.omniscient = isinstance(attacks.build(spec, 1), OmniscientAttack) and spec != "none"
+        self.coalitions: dict[int, attacks.Attack] = {}  # k Byzantine rows present -> the attack for them
         self.previous: torch.Tensor | None = None  # the last aggregate, which attacks may use
         self.kappa: list[float] = []
 
@@ -31,16 +36,18 @@ class ThreatModel:
         return torch.tensor([i in self.byzantine for i in ids], dtype=torch.bool)
 
     def rows(self, engine, round: int, ids: list[str], X: torch.Tensor) -> torch.Tensor:
-        if not isinstance(self.attack, OmniscientAttack) or self.attack.name == "none":
+        if not self.omniscient:
             return X
         byz = self._mask(ids)
         k = int(byz.sum())
         if k == 0 or k == len(ids):
             return X
+        if k not in self.coalitions:
+            self.coalitions[k] = attacks.build(self.spec, k)
         ctx = attacks.Context(n=len(ids), generator=generator(self.seed, round, "attack"), aggregator=engine.chain,
                               previous=self.previous, own=X[byz], round=round)
         X = X.clone()
-        X[byz] = self.attack(X[~byz], ctx)[:k].to(X.dtype)
+        X[byz] = self.coalitions[k](X[~byz], ctx).to(X.dtype)
         return X
 
     def observe(self, ids: list[str], X: torch.Tensor, aggregate: torch.Tensor | None) -> None:

@@ -97,7 +97,7 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
             on_ready()
         run_id = launch.submit_run(folder)
         print(f"run {run_id} submitted: {settings.rounds} rounds of {settings.aggregator} (f={settings.tolerate}), "
-              f"quorum {_quorum(settings)}, deadline {settings.deadline:g} s", flush=True)
+              f"quorum {settings.quorum_needed}, deadline {settings.deadline:g} s", flush=True)
         return _follow(folder, run_id, settings, superlink)
     except KeyboardInterrupt:
         if run_id:
@@ -107,16 +107,6 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
         return 130
     finally:
         launch.stop(superlink)
-
-
-def _quorum(settings: Settings) -> str:
-    if settings.quorum:
-        return str(settings.quorum)
-    import aggregators
-
-    from .engine import fewest_rows
-
-    return f"{fewest_rows(aggregators.build(settings.aggregator, settings.tolerate))} (the fewest {settings.aggregator} serves)"
 
 
 STATUS_EVERY = 30.0  # seconds between asking Flower whether the run died (each `flwr ls` costs ~2 s of CPU)

@@ -88,16 +88,23 @@ class Coordinator:
         return self.engine.select([fp for fp in online if fp in self.keys])
 
     def task(self) -> tuple[Task, np.ndarray]:
-        s = self.settings
-        task = Task(run=self.run_id, round=self.round + 1, base=self.engine.base, seed=s.seed, dataset=s.dataset,
-                    model=s.model, protocol=s.protocol, batch_size=s.batch_size, lr=s.lr, momentum=s.momentum,
-                    threads=s.threads)
-        return task, self.engine.w.numpy()
+        return Task.of(self.settings, self.run_id, self.round + 1, self.engine.base), self.engine.w.numpy()
+
+    def receive(self, fp: str, reply: Reply, row: np.ndarray | None, rows: dict[str, torch.Tensor],
+                rejected: dict[str, str], failed: dict[str, str]) -> None:
+        """File node ``fp``'s decoded reply: its row under ``rows``, a bad reply under
+        ``rejected`` (a flag), a declined task under ``failed`` (not a lie: no flag)."""
+        if reply.refused:
+            failed[fp] = f"declined the task: {reply.refused[:200]}"
+            return
+        result = self.check(fp, reply, row)
+        if isinstance(result, str):
+            rejected[fp] = result
+        else:
+            rows[fp] = result
 
     def check(self, fp: str, reply: Reply, row: np.ndarray | None) -> torch.Tensor | str:
-        """The reply's update as a row, or the reason it is rejected."""
-        if reply.refused:
-            return f"refused the task: {reply.refused}"
+        """The update of a reply that did not decline, as a row, or why it is rejected."""
         if reply.run != self.run_id:
             return f"signed for run {reply.run!r}, this is run {self.run_id!r}"
         if reply.round != self.round + 1:

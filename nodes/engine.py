@@ -5,15 +5,17 @@ rounds (the global model ``w``, the aggregation chain and its state, the protoco
 state, the flag policy, the round count) and :meth:`Engine.step` plays one round on the
 rows the nodes sent:
 
-    canonical order -> validate -> threat-model hook (bench only) -> quorum -> aggregate
+    canonical order -> validate -> quorum -> threat-model hook (bench only) -> aggregate
     -> score -> flag -> apply -> evaluate -> record
 
 The deployed coordinator (``nodes.coordinator``, fed by the Flower ServerApp), the local
 bench driver (vectorised or per node) and the Flower simulation driver all call it, so a
 benchmark describes what users deploy. Everything runs under the run's compute profile
 (``threads``) and is a function of the settings and the rows: the same rows give the same
-bits whatever order they arrived in. A rule's error is never swallowed: a round below its
-quorum makes no step, and the quorum is at least what the rule can serve.
+bits whatever order they arrived in. A rule's error is never swallowed: a round makes no
+step, with its reason recorded, only when it has fewer valid rows than its quorum or a
+number of rows the rule declares it cannot serve (``check_n``); the hook plays only in a
+round that steps.
 """
 
 from __future__ import annotations
@@ -44,17 +46,6 @@ class ThreatHook(Interface):
     def observe(self, ids: list[str], X: torch.Tensor, aggregate: torch.Tensor | None) -> None: ...
 
 
-def fewest_rows(chain: aggregators.Chain) -> int:
-    """The smallest number of rows ``chain`` can serve."""
-    for n in range(1, 100_000):
-        try:
-            chain.check_n(n)
-            return n
-        except ValueError:
-            continue
-    raise ValueError(f"{chain.spec} serves no number of rows up to 100000")
-
-
 class Engine:
     def __init__(self, settings, model: nn.Module, x_test: torch.Tensor, y_test: torch.Tensor,
                  hook: ThreatHook | None = None) -> None:
@@ -64,7 +55,7 @@ class Engine:
         self.chain = aggregators.build(s.aggregator, s.tolerate)
         self.protocol = Protocol.parse(s.protocol, lr=s.lr, momentum=s.momentum, batch_size=s.batch_size)
         self.flags = FlagPolicy(s.flag_ratio, s.quarantine_after)
-        self.quorum = s.quorum or fewest_rows(self.chain)
+        self.quorum = s.quorum_needed
         self.buffer: torch.Tensor | None = None  # the protocol's outer momentum
         self.round = 0  # rounds finished
 
@@ -106,9 +97,10 @@ class Engine:
             if order != list(range(len(ids))):
                 ids, X = [ids[i] for i in order], X[order]
             ids, X = self._valid(ids, X, rejected)
-            if self.hook is not None and ids:
+            skipped = self._cannot_step(len(ids))
+            if self.hook is not None and not skipped:  # an attack crafts only for a round that steps
                 ids, X = self._valid(ids, self.hook.rows(self, t, ids, X), rejected)
-            skipped = "" if len(ids) >= self.quorum else f"{len(ids)} valid rows, quorum is {self.quorum}: no step"
+                skipped = self._cannot_step(len(ids))  # crafted rows may have been rejected
             aggregate = None if skipped else self.chain(X)
             scores = score_round(X, self.chain.f, self.chain.last_kept if aggregate is not None else None) if ids else {}
             flagged = self.flags.update(t, ids, scores, rejected)
@@ -126,6 +118,17 @@ class Engine:
             "skipped": skipped, "accuracy": acc, "model_sha256": self.base,
             "scores": {name: s.tolist() for name, s in scores.items()},
         }
+
+    def _cannot_step(self, n: int) -> str:
+        """Why a round with ``n`` valid rows makes no step ("" if it does): below the quorum,
+        or a number of rows the rule refuses (MDA above its subset limit)."""
+        if n < self.quorum:
+            return f"{n} valid rows, quorum is {self.quorum}: no step"
+        try:
+            self.chain.check_n(n)
+        except ValueError as err:
+            return f"no step: {err}"
+        return ""
 
     def _valid(self, ids: list[str], X: torch.Tensor, rejected: dict[str, str]) -> tuple[list[str], torch.Tensor]:
         """The rows that can be used; the others go to ``rejected`` with their reason."""

@@ -36,11 +36,13 @@ def rejected_rows(rows: torch.Tensor, max_norm: float | None) -> dict[int, str]:
     """Reasons for the rows of a stacked ``(n, d)`` matrix that cannot be used.
 
     One vectorised screen (a row norm is finite and in bounds only if the row is), then
-    :func:`rejection_reason` on the flagged rows alone, so the reasons are the same words.
+    :func:`rejection_reason` on the screened rows alone, so the reasons are the same words and
+    the bound is decided in float64, as for a single reply: the screen takes rows a rounding
+    error inside the bound too.
     """
     norms = torch.linalg.vector_norm(rows, dim=1)
     flagged = ~torch.isfinite(norms)
     if max_norm is not None:
-        flagged |= norms > max_norm
+        flagged |= norms > max_norm * (1 - 1e-4)
     reasons = {i: rejection_reason(rows[i], rows.shape[1], max_norm) for i in flagged.nonzero().flatten().tolist()}
     return {i: r for i, r in reasons.items() if r is not None}

@@ -93,14 +93,19 @@ class Roster:
 def wait_for_nodes(roster: Roster, coord: Coordinator, everyone: bool) -> dict[int, str]:
     """The selected online nodes (Flower id -> fingerprint). Waits up to ``wait_nodes`` seconds
     for a quorum, or with ``everyone`` (a run's first round) for every admitted node, so a
-    federation whose nodes all start together trains on all of them from round one."""
+    federation whose nodes all start together trains on all of them from round one. Never
+    waits for more nodes than admission and quarantine leave."""
     s = coord.settings
+    possible = len(coord.select(list(coord.keys)))
+    if possible < coord.engine.quorum:
+        log.warning("only %d admitted node(s) are not quarantined, the quorum is %d: this round cannot step; "
+                    "admit nodes (robust coordinator admit) or lower the quorum", possible, coord.engine.quorum)
+    needed = possible if everyone else min(coord.engine.quorum, possible)
     until = time.monotonic() + s.wait_nodes
     while True:
         nodes = roster.online()
         chosen = set(coord.select(list(nodes.values())))
-        enough = len(chosen) == len(coord.select(list(coord.keys))) if everyone else len(chosen) >= coord.engine.quorum
-        if enough or time.monotonic() > until:
+        if len(chosen) >= needed or time.monotonic() > until:
             return {nid: fp for nid, fp in nodes.items() if fp in chosen}
         time.sleep(roster.poll)
 
@@ -131,22 +136,15 @@ def play_round(roster: Roster, coord: Coordinator, first: bool, nudging: bool) -
             try:
                 answer, row = read_reply(reply.content)
                 seconds[fp] = answer.seconds
-                if answer.refused:
-                    failed[fp] = f"declined the task: {answer.refused[:200]}"
-                    continue
-                result = coord.check(fp, answer, row)
+                coord.receive(fp, answer, row, rows, rejected, failed)
             except ValueError as err:
-                result = f"malformed reply: {err}"
+                rejected[fp] = f"malformed reply: {err}"
             except Exception as err:  # noqa: BLE001 - untrusted input must never end the round
                 log.exception("round %d: reply from %s could not be checked", coord.round + 1, short(fp))
-                result = f"reply could not be checked ({type(err).__name__})"
-            if isinstance(result, str):
-                rejected[fp] = result
-            else:
-                rows[fp] = result
+                rejected[fp] = f"reply could not be checked ({type(err).__name__})"
         if pending:
             time.sleep(roster.poll)
-    return coord.finish_round(sorted(nodes.values()), rows, rejected, started, seconds, failed)
+    return coord.finish_round(sorted(set(nodes.values())), rows, rejected, started, seconds, failed)
 
 
 def nudge(grid: Grid, silent: dict[int, str], deadline: float) -> None:

@@ -87,17 +87,24 @@ class _Checked:
             object.__setattr__(self, p.attr, p.check(getattr(self, p.attr)))
         import aggregators
 
-        from .engine import fewest_rows
-
         try:
             chain = aggregators.build(self.aggregator, self.tolerate)
             if self.quorum:
                 chain.check_n(self.quorum)
         except ValueError as err:
             raise ValueError(f"{err} [the quorum is {self.quorum}: raise quorum, or lower tolerate]") from None
-        quorum = self.quorum or fewest_rows(chain)
-        if self.per_round and self.per_round < quorum:
-            raise ValueError(f"per-round={self.per_round} is below the quorum {quorum}: raise per-round or lower quorum")
+        if self.per_round and self.per_round < self.quorum_needed:
+            raise ValueError(f"per-round={self.per_round} is below the quorum {self.quorum_needed}: "
+                             "raise per-round or lower quorum")
+
+    @property
+    def quorum_needed(self) -> int:
+        """Valid rows a round needs to step: ``quorum``, or if 0 the fewest the aggregator serves."""
+        if self.quorum:
+            return self.quorum
+        import aggregators
+
+        return aggregators.build(self.aggregator, self.tolerate).least_n()
 
     def replace(self, **changes: object) -> Settings:
         """A copy with ``changes`` (``None`` values ignored), validated."""

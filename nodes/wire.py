@@ -30,6 +30,13 @@ class Task:
     momentum: float
     threads: int        # the compute profile: CPU threads (robust.compute)
 
+    @classmethod
+    def of(cls, settings, run: str, round: int, base: str) -> Task:
+        """Round ``round``'s task under ``settings`` (``nodes.settings.Settings``)."""
+        s = settings
+        return cls(run=run, round=round, base=base, seed=s.seed, dataset=s.dataset, model=s.model,
+                   protocol=s.protocol, batch_size=s.batch_size, lr=s.lr, momentum=s.momentum, threads=s.threads)
+
 
 @dataclass(frozen=True)
 class Reply:

@@ -154,9 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return args.run(args)
-    except (ValueError, RuntimeError) as err:  # user errors carry their fix in the message
+    except ValueError as err:  # a usage error: its message says what to change
         print(f"robust {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:  # a runtime failure: its message says where to look
+        print(f"robust {args.command}: failed: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"robust {args.command}: interrupted", file=sys.stderr)
         return 130

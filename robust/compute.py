@@ -24,6 +24,7 @@ def profile(threads: int, device: torch.device | str = "cpu") -> Iterator[None]:
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an integer >= 1 (got {threads!r})")
     cuda = torch.device(device).type == "cuda"
+    workspace = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     before = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()
     benchmark = torch.backends.cudnn.benchmark
@@ -40,3 +41,5 @@ def profile(threads: int, device: torch.device | str = "cpu") -> Iterator[None]:
         if cuda:
             torch.use_deterministic_algorithms(deterministic)
             torch.backends.cudnn.benchmark = benchmark
+            if workspace is None:
+                os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)

@@ -52,8 +52,15 @@ class Interval:
         return f"a finite {'integer' if self.kind is int else 'number'}"
 
 
+class _AsGiven:
+    """A rule whose accepted values are used as they are."""
+
+    def convert(self, value: object) -> object:
+        return value
+
+
 @dataclass(frozen=True)
-class OneOf:
+class OneOf(_AsGiven):
     """One of a list of names, given as a tuple or as a function (imported lazily)."""
 
     choices: tuple[str, ...] | Callable[[], Iterable[str]]
@@ -64,43 +71,34 @@ class OneOf:
     def accepts(self, value: object) -> bool:
         return isinstance(value, str) and value in self.names()
 
-    def convert(self, value: object) -> object:
-        return value
-
     def describe(self) -> str:
         return "one of " + ", ".join(self.names())
 
 
 @dataclass(frozen=True)
-class Text:
+class Text(_AsGiven):
     """Any string."""
 
     def accepts(self, value: object) -> bool:
         return isinstance(value, str)
-
-    def convert(self, value: object) -> object:
-        return value
 
     def describe(self) -> str:
         return "a string"
 
 
 @dataclass(frozen=True)
-class Flag:
+class Flag(_AsGiven):
     """``true`` or ``false``."""
 
     def accepts(self, value: object) -> bool:
         return isinstance(value, bool)
-
-    def convert(self, value: object) -> object:
-        return value
 
     def describe(self) -> str:
         return "true or false"
 
 
 @dataclass(frozen=True)
-class Spec:
+class Spec(_AsGiven):
     """A spec string that ``build`` accepts (``build`` raises ``ValueError`` saying why not)."""
 
     build: Callable[[str], object]
@@ -111,9 +109,6 @@ class Spec:
             return False
         self.build(value)  # its ValueError carries the precise reason
         return True
-
-    def convert(self, value: object) -> object:
-        return value
 
     def describe(self) -> str:
         return self.what

@@ -47,8 +47,7 @@ def play(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None =
     got = [r for r in replies(coord, nodes, attacks) if r[0] in asked]
     if shuffle is not None:
         random.Random(shuffle).shuffle(got)
-    rows, rejected = {}, {}
+    rows, rejected, failed = {}, {}, {}
     for fp, reply, row in got:
-        result = coord.check(fp, reply, row)
-        (rejected if isinstance(result, str) else rows)[fp] = result
-    return coord.finish_round(asked, rows, rejected, 0.0)
+        coord.receive(fp, reply, row, rows, rejected, failed)
+    return coord.finish_round(asked, rows, rejected, 0.0, failed=failed)

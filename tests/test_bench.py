@@ -165,4 +165,43 @@ def test_selecting_rules_quarantine_no_honest_node_in_20_rounds(aggregator):
     cfg = grid(load_scenario(None, TINY + ["rounds=20", "byzantine=1"]))[0]
     record = run_cell(Cell(cfg, aggregator, "none", 0))
     assert record["false_quarantines"] == 0 and record["skipped_rounds"] == 0
+    assert list(record["rounds_to_quarantine"].values()) == [None]  # nor the node that is Byzantine but honest
     assert record["final_accuracy"] > record["accuracy"][0]
+
+
+def engine_with(threat, features=4):
+    from nodes.engine import Engine
+    from nodes.settings import Settings
+    from robust.models import build_model
+
+    return Engine(Settings(aggregator="krum", tolerate=1), build_model("logreg", (features,), 3),
+                  torch.zeros(2, features), torch.zeros(2, dtype=torch.int64), threat)
+
+
+def test_the_threat_hook_plays_only_in_a_round_that_steps():
+    # krum with f=1 serves 5 rows; 3 of 6 rows are non-finite: a search attack run on the
+    # 3 left would ask krum for 3 rows. The round must skip, and not crash.
+    from evaluation.threat import ThreatModel
+
+    ids = [f"{i:064x}" for i in range(6)]
+    threat = ThreatModel("optimal-alie", {ids[0]}, seed=0)
+    engine = engine_with(threat)
+    X = torch.randn(6, engine.w.numel(), generator=torch.Generator().manual_seed(0))
+    X[3:] = float("nan")
+    record = engine.step(ids, ids, X)
+    assert record["skipped"] == "3 valid rows, quorum is 5: no step" and len(record["rejected"]) == 3
+    assert threat.coalitions == {} and engine.round == 1
+
+
+def test_a_partly_quarantined_coalition_crafts_for_the_colluders_left():
+    import attacks
+    from evaluation.threat import ThreatModel
+    from robust.seeds import generator
+
+    ids = ["a", "b", "c", "d", "e"]
+    threat = ThreatModel("alie", {"a", "x"}, seed=3)  # "x" was quarantined: one colluder left
+    X = torch.randn(5, 8, generator=torch.Generator().manual_seed(1))
+    out = threat.rows(engine_with(threat), 4, ids, X)
+    ctx = attacks.Context(n=5, generator=generator(3, 4, "attack"), own=X[:1], round=4)
+    assert list(threat.coalitions) == [1] and torch.equal(out[0], attacks.build("alie", 1)(X[1:], ctx)[0])
+    assert torch.equal(out[1:], X[1:])

@@ -325,3 +325,14 @@ def test_errors_leave_the_input_untouched():
     with pytest.raises(ValueError):
         aggregators.build("krum", 2)(X)
     assert torch.equal(X, before)
+
+
+@pytest.mark.parametrize("spec, f, least", [("mean", 0, 1), ("krum", 1, 5), ("bulyan", 1, 7),
+                                            ("nnm+trimmed-mean", 2, 5), ("mda", 5, 11)])
+def test_least_n_is_the_fewest_rows_a_chain_serves(spec, f, least):
+    chain = aggregators.build(spec, f)
+    assert chain.least_n() == least
+    chain.check_n(least)
+    if least > 1:
+        with pytest.raises(ValueError):
+            chain.check_n(least - 1)

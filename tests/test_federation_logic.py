@@ -132,7 +132,32 @@ def test_a_volunteer_refuses_a_model_that_does_not_match_its_hash(federation):
     w[0] += 1
     reply, row = work(task, w, NodeData.load(next(nodes[0].glob("data-*.pt"))), keys.load_private(nodes[0]), torch.device("cpu"))
     assert row is None and "does not match" in reply.refused
-    assert "refused the task" in coord.check(fingerprint(nodes[0]), reply, row)
+    rows, rejected, failed = {}, {}, {}
+    coord.receive(fingerprint(nodes[0]), reply, row, rows, rejected, failed)
+    assert not rows and not rejected and "declined the task" in failed[fingerprint(nodes[0])]  # no flag
+
+
+def test_a_round_asked_again_gets_the_same_row_under_the_momentum_protocol(tmp_path):
+    """A coordinator killed after its nodes computed round t asks round t again on restart:
+    each node answers from the momentum it had before round t, not after."""
+    from nodes.volunteer import NodeData, work
+    import torch
+
+    coord_dir, nodes = make_federation(tmp_path, 3, dataclasses.replace(SETTINGS, protocol="momentum"))
+    coord = Coordinator(coord_dir)
+    play(coord, nodes)  # round 1: the nodes now hold their momentum after round 1
+    task, w = coord.task()
+    node, data = nodes[0], NodeData.load(next(nodes[0].glob("data-*.pt")))
+
+    def answer(task):
+        return work(task, w, data, keys.load_private(node), torch.device("cpu"), folder=node)
+
+    first, again = answer(task), answer(task)  # round 2, twice
+    assert first[0].round == 2 and np.array_equal(first[1], again[1])
+    third = answer(dataclasses.replace(task, round=3))  # round 3 builds on round 2's momentum
+    assert not np.array_equal(third[1], first[1])
+    back = answer(task)  # round 2 after round 3: the coordinator went back in time
+    assert back[1] is None and "went back in time" in back[0].refused
 
 
 @pytest.mark.parametrize("change, words", [

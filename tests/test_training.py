@@ -181,3 +181,12 @@ def test_rejected_rows_screens_a_stack():
     rows = torch.tensor([[1.0, 1.0], [float("inf"), 0.0], [3.0e38, 3.0e38], [4.0, 4.0]])
     assert rejected_rows(rows, None) == {1: "non-finite values"}  # row 2 overflows float32 only
     assert rejected_rows(rows, 5.0) == {1: "non-finite values", 2: "norm 4.243e+38 above the bound 5", 3: "norm 5.657 above the bound 5"}
+
+
+def test_the_stack_screen_and_a_single_reply_agree_at_the_norm_bound():
+    g = torch.Generator().manual_seed(4)
+    rows = torch.randn(200, 1000, generator=g)
+    exact = torch.linalg.vector_norm(rows.double(), dim=1)
+    rows = (rows.double() / exact[:, None] * 10.0 * (1 + torch.linspace(-3e-7, 3e-7, 200))[:, None]).float()
+    single = {i: r for i in range(200) if (r := rejection_reason(rows[i], 1000, 10.0))}
+    assert 0 < len(single) < 200 and rejected_rows(rows, 10.0) == single
