@@ -85,8 +85,7 @@ class CellSetup:
 
     @cached_property
     def protocol(self) -> Protocol:
-        s = self.settings
-        return Protocol.parse(s.protocol, lr=s.lr, momentum=s.momentum, batch_size=s.batch_size)
+        return Protocol.of(self.settings)
 
     def model(self) -> torch.nn.Module:
         return build_model(self.settings.model, self.data.shape, self.data.classes, self.settings.seed)

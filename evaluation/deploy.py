@@ -29,8 +29,10 @@ from .cell import Cell, CellSetup, cell_record
 DEADLINE = 600.0  # seconds a round waits: nodes are local, so only a broken one is late
 
 
-def run_cell(cell: Cell, folder: Path) -> dict:
+def run_cell(cell: Cell, root: Path) -> dict:
+    """The cell's record, from its federation in ``root/<run id>`` (removed once done)."""
     setup = CellSetup(cell)
+    folder = root.resolve() / federation.run_id(setup)
     shutil.rmtree(folder, ignore_errors=True)  # a run killed mid-cell left it behind
     port = launch.free_port()
     coord, nodes = federation.build(setup, folder, port=port, deadline=DEADLINE, wait_nodes=DEADLINE)
@@ -57,12 +59,12 @@ def run_cell(cell: Cell, folder: Path) -> dict:
                            f"failed with exit code {code}: see {log}")
     rounds, w = federation.rounds_and_model(coord)
     federation.check_complete(rounds, folder)
-    return cell_record(setup, rounds, w, None, wall, None, "deploy")
+    record = cell_record(setup, rounds, w, None, wall, None, "deploy")
+    shutil.rmtree(folder, ignore_errors=True)
+    return record
 
 
 def run_cells(todo: list[Cell], root: Path, save: Callable[[Cell, dict], None]) -> None:
     """Run ``todo`` one cell at a time, each through its own SuperLink and SuperNodes."""
     for cell in todo:
-        folder = root.resolve() / federation.run_id(CellSetup(cell))
-        save(cell, run_cell(cell, folder))
-        shutil.rmtree(folder, ignore_errors=True)
+        save(cell, run_cell(cell, root))

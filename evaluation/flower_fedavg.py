@@ -58,7 +58,7 @@ def train(msg: Message, context: Context) -> Message:
 def main(grid: Grid, context: Context) -> None:
     folder = Path(str(context.run_config["state-dir"]))
     s = Settings.read(folder)
-    protocol = Protocol.parse(s.protocol, lr=s.lr, momentum=s.momentum, batch_size=s.batch_size)
+    protocol = Protocol.of(s)
     if protocol.kind != "delta" or protocol.server_momentum or protocol.server_lr != 1.0:
         raise ValueError(f"FedAvg applies the mean of model deltas as they are: protocol {s.protocol!r} is not "
                          "that; run deploy-bench with plain delta:steps=K")

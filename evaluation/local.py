@@ -29,7 +29,7 @@ from nodes.engine import Engine
 from nodes.protocol import Protocol
 from nodes.volunteer import compute
 from nodes.wire import Task
-from robust import compute as profiles
+from robust.compute import profile
 from robust.batches import draw_batches, node_key
 from robust.params import unflatten
 from robust.seeds import generator
@@ -124,7 +124,7 @@ class CellRun:
                                     torch.device("cpu"), self.setup.attack_of(self.ids[i]), self.momenta[i]))
             self.momenta[idx] = torch.stack([m for _, m in outs])
             return torch.stack([row for row, _ in outs])
-        with profiles.profile(self.setup.settings.threads):
+        with profile(self.setup.settings.threads):
             pos = self.draws(self.engine.round + 1)
             pos = pos if everyone else pos[idx]
             m = self.momenta if everyone else self.momenta[idx]

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 import aggregators
-from robust import compute
+from robust.compute import profile
 from robust.models import accuracy
 from robust.params import flat_params, sha256, unflatten
 from robust.seeds import generator
@@ -53,7 +53,7 @@ class Engine:
         self.model, self.x_test, self.y_test, self.hook = model, x_test, y_test, hook
         self.w = flat_params(model)
         self.chain = aggregators.build(s.aggregator, s.tolerate)
-        self.protocol = Protocol.parse(s.protocol, lr=s.lr, momentum=s.momentum, batch_size=s.batch_size)
+        self.protocol = Protocol.of(s)
         self.flags = FlagPolicy(s.flag_ratio, s.quarantine_after)
         self.quorum = s.quorum_needed
         self.buffer: torch.Tensor | None = None  # the protocol's outer momentum
@@ -92,7 +92,7 @@ class Engine:
         of the ``asked`` nodes; ``rejected`` replies (bad content) count as flags, ``failed``
         ones (lost, declined) do not. Returns the round's record (JSON-ready)."""
         t, rejected = self.round + 1, dict(rejected or {})
-        with compute.profile(self.settings.threads):
+        with profile(self.settings.threads):
             order = sorted(range(len(ids)), key=ids.__getitem__)  # canonical: by node identity
             if order != list(range(len(ids))):
                 ids, X = [ids[i] for i in order], X[order]

@@ -84,6 +84,12 @@ class Protocol:
             raise ValueError(f"protocol {spec!r}: nesterov=true needs server_momentum > 0")
         return cls(kind, float(lr), float(momentum), int(batch_size), **values)
 
+    @classmethod
+    def of(cls, config) -> Protocol:
+        """The protocol a run's settings or a task state (their ``protocol``, ``lr``,
+        ``momentum`` and ``batch_size``)."""
+        return cls.parse(config.protocol, lr=config.lr, momentum=config.momentum, batch_size=config.batch_size)
+
     @property
     def keeps_momentum(self) -> bool:
         """Whether a node carries state (its worker momentum) from one round to the next."""

@@ -24,7 +24,7 @@ import torch
 
 import attacks
 from attacks.base import NodeAttack
-from robust import compute as profiles
+from robust.compute import profile
 from robust import keys
 from robust.batches import draw_batches, node_key
 from robust.models import build_model
@@ -97,18 +97,14 @@ def check_attack(spec: str) -> None:
         )
 
 
-def protocol_of(task: Task) -> Protocol:
-    return Protocol.parse(task.protocol, lr=task.lr, momentum=task.momentum, batch_size=task.batch_size)
-
-
 def compute(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,
             device: torch.device, attack: str = "", m: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(row, new worker momentum)``, both CPU float32, of node ``node`` (its fingerprint)
     for ``task`` from the global model ``w``, on its data ``x, y``, with its momentum ``m``
     (zeros if ``None``). A node-side ``attack`` poisons the data and scales the row (never
     the momentum). ``ValueError`` if ``w`` does not fit the model or the task is malformed."""
-    protocol = protocol_of(task)
-    with profiles.profile(task.threads, device):
+    protocol = Protocol.of(task)
+    with profile(task.threads, device):
         model = build_model(task.model, tuple(x.shape[1:]), classes).to(device)
         params = unflatten(w.to(device), model)
         scale = 1.0
@@ -161,7 +157,7 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
         return refuse("the model received does not match its announced SHA-256")
     node = keys.fingerprint(key.public_key())
     try:
-        keeps = protocol_of(task).keeps_momentum
+        keeps = Protocol.of(task).keeps_momentum
     except ValueError as err:
         return refuse(f"protocol: {err}")
     m = None
