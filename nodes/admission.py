@@ -1,4 +1,9 @@
-"""The admission list: ``DIR/admitted/<fingerprint>.pub``, one file per volunteer key."""
+"""The admission list: ``DIR/admitted/<fingerprint>.pub``, one file per volunteer key.
+
+Keys are written atomically (a round that reads the list never sees half a file) and read
+with a size cap; a file that is not a key is skipped with a warning naming it, never the end
+of a running federation.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,21 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from robust import keys
 
+from .checkpoint import write_atomic
+
 ADMITTED = "admitted"
+KEY_CAP = 4096  # bytes: an OpenSSH P-384 public key line takes about 230
+
+
+def _read_key(path: Path) -> ec.EllipticCurvePublicKey:
+    """The key in ``path``; ``ValueError`` naming the file and the fix."""
+    try:
+        size = path.stat().st_size
+        if size > KEY_CAP:
+            raise ValueError(f"{size} bytes, a public key takes at most {KEY_CAP}")
+        return keys.load_public(path.read_bytes())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: {err}: use the node.pub that `robust node keygen` wrote") from None
 
 
 def admit(folder: str | Path, public_file: str | Path) -> str:
@@ -16,21 +35,23 @@ def admit(folder: str | Path, public_file: str | Path) -> str:
     path = Path(public_file)
     if not path.is_file():
         raise ValueError(f"{path} not found: the volunteer's `robust node keygen DIR` writes DIR/node.pub")
-    try:
-        key = keys.load_public(path.read_bytes())
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
+    key = _read_key(path)
     fp = keys.fingerprint(key)
     target = Path(folder) / ADMITTED
     target.mkdir(parents=True, exist_ok=True)
-    (target / f"{fp}.pub").write_bytes(keys.public_bytes(key) + b"\n")
+    write_atomic(target / f"{fp}.pub", lambda out: out.write(keys.public_bytes(key) + b"\n"))
     return fp
 
 
-def admitted(folder: str | Path) -> dict[str, ec.EllipticCurvePublicKey]:
-    """Fingerprint -> public key of every admitted volunteer."""
-    out = {}
+def scan(folder: str | Path) -> tuple[dict[str, tuple[Path, ec.EllipticCurvePublicKey]], list[str]]:
+    """Fingerprint -> (file, public key) of every admitted volunteer, and what is wrong with
+    each file that holds no key (skipped)."""
+    found, problems = {}, []
     for path in sorted((Path(folder) / ADMITTED).glob("*.pub")):
-        key = keys.load_public(path.read_bytes())
-        out[keys.fingerprint(key)] = key
-    return out
+        try:
+            key = _read_key(path)
+        except ValueError as err:
+            problems.append(f"skipped {err}")
+            continue
+        found[keys.fingerprint(key)] = (path, key)
+    return found, problems

@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from .demo import demo
 
-        return demo(args.seed, args.rounds, args.json, args.keep)
+        return demo(args.seed, args.rounds, args.json, args.keep, args.attack)
     folder = Path(getattr(args, "dir", None) or args.key)
     if args.command == "coordinator":
         if args.action == "init":

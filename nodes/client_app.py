@@ -4,10 +4,14 @@ A node is a folder: its key, its prepared data and ``node.json`` (device, and fo
 test nodes an attack). A deployed SuperNode's ``--node-config`` names the folder (written by
 ``robust node join``); the bench's Flower simulation builds the same app with
 :func:`make_app`, finding each simulated node's folder from its partition id.
+
+Each answered task is one line of ``DIR/work.jsonl`` (run, round, seconds, declined or not),
+written just before the reply leaves: the node's own account of what it sent.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable
@@ -18,9 +22,11 @@ from flwr.clientapp import ClientApp
 
 from robust import keys
 
+from . import faults
 from .volunteer import NodeConfig, NodeData, pick_device, work
-from .wire import identity_content, read_introduction, read_task, reply_content
+from .wire import identity_content, read_introduction, read_task
 
+WORK_LOG = "work.jsonl"
 FolderOf = Callable[[Context, str], Path]  # (context, run id) -> the node's folder
 
 
@@ -37,7 +43,11 @@ def make_app(folder_of: FolderOf) -> ClientApp:
                           pick_device(config.device), config.attack, folder)
         if config.slow > 0:  # a slow volunteer: a random delay, so replies arrive in a random order
             time.sleep(random.uniform(0, config.slow))
-        return Message(reply_content(reply, row), reply_to=msg)
+        time.sleep(faults.delay(config.attack, msg.metadata.created_at, task.deadline))
+        with open(folder / WORK_LOG, "a") as out:
+            out.write(json.dumps({"run": task.run, "round": task.round, "seconds": round(reply.seconds, 3),
+                                  "declined": bool(reply.refused), "time": time.time()}) + "\n")
+        return Message(faults.content(config.attack, reply, row), reply_to=msg)
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:

@@ -14,8 +14,8 @@ from pathlib import Path
 from robust import keys, tls
 
 from . import checkpoint, launch
-from .admission import ADMITTED, admit, admitted
-from .coordinator import RUN_ID, short
+from .admission import ADMITTED, admit, scan
+from .coordinator import RUN_ID, Coordinator, short
 from .settings import SETTINGS_FILE, Settings
 
 
@@ -73,10 +73,10 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
     ``on_ready`` is called once volunteers can connect (the demo starts its nodes there)."""
     settings = Settings.read(folder).replace(**overrides)
     (folder / SETTINGS_FILE).write_text(settings.to_toml())
-    keys_ = admitted(folder)
-    if not keys_:
+    found, _ = scan(folder)  # the Coordinator below warns of each file it skips
+    if not found:
         raise ValueError(f"no volunteer is admitted yet: `robust coordinator admit {folder} NODE.pub` first")
-    done_rounds = checkpoint.rounds_done(folder)
+    done_rounds = Coordinator(folder).round  # settings, checkpoint and round log checked before any process starts
     if done_rounds >= settings.rounds:
         print(f"{folder} already finished {done_rounds} rounds: pass --rounds N (N > {done_rounds}) to train more")
         return 0
@@ -84,12 +84,12 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
     (folder / checkpoint.RESULT).unlink(missing_ok=True)
     (folder / checkpoint.FAILED).unlink(missing_ok=True)
     print(f"starting SuperLink on {settings.bind}:{settings.port} (TLS, node authentication on), "
-          f"{len(keys_)} admitted node(s)" + (f", resuming after round {done_rounds}" if done_rounds else ""), flush=True)
+          f"{len(found)} admitted node(s)" + (f", resuming after round {done_rounds}" if done_rounds else ""), flush=True)
     superlink = launch.start_superlink(folder, settings.bind, settings.port)
     run_id = None
     signal.signal(signal.SIGTERM, _interrupt)  # `kill`, systemd, docker stop: stop as on Ctrl-C
     try:
-        failed = launch.register(folder, sorted((folder / ADMITTED).glob("*.pub")))
+        failed = launch.register(folder, sorted(path for path, _ in found.values()))
         for path, message in failed.items():
             print(f"warning: could not register {path.name}: {message}", flush=True)
         if on_ready is not None:
@@ -205,20 +205,48 @@ def node_join(folder: Path, coordinator: str, ca: Path, device: str, dataset: st
     if ":" not in coordinator:
         raise ValueError(f"--coordinator {coordinator!r}: write HOST:PORT, e.g. 192.0.2.7:9190")
     check_attack(attack)
+    unreachable = launch.check_certificate(coordinator, ca)
+    if unreachable:
+        print(f"cannot reach {coordinator} yet ({unreachable}): the node keeps trying", flush=True)
     chosen = pick_device(device)
     data = prepare_data(folder, dataset, root, part)
     fp = keys.fingerprint(key.public_key())
     print(f"node {fp[:12]} joining {coordinator} on {chosen}, {dataset} part {part}"
           + (f", playing {attack}" if attack else ""), flush=True)
     NodeConfig(str(data.resolve()), device, attack, float(slow)).save(folder)
-    proc = launch.start_supernode(folder.resolve(), coordinator, ca.resolve(),
-                                  own_group=False)  # in our group: stopping `node join`'s group stops Flower's task processes too
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:
-        launch.stop(proc)
-        return 130
-    if code != 0:  # Flower retries an unreachable SuperLink forever: an exit means a refusal
-        print(f"the coordinator refused this node (SuperNode exit code {code}): is {folder / keys.PUBLIC_FILE} "
-              f"admitted (robust coordinator admit DIR {folder / keys.PUBLIC_FILE})?", flush=True)
-    return code
+    return _supervise(lambda: launch.start_supernode(folder.resolve(), coordinator, ca.resolve(), own_group=False),
+                      folder / keys.PUBLIC_FILE)
+
+
+RECONNECT_PAUSE = 3.0  # seconds between a SuperNode's exit and its restart
+REFUSAL_GRACE = 300.0  # seconds a node that was connected keeps trying a coordinator that refuses it
+
+
+def _supervise(start: Callable[[], object], public: Path) -> int:
+    """Run the volunteer's SuperNode (``start()``: in our process group, so stopping ``node
+    join``'s group stops Flower's task processes too) until it is refused or we are stopped.
+
+    The coordinator's SuperLink keeps its state in memory, so a restarted coordinator no
+    longer knows the nodes that were connected: it drops them (the SuperNode exits with 0)
+    and registers their keys again as it starts. A dropped node reconnects; one refused
+    after it had been connected keeps trying for ``REFUSAL_GRACE`` seconds (the coordinator
+    may be registering keys); one refused from the start was not admitted."""
+    connected, refused_since = False, None
+    while True:
+        proc = start()
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:
+            launch.stop(proc)
+            return 130
+        if code == 0:
+            connected, refused_since = True, None
+            print("the coordinator dropped this node (it restarted?): reconnecting", flush=True)
+        elif connected and time.monotonic() - (refused_since := refused_since or time.monotonic()) < REFUSAL_GRACE:
+            print(f"the coordinator refused this node (SuperNode exit code {code}); it may be restarting: "
+                  "trying again", flush=True)
+        else:  # Flower retries an unreachable SuperLink forever: an exit means a refusal
+            print(f"the coordinator refused this node (SuperNode exit code {code}): is {public} admitted "
+                  f"(robust coordinator admit DIR {public})? The SuperNode's own words are above", flush=True)
+            return code
+        time.sleep(RECONNECT_PAUSE)

@@ -1,9 +1,10 @@
 """The coordinator: the round engine (``nodes.engine``) with a folder, keys and a transport.
 
 :class:`Coordinator` reads its settings, admission list and run id from its folder, makes
-each round's task, checks every reply as it arrives (:meth:`check`: run, round, base model,
-shape, signature, sample count), then :meth:`finish_round` hands the accepted rows to
-:meth:`Engine.step` and checkpoints. The Flower ServerApp (``nodes/server_app.py``) only
+each round's task, files every reply as it arrives (:meth:`take`: decoded from its bytes,
+then :meth:`check`: run, round, base model, shape, signature, sample count), then
+:meth:`finish_round` hands the accepted rows to :meth:`Engine.step` and checkpoints. Nothing
+a node sends can raise out of :meth:`take`: an unexpected error is that node's rejection. The Flower ServerApp (``nodes/server_app.py``) only
 moves messages. Everything is a function of the settings, the seed and the accepted
 replies, so the same replies give the same bits in any arrival order, and a restart
 resumes exactly.
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from flwr.app import RecordDict
 
 from robust import keys
 from robust.data import load
@@ -24,11 +27,12 @@ from robust.models import build_model
 from robust.params import sha256, unflatten
 
 from . import checkpoint
-from .admission import admitted
+from .admission import scan
+from .attendance import Attendance
 from .engine import Engine, ThreatHook
 from .rows import canonical, rejection_reason
 from .settings import Settings
-from .wire import Reply, Task, signed_payload
+from .wire import Reply, Task, read_reply, signed_payload
 
 log = logging.getLogger("robust.coordinator")
 RUN_ID = "run-id"
@@ -41,16 +45,39 @@ def short(fp: str) -> str:
     return fp[:12]
 
 
+@dataclass
+class Inbox:
+    """A round's replies, filed by node as they arrive."""
+
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # accepted updates
+    rejected: dict[str, str] = field(default_factory=dict)  # bad content: a flag
+    failed: dict[str, str] = field(default_factory=dict)  # declined, node error: no flag
+    seconds: dict[str, float] = field(default_factory=dict)  # the nodes' own training time
+
+    def __contains__(self, fp: str) -> bool:
+        return fp in self.rows or fp in self.rejected or fp in self.failed
+
+
 class Coordinator:
     def __init__(self, folder: str | Path, hook: ThreatHook | None = None) -> None:
         self.folder = Path(folder)
         self.settings = s = Settings.read(self.folder)
         self.run_id = (self.folder / RUN_ID).read_text().strip()
-        self.keys = admitted(self.folder)
+        self._warned: set[str] = set()
+        self.keys = self._admitted()
         data = load(s.dataset, root=s.data_root or None, seed=0)
         self.engine = Engine(s, build_model(s.model, data.shape, data.classes, s.seed), data.x_test, data.y_test, hook)
+        self.attendance = Attendance(s.rest_after)
         self.rejected: dict[str, str] = {}  # node -> its latest rejection's reason
         self._resume()
+
+    def _admitted(self) -> dict:
+        """The admitted keys; a bad file in the list is skipped with one warning naming it."""
+        found, problems = scan(self.folder)
+        for problem in sorted(set(problems) - self._warned):
+            log.warning("admission list: %s", problem)
+        self._warned |= set(problems)
+        return {fp: key for fp, (_, key) in found.items()}
 
     @property
     def round(self) -> int:
@@ -64,6 +91,7 @@ class Coordinator:
         state = checkpoint.load(self.folder)
         if state is None:
             return
+        path = self.folder / checkpoint.CHECKPOINT
         saved = state["settings"]
         changed = [k for k in FIXED if saved.get(k) != getattr(self.settings, k)]
         if changed:
@@ -72,36 +100,67 @@ class Coordinator:
                 f"({', '.join(f'{k}={saved.get(k)!r}' for k in changed)}): start with the same values, "
                 "or use a new folder for a new run"
             )
-        self.engine.load_state(state["engine"])
-        self.rejected = dict(state["rejected"])
-        log.info("resumed from %s after round %d", self.folder / checkpoint.CHECKPOINT, self.round)
+        w, d = state["engine"]["w"], self.engine.w.numel()
+        if w.dtype != torch.float32 or w.dim() != 1 or w.numel() != d:
+            raise ValueError(f"{path} holds a {w.dtype} model of shape {tuple(w.shape)}, model {self.settings.model} "
+                             f"is float32 ({d},): restore the checkpoint from a backup, or start over in a new folder")
+        if not bool(torch.isfinite(w).all()):
+            raise ValueError(f"{path} holds a model with non-finite values: restore it from a backup, "
+                             "or start over in a new folder")
+        try:
+            self.engine.load_state(state["engine"])
+            self.attendance.load_state(state["attendance"])
+            self.rejected = dict(state["rejected"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path} does not fit this run ({type(err).__name__}: {str(err)[:120]}): restore it "
+                             "from a backup, or start over in a new folder") from None
+        log.info("resumed from %s after round %d", path, self.round)
 
-    def save(self) -> None:
+    def save(self, record: dict) -> None:
         checkpoint.save(self.folder, {"settings": {k: getattr(self.settings, k) for k in FIXED},
-                                      "engine": self.engine.state(), "rejected": self.rejected})
+                                      "engine": self.engine.state(), "attendance": self.attendance.state(),
+                                      "rejected": self.rejected, "record": record})
 
     def select(self, online: list[str]) -> list[str]:
-        """The nodes asked this round (``Engine.select`` of the admitted online ones). The
-        admission list is re-read, so a key admitted while the run goes on is used from the
-        next round."""
-        self.keys = admitted(self.folder)
-        return self.engine.select([fp for fp in online if fp in self.keys])
+        """The nodes asked this round (``Engine.select`` of the admitted online ones that are not
+        resting; resting ones too if a quorum needs them). The admission list is re-read, so a
+        key admitted while the run goes on is used from the next round."""
+        self.keys = self._admitted()
+        online = [fp for fp in online if fp in self.keys]
+        rested = self.attendance.rested(self.round + 1)
+        chosen = self.engine.select([fp for fp in online if fp not in rested])
+        return chosen if len(chosen) >= self.engine.quorum or not rested else self.engine.select(online)
 
     def task(self) -> tuple[Task, np.ndarray]:
         return Task.of(self.settings, self.run_id, self.round + 1, self.engine.base), self.engine.w.numpy()
 
-    def receive(self, fp: str, reply: Reply, row: np.ndarray | None, rows: dict[str, torch.Tensor],
-                rejected: dict[str, str], failed: dict[str, str]) -> None:
-        """File node ``fp``'s decoded reply: its row under ``rows``, a bad reply under
-        ``rejected`` (a flag), a declined task under ``failed`` (not a lie: no flag)."""
-        if reply.refused:
-            failed[fp] = f"declined the task: {reply.refused[:200]}"
+    def take(self, fp: str, content: RecordDict, inbox: Inbox) -> None:
+        """File node ``fp``'s reply, as it came off the wire, in ``inbox``. Never raises: a
+        reply that cannot be read or checked, for any reason, is the node's rejection."""
+        if fp in inbox:
+            return  # a node answers once a round
+        try:
+            reply, row = read_reply(content, self.engine.w.numel())
+        except ValueError as err:
+            inbox.rejected[fp] = f"malformed reply: {err}"
             return
-        result = self.check(fp, reply, row)
+        except Exception as err:  # noqa: BLE001 - untrusted input must never end the round
+            log.exception("round %d: reply from %s could not be read", self.round + 1, short(fp))
+            inbox.rejected[fp] = f"reply could not be read ({type(err).__name__})"
+            return
+        inbox.seconds[fp] = reply.seconds
+        if reply.refused:
+            inbox.failed[fp] = f"declined the task: {reply.refused[:200]}"
+            return
+        try:
+            result = self.check(fp, reply, row)
+        except Exception as err:  # noqa: BLE001 - as above
+            log.exception("round %d: reply from %s could not be checked", self.round + 1, short(fp))
+            result = f"reply could not be checked ({type(err).__name__})"
         if isinstance(result, str):
-            rejected[fp] = result
+            inbox.rejected[fp] = result
         else:
-            rows[fp] = result
+            inbox.rows[fp] = result
 
     def check(self, fp: str, reply: Reply, row: np.ndarray | None) -> torch.Tensor | str:
         """The update of a reply that did not decline, as a row, or why it is rejected."""
@@ -111,7 +170,7 @@ class Coordinator:
             return f"signed for round {reply.round}, this is round {self.round + 1} (a replay?)"
         if reply.base != self.engine.base:
             return f"trained on base model {reply.base[:12]}, not the current {self.engine.base[:12]} (stale)"
-        tensor = torch.from_numpy(np.array(row, copy=True)) if row is not None else None
+        tensor = torch.from_numpy(np.array(row, dtype=np.float32)) if row is not None else None
         reason = rejection_reason(tensor, self.engine.w.numel(), self.settings.max_norm)
         if reason:
             return reason
@@ -122,24 +181,28 @@ class Coordinator:
             return f"sample count {reply.count} outside [1, {self.settings.max_count}]"
         return tensor
 
-    def finish_round(self, asked: list[str], rows: dict[str, torch.Tensor], rejected: dict[str, str],
-                     started: float, train_seconds: dict[str, float] | None = None,
-                     failed: dict[str, str] | None = None) -> dict:
+    def finish_round(self, asked: list[str], inbox: Inbox, started: float) -> dict:
         """The engine's round on the accepted rows, then checkpoint and log; the round's record.
 
-        ``rejected`` replies (bad content) count as flags; ``failed`` ones (a transport error,
-        or a node declining the task) are recorded without a flag: they are not lies.
-        ``train_seconds`` (what nodes say their training took) only feeds the overhead figure."""
-        ids, X = canonical(rows, self.engine.w.numel())
-        record = self.engine.step(asked, ids, X, rejected, failed)
+        Rejected replies (bad content) count as flags; failed ones (a transport error, or a
+        node declining the task) are recorded without a flag: they are not lies. A node
+        without a usable reply ``rest_after`` rounds in a row is rested (``nodes.attendance``).
+        The seconds nodes say their training took only feed the overhead figure."""
+        ids, X = canonical(inbox.rows, self.engine.w.numel())
+        record = self.engine.step(asked, ids, X, inbox.rejected, inbox.failed)
         for fp, reason in record["rejected"].items():
             self.rejected[fp] = reason
             log.warning("round %d: rejected %s: %s", record["round"], short(fp), reason)
         for fp, reason in record["failed"].items():
             log.warning("round %d: no usable reply from %s: %s", record["round"], short(fp), reason)
+        declined = {fp for fp, reason in inbox.failed.items() if reason.startswith("declined")}
+        record["rested"] = self.attendance.update(record["round"], asked, set(ids) | set(record["rejected"]), declined)
+        for fp in record["rested"]:
+            log.warning("round %d: %s gave no usable reply %d rounds in a row: not asked for %d rounds",
+                        record["round"], short(fp), self.settings.rest_after, self.settings.rest_after)
         record["seconds"] = round(time.monotonic() - started, 3)
-        record["train_seconds_max"] = round(max(((train_seconds or {}).get(fp, 0.0) for fp in ids), default=0.0), 3)
-        self.save()
+        record["train_seconds_max"] = round(max((inbox.seconds.get(fp, 0.0) for fp in ids), default=0.0), 3)
+        self.save(record)
         checkpoint.append_round(self.folder, record)
         if self.done:
             self.finish(record["accuracy"])
@@ -155,4 +218,5 @@ class Coordinator:
             "rejected": {short(fp): r for fp, r in sorted(self.rejected.items())},
             "flagged": sorted(short(fp) for fp in engine.flags.flags),
             "quarantined": sorted(short(fp) for fp in engine.flags.quarantined),
+            "declined": {short(fp): n for fp, n in sorted(self.attendance.declined.items())},
         })

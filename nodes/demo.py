@@ -1,6 +1,7 @@
 """``robust demo``: a whole federation on loopback, in one command.
 
-A coordinator and five volunteers (the fifth flips its labels) train digits for a few rounds
+A coordinator and five volunteers (the fifth plays ``--attack``: by default it flips its
+labels; any node-side attack or protocol fault of ``robust node join --attack``) train digits for a few rounds
 over TLS with node authentication; each round is printed; the run ends with the final
 accuracy and model SHA-256, and every process started is stopped. Keys and the run id are
 derived from ``--seed``, so two demos with the same seed end with the same SHA-256.
@@ -19,10 +20,13 @@ from robust import tls
 from . import commands, launch
 from .settings import Settings
 
-NODES, BYZANTINE, ATTACK = 5, (5,), "label-flip"
+NODES, BYZANTINE = 5, (5,)
 
 
-def demo(seed: int, rounds: int, as_json: bool, keep: str | None) -> int:
+def demo(seed: int, rounds: int, as_json: bool, keep: str | None, attack: str = "label-flip") -> int:
+    from .volunteer import check_attack
+
+    check_attack(attack)
     root = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="robust-demo-"))
     root.mkdir(parents=True, exist_ok=True)
     port = launch.free_port()
@@ -36,13 +40,13 @@ def demo(seed: int, rounds: int, as_json: bool, keep: str | None) -> int:
 
         def start_nodes() -> None:
             for i in range(1, NODES + 1):
-                attack = ["--attack", ATTACK] if i in BYZANTINE else []
+                plays = ["--attack", attack] if i in BYZANTINE and attack not in ("", "none") else []
                 procs.append(launch.spawn([
                     sys.executable, "-m", "robust.cli", "node", "join", "--coordinator", f"127.0.0.1:{port}",
                     "--ca", str(coord / "tls" / tls.CA_CERT), "--key", str(root / f"node{i}"),
-                    "--partition", f"{i}/{NODES}", "--device", "cpu", *attack,
+                    "--partition", f"{i}/{NODES}", "--device", "cpu", *plays,
                 ], root / f"node{i}", root / f"node{i}" / "join.log"))
-            print(f"started {NODES} volunteers (node{', node'.join(map(str, BYZANTINE))} plays {ATTACK}); "
+            print(f"started {NODES} volunteers (node{', node'.join(map(str, BYZANTINE))} plays {attack or 'none'}); "
                   f"their logs: {root}/node*/join.log", flush=True)
 
         code = commands.coordinator_start(coord, {}, on_ready=start_nodes)

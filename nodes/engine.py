@@ -92,6 +92,9 @@ class Engine:
         of the ``asked`` nodes; ``rejected`` replies (bad content) count as flags, ``failed``
         ones (lost, declined) do not. Returns the round's record (JSON-ready)."""
         t, rejected = self.round + 1, dict(rejected or {})
+        if X.dtype != self.w.dtype or tuple(X.shape) != (len(ids), self.w.numel()):
+            raise ValueError(f"rows of {X.dtype} {tuple(X.shape)} for {len(ids)} nodes: the engine takes "
+                             f"{self.w.dtype} ({len(ids)}, {self.w.numel()}) (a driver's error, not a node's)")
         with profile(self.settings.threads):
             order = sorted(range(len(ids)), key=ids.__getitem__)  # canonical: by node identity
             if order != list(range(len(ids))):

@@ -8,21 +8,32 @@ faults break the reply itself, each one a check the coordinator must make:
 - ``huge-norm``: the update scaled by 1e6;  ``inflated-count``: claims 1e12 samples;
 - ``bad-signature``: the signature is random bytes;
 - ``replay``: re-sends its previous round's signed reply (the first round is honest);
-- ``stale-base``: signs for a base model other than the one it was sent.
+- ``stale-base``: signs for a base model other than the one it was sent;
+- ``dtype-lie``: float64 bytes labelled float32 (half the values: as many bytes as the honest update);
+- ``shape-lie``: one value more than the label says;
+- ``oversize``: an update 64 times the model's size;
+- ``slow-drip``: replies a few seconds before the round's deadline;
+- ``decline``: declines every task.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
+import time
 from pathlib import Path
 
 import numpy as np
+from flwr.app import Array, RecordDict
 
-from .wire import Reply
+from .wire import UPDATE, Reply, reply_content
 
-PROTOCOL_FAULTS = ("nan", "wrong-shape", "huge-norm", "inflated-count", "bad-signature", "replay", "stale-base")
+PROTOCOL_FAULTS = ("nan", "wrong-shape", "huge-norm", "inflated-count", "bad-signature", "replay", "stale-base",
+                   "dtype-lie", "shape-lie", "oversize", "slow-drip", "decline")
 REPLAY_FILE = "last-reply.npz"
+DECLINE = "this node declines every task (test fault: decline)"
+DRIP_MARGIN = 5.0  # seconds before the deadline a slow-drip node replies (a SuperNode polls every 3 s)
 
 
 def corrupt_row(fault: str, row: np.ndarray) -> np.ndarray:
@@ -62,3 +73,23 @@ def corrupt_reply(fault: str, reply: Reply, row: np.ndarray, folder: Path) -> tu
             return Reply(run=str(saved["run"]), round=int(saved["round"]), base=str(saved["base"]),
                          count=int(saved["count"]), signature=saved["signature"].tobytes()), saved["row"]
     return reply, row
+
+
+def content(fault: str, reply: Reply, row: np.ndarray | None) -> RecordDict:
+    """The reply as the faulty node puts it on the wire (labels that lie about the bytes)."""
+    out = reply_content(reply, row)
+    if row is None or fault not in ("dtype-lie", "shape-lie", "oversize"):
+        return out
+    if fault == "oversize":
+        out.array_records[UPDATE]["row"] = Array(np.tile(row, 64))
+        return out
+    sent = row[: len(row) // 2].astype(np.float64) if fault == "dtype-lie" else np.append(row, np.float32(0))
+    data = io.BytesIO()
+    np.save(data, sent, allow_pickle=False)
+    out.array_records[UPDATE]["row"] = Array(dtype="float32", shape=row.shape, stype="numpy.ndarray", data=data.getvalue())
+    return out
+
+
+def delay(fault: str, sent_at: float, deadline: float) -> float:
+    """Seconds the faulty node waits before replying to a task sent at ``sent_at`` (Unix time)."""
+    return max(0.0, sent_at + deadline - DRIP_MARGIN - time.time()) if fault == "slow-drip" else 0.0

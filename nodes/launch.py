@@ -152,12 +152,15 @@ def prepare_coordinator(folder: Path, port: int) -> None:
 
 
 def start_superlink(folder: Path, bind: str, port: int) -> subprocess.Popen:
+    """The SuperLink, its state in memory: Flower's SQLite state answered "database is locked"
+    to 5 of 20 volunteers pushing replies at once, losing them. Nothing is lost by keeping it
+    in memory: the coordinator's checkpoint is the run's state, and keys are registered again
+    at every start."""
     certs, log = folder / "tls", folder / LOGS / "superlink.log"
     proc = spawn([
         _bin("flower-superlink"), "--ssl-ca-certfile", str(certs / tls.CA_CERT),
         "--ssl-certfile", str(certs / tls.SERVER_CERT), "--ssl-keyfile", str(certs / tls.SERVER_KEY),
-        "--enable-supernode-auth", "--database", str(folder / "superlink.db"),
-        "--disable-runtime-dependency-installation", "--host", bind, "--port", str(port),
+        "--enable-supernode-auth", "--disable-runtime-dependency-installation", "--host", bind, "--port", str(port),
     ], folder / FLWR_HOME, log)
     try:
         wait_for_tls("127.0.0.1", port, certs / tls.CA_CERT, proc, log)
@@ -215,6 +218,26 @@ def run_log(folder: Path, run_id: str) -> str:
 
 # -- the volunteer side --------------------------------------------------------------------
 
+
+def check_certificate(coordinator: str, ca: Path) -> str | None:
+    """Raise ``ValueError`` if the coordinator at ``HOST:PORT`` answers with a certificate that
+    does not verify against ``ca`` (for ``HOST``); return why it could not be asked (``None``
+    when it verified): an unreachable coordinator is for the SuperNode to keep trying."""
+    host, _, port = coordinator.rpartition(":")
+    host = host.strip("[]")
+    try:
+        context = ssl.create_default_context(cafile=str(ca))
+    except (ssl.SSLError, OSError) as err:
+        raise ValueError(f"--ca {ca} is not a PEM certificate ({err}): ask the coordinator for its tls/ca.crt") from None
+    try:
+        with socket.create_connection((host, int(port)), timeout=5) as raw, context.wrap_socket(raw, server_hostname=host):
+            return None
+    except ssl.SSLCertVerificationError as err:
+        raise ValueError(f"the coordinator's certificate does not verify against --ca {ca} ({err.verify_message}): "
+                         "ask the coordinator for its tls/ca.crt, and reach it by a name or address it was made "
+                         "for (robust coordinator init --host)") from None
+    except (OSError, ValueError) as err:
+        return f"{type(err).__name__}: {err}"
 
 def start_supernode(folder: Path, coordinator: str, ca: Path, log: Path | None = None,
                     own_group: bool = True) -> subprocess.Popen:

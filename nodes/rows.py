@@ -15,8 +15,8 @@ def rejection_reason(row: torch.Tensor, d: int, max_norm: float | None) -> str |
     if not isinstance(row, torch.Tensor) or row.dim() != 1 or row.numel() != d:
         shape = tuple(row.shape) if isinstance(row, torch.Tensor) else type(row).__name__
         return f"wrong shape {shape}, expected ({d},)"
-    if row.dtype not in (torch.float32, torch.float64):
-        return f"wrong dtype {row.dtype}"
+    if row.dtype != torch.float32:
+        return f"wrong dtype {row.dtype}, expected torch.float32 (the model's)"
     if not bool(torch.isfinite(row).all()):
         return "non-finite values"
     if max_norm is not None:

@@ -2,9 +2,10 @@
 
 Flower's ``Strategy.start`` drops late replies silently and one malformed reply ends the whole
 run, so the loop is ours (:func:`serve`): ask the selected nodes, collect until every one
-replied or the deadline passed, hand each reply to :meth:`Coordinator.check` (a bad reply is
+replied or the deadline passed, hand each reply to :meth:`Coordinator.take` (a bad reply is
 a rejection with a reason, never an exception), then :meth:`Coordinator.finish_round`, which
-runs the round engine. The deployed app reads the coordinator's folder from the run
+runs the round engine. A round with no node to ask fails the run, after ``wait-nodes``
+seconds, with what to do (never a "done" on an untrained model). The deployed app reads the coordinator's folder from the run
 config's ``state-dir``; the bench's Flower simulation driver calls :func:`serve` itself, on
 a coordinator with its threat-model hook.
 
@@ -37,8 +38,8 @@ from flwr.serverapp import Grid, ServerApp
 from robust import keys
 
 from . import checkpoint
-from .coordinator import Coordinator, short
-from .wire import introduction_content, read_identity, read_reply, task_content
+from .coordinator import Coordinator, Inbox, short
+from .wire import introduction_content, read_identity, task_content
 
 log = logging.getLogger("robust.coordinator")
 POLL = 0.5  # seconds between pulls: Flower's own polling (3 s) dominates anyway
@@ -81,6 +82,9 @@ class Roster:
         while pending and time.monotonic() < until:
             for reply in self.grid.pull_messages(list(pending)):
                 pending.discard(reply.metadata.reply_to_message_id)
+                if reply.has_error():
+                    log.warning("node %d did not introduce itself: %s", reply.metadata.src_node_id, str(reply.error.reason)[:200])
+                    continue
                 try:
                     out[reply.metadata.src_node_id] = keys.fingerprint(keys.load_public(read_identity(reply.content)))
                 except ValueError as err:
@@ -113,38 +117,35 @@ def wait_for_nodes(roster: Roster, coord: Coordinator, everyone: bool) -> dict[i
 def play_round(roster: Roster, coord: Coordinator, first: bool, nudging: bool) -> dict:
     grid = roster.grid
     nodes = wait_for_nodes(roster, coord, first)
+    if not nodes:
+        raise RuntimeError(
+            f"round {coord.round + 1}: no admitted volunteer is online after waiting {coord.settings.wait_nodes:g} s "
+            "(wait-nodes): start volunteers with `robust node join` (its output says why one cannot connect), "
+            "or admit more if all are quarantined; the run resumes from this round")
     started = time.monotonic()
     task, w = coord.task()
     deadline = started + coord.settings.deadline
     messages = [Message(task_content(task, w), dst_node_id=nid, message_type="train",
                         ttl=coord.settings.deadline + 30) for nid in sorted(nodes)]
     pending = {mid for mid in grid.push_messages(messages) if mid}
-    rows, rejected, failed, seconds = {}, {}, {}, {}
+    inbox = Inbox()
     nudge_at = started + coord.settings.deadline / 2 if nudging else None
     while pending and time.monotonic() < deadline:
         if nudge_at is not None and time.monotonic() >= nudge_at:
-            nudge(grid, {nid: fp for nid, fp in nodes.items() if fp not in rows | rejected | failed}, deadline)
+            nudge(grid, {nid: fp for nid, fp in nodes.items() if fp not in inbox}, deadline)
             nudge_at = None
         for reply in grid.pull_messages(list(pending)):
             pending.discard(reply.metadata.reply_to_message_id)
             fp = nodes.get(reply.metadata.src_node_id)
-            if fp is None or fp in rows or fp in rejected or fp in failed:
+            if fp is None or fp in inbox:
                 continue
             if reply.has_error():
-                failed[fp] = f"node error: {reply.error.reason[:200]}"
-                continue
-            try:
-                answer, row = read_reply(reply.content)
-                seconds[fp] = answer.seconds
-                coord.receive(fp, answer, row, rows, rejected, failed)
-            except ValueError as err:
-                rejected[fp] = f"malformed reply: {err}"
-            except Exception as err:  # noqa: BLE001 - untrusted input must never end the round
-                log.exception("round %d: reply from %s could not be checked", coord.round + 1, short(fp))
-                rejected[fp] = f"reply could not be checked ({type(err).__name__})"
+                inbox.failed[fp] = f"node error: {str(reply.error.reason)[:200]}"
+            else:
+                coord.take(fp, reply.content, inbox)
         if pending:
             time.sleep(roster.poll)
-    return coord.finish_round(sorted(set(nodes.values())), rows, rejected, started, seconds, failed)
+    return coord.finish_round(sorted(set(nodes.values())), inbox, started)
 
 
 def nudge(grid: Grid, silent: dict[int, str], deadline: float) -> None:

@@ -16,7 +16,7 @@ import dataclasses
 import tomllib
 from pathlib import Path
 
-from robust.constraints import Interval, OneOf, Param, Spec, Text, table, unknown
+from robust.constraints import Host, Interval, OneOf, Param, Spec, Text, table, unknown
 
 SETTINGS_FILE = "coordinator.toml"
 
@@ -73,7 +73,9 @@ DEPLOY = table(
     Param("deadline", Interval(float, 0, None, "neither"), 60.0, "seconds a round waits for replies"),
     Param("wait-nodes", Interval(float, 0, None, "neither"), 120.0, "seconds to wait for a quorum of nodes to come online"),
     Param("max-count", Interval(int, 1, None), 1_000_000, "replies claiming more samples are rejected (counts are never weights)"),
-    Param("bind", Text(), "127.0.0.1", "address the SuperLink listens on (0.0.0.0 for other machines)"),
+    Param("rest-after", Interval(int, 1, None), 3,
+          "rounds in a row a node may decline or not reply before it is rested (not asked) for as many rounds"),
+    Param("bind", Host(), "127.0.0.1", "address the SuperLink listens on (0.0.0.0 for other machines)"),
     Param("port", Interval(int, 1, 65535), 9190, "SuperLink port"),
 )
 PARAMS = {**RUN, **DEPLOY}

@@ -150,6 +150,8 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
     def refuse(reason: str) -> tuple[Reply, None]:
         return Reply(run=task.run, round=task.round, base=task.base, count=0, signature=b"", refused=reason), None
 
+    if attack == "decline":
+        return refuse(faults.DECLINE)
     if task.dataset != data.dataset:
         return refuse(f"this node holds {data.dataset}, the task trains on {task.dataset}: rejoin with --data {task.dataset}")
     weights = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))

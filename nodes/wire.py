@@ -4,11 +4,20 @@ A task carries the global model as one flat float32 array plus the round's setti
 carries the update row plus ``(run, round, base, count, signature)``. Conversions to and from
 Flower's ``RecordDict`` live here and nowhere else. Decoding a reply raises ``ValueError``
 with the reason for *anything* malformed: the caller turns it into a rejection, never a crash.
+
+A reply's update is checked for what its bytes *are*, not what its labels say: the byte
+count against a cap derived from the model first, then the ``.npy`` header's dtype and shape,
+and only then one read of the values, as little-endian float32 (a node cannot make the
+coordinator decode, copy or hold more than one model's worth of values, nor change the
+model's dtype or shape).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+
+import io
+import math
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
@@ -29,13 +38,15 @@ class Task:
     lr: float
     momentum: float
     threads: int        # the compute profile: CPU threads (robust.compute)
+    deadline: float     # seconds the coordinator waits for replies this round
 
     @classmethod
     def of(cls, settings, run: str, round: int, base: str) -> Task:
         """Round ``round``'s task under ``settings`` (``nodes.settings.Settings``)."""
         s = settings
         return cls(run=run, round=round, base=base, seed=s.seed, dataset=s.dataset, model=s.model,
-                   protocol=s.protocol, batch_size=s.batch_size, lr=s.lr, momentum=s.momentum, threads=s.threads)
+                   protocol=s.protocol, batch_size=s.batch_size, lr=s.lr, momentum=s.momentum, threads=s.threads,
+                   deadline=s.deadline)
 
 
 @dataclass(frozen=True)
@@ -76,10 +87,14 @@ def reply_content(reply: Reply, row: np.ndarray | None) -> RecordDict:
 
 
 _TYPES = {"run": str, "round": int, "base": str, "count": int, "signature": bytes, "refused": str, "seconds": float}
+FIELD_CAP = 4096  # bytes: the longest text or signature a reply field may hold
+HEADER_CAP = 1024  # bytes: the longest .npy header of a one-dimensional float32 array
+ROW_DTYPE = np.dtype("<f4")
 
 
-def read_reply(content: RecordDict) -> tuple[Reply, np.ndarray | None]:
-    """Decode a reply; ``ValueError`` says what is malformed."""
+def read_reply(content: RecordDict, d: int) -> tuple[Reply, np.ndarray | None]:
+    """Decode a reply whose update must be ``d`` float32 values; ``ValueError`` says what is
+    malformed. The row is read-only (it views the message's bytes)."""
     try:
         config = content.config_records[REPLY]
     except KeyError:
@@ -89,22 +104,49 @@ def read_reply(content: RecordDict) -> tuple[Reply, np.ndarray | None]:
         value = config.get(name)
         if type(value) is not kind:
             raise ValueError(f"reply field {name!r} missing or not {kind.__name__}")
+        if isinstance(value, (str, bytes)) and len(value) > FIELD_CAP:
+            raise ValueError(f"reply field {name!r} holds {len(value)} bytes, at most {FIELD_CAP} are read")
         values[name] = value
+    if not (math.isfinite(values["seconds"]) and values["seconds"] >= 0):
+        raise ValueError(f"reply field 'seconds' is {values['seconds']}, not a finite number >= 0")
     reply = Reply(**values)
     if reply.refused:
         return reply, None
     try:
-        record = content.array_records[UPDATE]
-        array = record["row"]
+        array = content.array_records[UPDATE]["row"]
     except KeyError:
         raise ValueError("no update array") from None
-    if array.dtype != "float32":
-        raise ValueError(f"update dtype {array.dtype}, expected float32")
+    return reply, read_row(array, d)
+
+
+def read_row(array: Array, d: int) -> np.ndarray:
+    """The ``(d,)`` float32 values in ``array``'s bytes, checked before they are decoded."""
+    data = array.data
+    if array.stype != "numpy.ndarray" or not isinstance(data, bytes):
+        raise ValueError(f"update serialised as {str(array.stype)[:40]!r}, expected numpy.ndarray")
+    if len(data) > d * ROW_DTYPE.itemsize + HEADER_CAP:
+        raise ValueError(f"update is {len(data)} bytes, a model of {d} float32 values takes at most "
+                         f"{d * ROW_DTYPE.itemsize + HEADER_CAP}")
+    buffer = io.BytesIO(data)
     try:
-        row = array.numpy()
-    except Exception as err:  # noqa: BLE001 - untrusted bytes: any decoder failure is a rejection
-        raise ValueError(f"update does not decode ({type(err).__name__})") from None
-    return reply, row
+        version = np.lib.format.read_magic(buffer)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(buffer, max_header_size=HEADER_CAP)
+    except Exception as err:  # noqa: BLE001 - untrusted bytes: any parser failure is a rejection
+        raise ValueError(f"update bytes are not a .npy array ({type(err).__name__})") from None
+    if dtype != ROW_DTYPE:
+        raise ValueError(f"update bytes hold {dtype}, labelled {str(array.dtype)[:40]}: expected float32")
+    if tuple(shape) != (d,):
+        raise ValueError(f"update bytes hold shape {tuple(shape)}, expected ({d},)")
+    try:
+        labels = (str(array.dtype), tuple(int(n) for n in array.shape))
+    except (TypeError, ValueError):
+        labels = None
+    if labels != ("float32", (d,)):
+        raise ValueError(f"update labelled {str(labels)[:80]}, its bytes are float32 ({d},)")
+    if len(data) - buffer.tell() != d * ROW_DTYPE.itemsize:
+        raise ValueError(f"update holds {len(data) - buffer.tell()} value bytes, ({d},) float32 takes {d * ROW_DTYPE.itemsize}")
+    return np.frombuffer(data, dtype=ROW_DTYPE, count=d, offset=buffer.tell())
 
 
 # Introductions: a node that Flower did not authenticate (a simulated one) says who it is.

@@ -27,6 +27,12 @@ def _deploy_bench(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _stress(args: argparse.Namespace) -> int:
+    from evaluation.stress import main
+
+    return main(args)
+
+
 def _federation(args: argparse.Namespace) -> int:
     from nodes.cli import run
 
@@ -39,6 +45,12 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
 
     for param in PARAMS.values():
         p.add_argument(f"--{param.key}", type=param.kind, default=None, help=f"{param.help} (default {param.default!r})")
+
+
+# What `--attack` accepts (nodes.faults.PROTOCOL_FAULTS and the node-side attacks): kept here,
+# as text, so that `robust --help` imports neither torch nor Flower; a test checks it.
+_NODE_BEHAVIOURS = ("label-flip, backdoor:..., and the protocol faults nan, wrong-shape, huge-norm, inflated-count, "
+                    "bad-signature, replay, stale-base, dtype-lie, shape-lie, oversize, slow-drip, decline")
 
 
 def _federation_parsers(sub: argparse._SubParsersAction) -> None:
@@ -67,14 +79,15 @@ def _federation_parsers(sub: argparse._SubParsersAction) -> None:
     join.add_argument("--data", default="digits", help="the data set this node trains on (default digits)")
     join.add_argument("--data-root", help="folder of local files for mnist / fashion-mnist / cifar10 / hf-disk")
     join.add_argument("--partition", default="1/1", metavar="I/N", help="train on part I of N (iid split; default 1/1)")
-    join.add_argument("--attack", default="", metavar="SPEC", help="Byzantine test node: label-flip, backdoor, nan, "
-                      "wrong-shape, huge-norm, inflated-count, bad-signature, replay, stale-base")
+    join.add_argument("--attack", default="", metavar="SPEC", help=f"Byzantine test node: {_NODE_BEHAVIOURS}")
     join.add_argument("--slow", type=float, default=0.0, metavar="S", help="wait a random 0..S seconds before each reply")
     demo = sub.add_parser("demo", help="a whole federation on loopback: coordinator, 5 volunteers (1 Byzantine)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--rounds", type=int, default=5)
     demo.add_argument("--json", action="store_true", help="end with one JSON line: accuracy, SHA-256, rejected, flagged")
     demo.add_argument("--keep", metavar="DIR", help="run in DIR and keep it (default: a temporary folder)")
+    demo.add_argument("--attack", default="label-flip", metavar="SPEC",
+                      help=f"what the Byzantine volunteer (node5) plays, or none (default label-flip): {_NODE_BEHAVIOURS}")
     for p in (coord, node, demo):
         p.set_defaults(run=_federation)
 
@@ -118,6 +131,17 @@ def parser() -> argparse.ArgumentParser:
     dep.add_argument("--keep", metavar="DIR", help="work in DIR and keep it")
     dep.add_argument("--json", metavar="FILE", help="also write every round's times")
     dep.set_defaults(run=_deploy_bench)
+
+    stress = sub.add_parser("stress", help="reliability benchmark: N volunteers on loopback, faults, kills; replies lost, crashes, memory")
+    stress.add_argument("--nodes", type=int, default=10)
+    stress.add_argument("--rounds", type=int, default=3)
+    stress.add_argument("--faults", metavar="FAULT,...", help="protocol faults, one node each, e.g. dtype-lie,oversize,decline,slow-drip")
+    stress.add_argument("--kill", type=float, default=0.0, metavar="P", help="share of volunteers SIGKILLed mid-round and restarted, each round")
+    stress.add_argument("--deadline", type=float, default=0.0, metavar="S", help="round deadline (default max(60, 6 x nodes) s)")
+    stress.add_argument("--seed", type=int, default=0, help="keys and which nodes are killed")
+    stress.add_argument("--keep", metavar="DIR", help="work in DIR and keep it")
+    stress.add_argument("--json", action="store_true", help="end with one JSON line: every round's counts")
+    stress.set_defaults(run=_stress)
 
     bench = sub.add_parser(
         "agg-bench",

@@ -6,13 +6,15 @@ are the same :class:`Param`, checked by the same rule, refused with the same one
 
 A :class:`Param` names its key (kebab-case), its rule, its default and a help text. Rules:
 :class:`Interval` (an int or float range), :class:`OneOf` (a fixed or computed list of
-names), :class:`Text`, :class:`Flag` (a bool) and :class:`Spec` (a value a builder accepts, e.g. an aggregator spec;
+names), :class:`Text`, :class:`Host`, :class:`Flag` (a bool) and :class:`Spec` (a value a builder accepts, e.g. an aggregator spec;
 the builder's own message says what is wrong).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -87,6 +89,29 @@ class Text(_AsGiven):
 
 
 @dataclass(frozen=True)
+class Host(_AsGiven):
+    """An IP address, or a host name (RFC 1123 labels; a dotted all-digit name must be an address)."""
+
+    def accepts(self, value: object) -> bool:
+        if not isinstance(value, str):
+            return False
+        try:
+            ipaddress.ip_address(value)
+            return True
+        except ValueError:
+            pass
+        labels = value.split(".")
+        return (len(value) <= 253 and not all(label.isdigit() for label in labels)
+                and all(_LABEL.fullmatch(label) for label in labels))
+
+    def describe(self) -> str:
+        return "an IP address or a host name"
+
+
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+@dataclass(frozen=True)
 class Flag(_AsGiven):
     """``true`` or ``false``."""
 
@@ -114,7 +139,7 @@ class Spec(_AsGiven):
         return self.what
 
 
-Rule = Interval | OneOf | Text | Flag | Spec
+Rule = Interval | OneOf | Text | Host | Flag | Spec
 
 
 @dataclass(frozen=True)

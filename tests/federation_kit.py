@@ -9,9 +9,10 @@ from pathlib import Path
 
 import torch
 
-from nodes import commands
-from nodes.coordinator import Coordinator
-from nodes.wire import read_reply, reply_content
+from flwr.app import RecordDict
+
+from nodes import commands, faults
+from nodes.coordinator import Coordinator, Inbox
 from nodes.settings import Settings
 from nodes.volunteer import NodeData, work
 from robust import keys
@@ -29,15 +30,15 @@ def fingerprint(node: Path) -> str:
     return keys.fingerprint(keys.load_private(node).public_key())
 
 
-def replies(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None = None):
-    """Every node's reply to the current task, as decoded from the wire: ``(fp, reply, row)``."""
+def replies(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None = None) -> list[tuple[str, RecordDict]]:
+    """Every node's reply to the current task, as it goes on the wire: ``(fp, content)``."""
     task, w = coord.task()
     out = []
     for i, node in enumerate(nodes, start=1):
+        attack = (attacks or {}).get(i, "")
         part = next(node.glob("data-*.pt"))
-        reply = reply_content(*work(task, w, NodeData.load(part), keys.load_private(node), torch.device("cpu"),
-                                    (attacks or {}).get(i, ""), node))
-        out.append((fingerprint(node), *read_reply(reply)))
+        reply, row = work(task, w, NodeData.load(part), keys.load_private(node), torch.device("cpu"), attack, node)
+        out.append((fingerprint(node), faults.content(attack, reply, row)))
     return out
 
 
@@ -47,7 +48,7 @@ def play(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None =
     got = [r for r in replies(coord, nodes, attacks) if r[0] in asked]
     if shuffle is not None:
         random.Random(shuffle).shuffle(got)
-    rows, rejected, failed = {}, {}, {}
-    for fp, reply, row in got:
-        coord.receive(fp, reply, row, rows, rejected, failed)
-    return coord.finish_round(asked, rows, rejected, 0.0, failed=failed)
+    inbox = Inbox()
+    for fp, content in got:
+        coord.take(fp, content, inbox)
+    return coord.finish_round(asked, inbox, 0.0)

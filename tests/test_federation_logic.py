@@ -12,8 +12,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from nodes import checkpoint, faults
-from nodes.coordinator import Coordinator
-from nodes.wire import read_reply
+from nodes.coordinator import Coordinator, Inbox
+from nodes.wire import read_reply, reply_content
 from nodes.settings import Settings
 from robust import keys
 
@@ -33,16 +33,17 @@ def test_each_bad_reply_kind_is_rejected_and_the_round_completes(federation):
     replies(coord, nodes[:1], {1: "replay"})  # the replay node's first (honest) reply, kept
     play(coord, nodes)
     expected = {
-        "nan": "non-finite", "wrong-shape": "wrong shape", "huge-norm": "above the bound",
+        "nan": "non-finite", "wrong-shape": "bytes hold shape", "huge-norm": "above the bound",
         "inflated-count": "sample count", "bad-signature": "bad signature", "replay": "round 1, this is round 2",
-        "stale-base": "stale",
+        "stale-base": "stale", "dtype-lie": "bytes hold float64, labelled float32",
+        "shape-lie": "bytes hold shape", "oversize": "bytes, a model of",
     }
     for fault, words in expected.items():
         c = Coordinator(coord_dir)
         c.engine.round, c.engine.w = 1, coord.engine.w
-        fp, reply, row = replies(c, nodes[:1], {1: fault})[0]
-        reason = c.check(fp, reply, row)
-        assert isinstance(reason, str) and words in reason, (fault, reason)
+        (fp, content), inbox = replies(c, nodes[:1], {1: fault})[0], Inbox()
+        c.take(fp, content, inbox)
+        assert not inbox.rows and words in inbox.rejected.get(fp, ""), (fault, inbox)
     record = play(coord, nodes, {1: "nan"})
     assert record["accepted"] == 3 and not record["skipped"] and record["round"] == 2
     assert list(record["rejected"].values()) == ["non-finite values"]
@@ -54,16 +55,19 @@ def test_each_bad_reply_kind_is_rejected_and_the_round_completes(federation):
 def test_a_signature_from_another_admitted_key_is_rejected(federation):
     coord_dir, nodes = federation
     coord = Coordinator(coord_dir)
-    (fp1, reply, row), (fp2, *_rest) = replies(coord, nodes[:2])
-    assert isinstance(coord.check(fp1, reply, row), type(coord.engine.w))
-    assert coord.check(fp2, reply, row) == "bad signature"
+    (_, content), (fp2, _) = replies(coord, nodes[:2])
+    inbox = Inbox()
+    coord.take(fp2, content, inbox)
+    assert inbox.rejected == {fp2: "bad signature"}
 
 
 def test_malformed_replies_are_reasons_not_crashes():
-    good = {"run": "r", "round": 1, "base": "b", "count": 1, "signature": b"s", "refused": ""}
+    good = {"run": "r", "round": 1, "base": "b", "count": 1, "signature": b"s", "refused": "", "seconds": 0.0}
     cases = [
         RecordDict({}),
         RecordDict({"reply": ConfigRecord({**good, "count": "7"})}),
+        RecordDict({"reply": ConfigRecord({**good, "seconds": float("inf")})}),
+        RecordDict({"reply": ConfigRecord({**good, "base": "x" * 5000})}),
         RecordDict({"reply": ConfigRecord(good)}),
         RecordDict({"reply": ConfigRecord(good), "update": ArrayRecord({"row": Array(np.zeros(3, np.float64))})}),
         RecordDict({"reply": ConfigRecord(good), "update": ArrayRecord({"row": Array(
@@ -71,7 +75,9 @@ def test_malformed_replies_are_reasons_not_crashes():
     ]
     for content in cases:
         with pytest.raises(ValueError):
-            read_reply(content)
+            read_reply(content, 3)
+    assert read_reply(RecordDict({"reply": ConfigRecord(good), "update": ArrayRecord({"row": Array(
+        np.arange(3, dtype=np.float32))})}), 3)[1].tolist() == [0, 1, 2]
 
 
 def test_arrival_order_does_not_change_the_model(tmp_path):
@@ -132,9 +138,9 @@ def test_a_volunteer_refuses_a_model_that_does_not_match_its_hash(federation):
     w[0] += 1
     reply, row = work(task, w, NodeData.load(next(nodes[0].glob("data-*.pt"))), keys.load_private(nodes[0]), torch.device("cpu"))
     assert row is None and "does not match" in reply.refused
-    rows, rejected, failed = {}, {}, {}
-    coord.receive(fingerprint(nodes[0]), reply, row, rows, rejected, failed)
-    assert not rows and not rejected and "declined the task" in failed[fingerprint(nodes[0])]  # no flag
+    inbox = Inbox()
+    coord.take(fingerprint(nodes[0]), reply_content(reply, row), inbox)
+    assert not inbox.rows and not inbox.rejected and "declined the task" in inbox.failed[fingerprint(nodes[0])]  # no flag
 
 
 def test_a_round_asked_again_gets_the_same_row_under_the_momentum_protocol(tmp_path):
@@ -194,8 +200,11 @@ def test_settings_round_trip(tmp_path):
 def test_protocol_faults_are_known_to_the_cli():
     from nodes.volunteer import check_attack
 
+    from robust.cli import _NODE_BEHAVIOURS
+
     for fault in faults.PROTOCOL_FAULTS:
         check_attack(fault)
+        assert f" {fault}," in _NODE_BEHAVIOURS + ","
     with pytest.raises(ValueError, match="omniscient"):
         check_attack("alie")
 
@@ -203,10 +212,12 @@ def test_protocol_faults_are_known_to_the_cli():
 def test_failed_replies_are_recorded_without_a_flag(federation):
     coord_dir, nodes = federation
     coord = Coordinator(coord_dir)
-    got = {fp: coord.check(fp, reply, row) for fp, reply, row in replies(coord, nodes)}
+    inbox = Inbox()
+    for fp, content in replies(coord, nodes[1:]):
+        coord.take(fp, content, inbox)
     lost = fingerprint(nodes[0])
-    del got[lost]
-    record = coord.finish_round(sorted(got) + [lost], got, {}, 0.0, failed={lost: "node error: upload expired"})
+    inbox.failed[lost] = "node error: upload expired"
+    record = coord.finish_round(sorted(inbox.rows) + [lost], inbox, 0.0)
     assert record["failed"] == {lost: "node error: upload expired"} and not record["missing"]
     assert coord.engine.flags.flags.get(lost, 0) == 0
 

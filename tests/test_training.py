@@ -154,7 +154,7 @@ def test_a_partition_smaller_than_two_batches_lowers_its_loss(spec):
     w = flat_params(model)
     protocol = Protocol.parse(spec, lr=0.1, momentum=0.9, batch_size=32)
     task = Task(run="r", round=1, base="", seed=0, dataset="synthetic", model="logreg", protocol=spec,
-                batch_size=32, lr=0.1, momentum=0.9, threads=1)
+                batch_size=32, lr=0.1, momentum=0.9, threads=1, deadline=60.0)
     row, _ = compute(task, w, x, y, 3, "node", torch.device("cpu"))
     stepped, _ = protocol.apply(w, row, None)
     before = float(loss_fn(model, unflatten(w, model), x, y))
@@ -165,7 +165,7 @@ def test_a_partition_smaller_than_two_batches_lowers_its_loss(spec):
 def test_rejection_reasons():
     assert rejection_reason(torch.ones(4), 4, None) is None
     assert rejection_reason(torch.ones(3), 4, None) == "wrong shape (3,), expected (4,)"
-    assert rejection_reason(torch.ones(4, dtype=torch.int64), 4, None) == "wrong dtype torch.int64"
+    assert rejection_reason(torch.ones(4, dtype=torch.int64), 4, None) == "wrong dtype torch.int64, expected torch.float32 (the model's)"
     assert rejection_reason(torch.tensor([1.0, float("nan"), 0, 0]), 4, None) == "non-finite values"
     assert rejection_reason(torch.full((4,), 3.0), 4, 5.0) == "norm 6 above the bound 5"
     assert rejection_reason("junk", 4, None) == "wrong shape str, expected (4,)"

@@ -1,0 +1,246 @@
+"""``robust stress``: the reliability benchmark of a real deployment on loopback.
+
+``--nodes`` volunteers (``robust node join`` processes: SuperNode, a ClientApp process per
+task) train for a coordinator (``robust coordinator start``: SuperLink, ServerApp), all over
+TLS with node authentication, exactly as users run them. Some volunteers play protocol
+faults (``--faults dtype-lie,decline,...``: one node each); each round a share ``--kill`` of
+the volunteers is SIGKILLed mid-round (with every process it started) and started again. A
+coordinator that exits without finishing is a crash: it is counted and started again (it
+resumes from its checkpoint).
+
+Per round the report counts replies *sent* (each volunteer logs every reply it hands to
+its SuperNode, ``DIR/work.jsonl``), accepted, rejected (by reason), declined, *lost* (sent
+before the round ended by a node not killed in it, never received), late (sent after the
+round ended) and killed; then coordinator crashes and the coordinator's peak memory (the
+largest sum of resident memory over its processes, sampled every half second).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nodes import checkpoint, commands, launch
+from nodes.client_app import WORK_LOG
+from nodes.coordinator import RUN_ID
+from nodes.settings import Settings
+from nodes.volunteer import check_attack
+from robust import keys, tls
+
+POLL = 0.5
+MAX_RESTARTS = 3
+
+
+def robust_cli(args: list[str], folder: Path, log: Path) -> subprocess.Popen:
+    """``robust ARGS`` as a process group of its own (so a kill reaches all it started)."""
+    return launch.spawn([sys.executable, "-m", "robust.cli", *args], folder / launch.FLWR_HOME, log, own_group=True)
+
+
+def kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def tree_rss_mb(root: int) -> float:
+    """Resident memory (MB) of process ``root`` and all its descendants."""
+    parents, rss = {}, {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+            parents[int(entry.name)] = int(fields["PPid"])
+            rss[int(entry.name)] = int(fields.get("VmRSS", "0 kB").split()[0])
+        except (OSError, KeyError, ValueError):
+            continue
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return sum(rss.get(pid, 0) for pid in tree) / 1024
+
+
+@dataclass
+class Volunteer:
+    folder: Path
+    part: str
+    fault: str
+    fp: str = ""
+    proc: subprocess.Popen | None = None
+    killed: list[int] = field(default_factory=list)  # rounds in which it was killed
+
+    def start(self, coord: Path, port: int) -> None:
+        fault = ["--attack", self.fault] if self.fault else []
+        self.proc = robust_cli(["node", "join", "--coordinator", f"127.0.0.1:{port}", "--ca", str(coord / "tls" / tls.CA_CERT),
+                                "--key", str(self.folder), "--partition", self.part, "--device", "cpu", *fault],
+                               self.folder, self.folder / "join.log")
+
+    def sent(self, run: str) -> dict[int, float]:
+        """Round -> when this node last handed a reply for it to its SuperNode."""
+        path, out = self.folder / WORK_LOG, {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                entry = json.loads(line)
+                if entry["run"] == run:
+                    out[entry["round"]] = entry["time"]
+        return out
+
+
+def reason_kind(reason: str) -> str:
+    """A rejection reason without its numbers: replies rejected for the same cause group together."""
+    return re.sub(r"\b[0-9a-f]{12,}\b|[-+]?\d[\d.e+-]*", "#", reason.removeprefix("malformed reply: "))[:60]
+
+
+class Stress:
+    def __init__(self, args: argparse.Namespace, root: Path) -> None:
+        faults = [f for f in (args.faults or "").split(",") if f]
+        if len(faults) > args.nodes:
+            raise ValueError(f"--faults names {len(faults)} faulty nodes, --nodes is {args.nodes}: one fault per node")
+        for fault in faults:
+            check_attack(fault)
+        if not 0 <= args.kill < 1:
+            raise ValueError(f"--kill {args.kill}: give the share of volunteers killed each round, in [0, 1)")
+        n, self.args, self.root = args.nodes, args, root
+        deadline = args.deadline or max(60.0, 6.0 * n)
+        self.settings = Settings(rounds=args.rounds, model="logreg", aggregator="trimmed-mean", tolerate=max(1, n // 5),
+                                 protocol="delta:steps=2", deadline=deadline, wait_nodes=max(120.0, 5.0 * n),
+                                 port=launch.free_port())
+        self.coord, folders = commands.local_federation(root, n, self.settings, "stress", ("stress", args.seed))
+        self.volunteers = [Volunteer(f, f"{i}/{n}", faults[i - 1] if i <= len(faults) else "")
+                           for i, f in enumerate(folders, start=1)]
+        for v in self.volunteers:
+            v.fp = keys.fingerprint(keys.load_private(v.folder).public_key())
+        self.run_id = (self.coord / RUN_ID).read_text().strip()
+        self.rng = random.Random(args.seed)
+        self.crashes, self.peak_mb, self.ended = 0, 0.0, {}  # round -> when its record appeared
+
+    def start_coordinator(self) -> subprocess.Popen:
+        """``robust coordinator start``, returned once it has registered the keys and submitted the run."""
+        log = self.coord / "start.log"
+        seen = log.stat().st_size if log.exists() else 0
+        proc = robust_cli(["coordinator", "start", str(self.coord)], self.coord, log)
+        until = time.monotonic() + 300
+        while b" submitted" not in log.read_bytes()[seen:]:
+            if proc.poll() is not None or time.monotonic() > until:
+                raise RuntimeError(f"the coordinator did not start: see {log}")
+            time.sleep(POLL)
+        return proc
+
+    def run(self) -> dict:
+        started = time.monotonic()
+        coordinator = self.start_coordinator()
+        for v in self.volunteers:
+            v.start(self.coord, self.settings.port)
+        round_started, plan = time.monotonic(), self._plan_kills()
+        try:
+            while True:
+                done = len(self._records())
+                for r in range(len(self.ended) + 1, done + 1):
+                    self.ended[r] = time.time()
+                    round_started, plan = time.monotonic(), self._plan_kills()
+                if plan and time.monotonic() - round_started > self.settings.deadline / 8:
+                    for v in plan:  # mid-round: its ClientApp is training (or waiting for its task)
+                        kill(v.proc)
+                        v.killed.append(done + 1)
+                        v.start(self.coord, self.settings.port)
+                    plan = []
+                self.peak_mb = max(self.peak_mb, tree_rss_mb(coordinator.pid))
+                if coordinator.poll() is not None:
+                    if (self.coord / checkpoint.RESULT).exists():
+                        break
+                    self.crashes += 1
+                    if self.crashes > MAX_RESTARTS:
+                        raise RuntimeError(f"the coordinator crashed {self.crashes} times: see {self.coord / 'start.log'}")
+                    coordinator = self.start_coordinator()
+                time.sleep(POLL)
+        finally:
+            for v in self.volunteers:
+                if v.proc is not None:
+                    launch.stop(v.proc)
+            launch.stop(coordinator)
+        return self._report(time.monotonic() - started)
+
+    def _plan_kills(self) -> list[Volunteer]:
+        k = round(self.args.kill * len(self.volunteers))
+        return self.rng.sample(self.volunteers, k) if k else []
+
+    def _records(self) -> list[dict]:
+        path = self.coord / checkpoint.ROUNDS
+        if not path.exists():
+            return []
+        data = path.read_bytes()
+        return [json.loads(line) for line in data[: data.rfind(b"\n") + 1].decode().splitlines()]
+
+    def _report(self, seconds: float) -> dict:
+        sent = {v.fp: v.sent(self.run_id) for v in self.volunteers}
+        rounds = []
+        for record in self._records():
+            r, end = record["round"], self.ended.get(record["round"], math.inf)
+            killed = {v.fp for v in self.volunteers if r in v.killed}
+            on_time = {fp for fp, rs in sent.items() if r in rs and rs[r] <= end}
+            late = {fp for fp, rs in sent.items() if r in rs and rs[r] > end}
+            declined = [fp for fp, why in record["failed"].items() if why.startswith("declined")]
+            rounds.append({
+                "round": r, "asked": record["asked"], "sent": len(on_time), "accepted": record["accepted"],
+                "rejected": dict(Counter(reason_kind(why) for why in record["rejected"].values())),
+                "declined": len(declined), "failed": len(record["failed"]) - len(declined),
+                "lost": len((on_time - killed) & set(record["missing"])), "late": len(late & set(record["missing"])),
+                "killed": len(killed), "rested": len(record.get("rested", [])), "seconds": record["seconds"],
+            })
+        result = json.loads((self.coord / checkpoint.RESULT).read_text())
+        return {
+            "nodes": len(self.volunteers), "rounds": rounds, "lost": sum(r["lost"] for r in rounds),
+            "sent": sum(r["sent"] for r in rounds), "accepted": sum(r["accepted"] for r in rounds),
+            "rejected": sum(sum(r["rejected"].values()) for r in rounds), "crashes": self.crashes,
+            "coordinator_peak_mb": round(self.peak_mb, 1), "seconds": round(seconds, 1),
+            "final_accuracy": result["final_accuracy"], "folder": str(self.root),
+        }
+
+
+def print_report(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"robust stress: {report['nodes']} volunteers on loopback")
+    for name in ("round", "asked", "sent", "accepted", "rejected (reason: n)", "declined", "failed", "lost", "late",
+                 "killed", "rested", "seconds"):
+        table.add_column(name, justify="left" if name.startswith("rejected") else "right")
+    for r in report["rounds"]:
+        reasons = "\n".join(f"{why}: {n}" for why, n in sorted(r["rejected"].items())) or "-"
+        table.add_row(*map(str, (r["round"], r["asked"], r["sent"], r["accepted"], reasons, r["declined"], r["failed"],
+                                 r["lost"], r["late"], r["killed"], r["rested"], f"{r['seconds']:.0f}")))
+    console = Console()
+    console.print(table)
+    console.print(f"replies sent {report['sent']}, accepted {report['accepted']}, rejected {report['rejected']}, "
+                  f"lost {report['lost']}; coordinator crashes {report['crashes']}; coordinator peak memory "
+                  f"{report['coordinator_peak_mb']:.0f} MB; final accuracy {report['final_accuracy']:.3f}; "
+                  f"{report['seconds']:.0f} s; files in {report['folder']}")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.nodes < 3 or args.rounds < 1:
+        raise ValueError("stress needs --nodes >= 3 and --rounds >= 1")
+    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="robust-stress-"))
+    root.mkdir(parents=True, exist_ok=True)
+    report = Stress(args, root).run()
+    print_report(report)
+    if args.json:
+        print(json.dumps(report))
+    return 0 if report["lost"] == 0 and report["crashes"] == 0 else 1
