@@ -76,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
         launch.stop(superlink)
     rows = [(f"robust ({args.aggregator}, signed, validated, checkpointed)", *_medians(ours)),
             ("Flower FedAvg (Strategy.start)", *_medians(theirs))]
-    print(f"\n| run | round s | slowest training s | overhead s |\n|---|---|---|---|")
+    print("\n| run | round s | slowest training s | overhead s |\n|---|---|---|---|")
     for name, total, train, overhead in rows:
         print(f"| {name} | {total:.2f} | {train:.2f} | {overhead:.2f} |")
     print(f"\noverhead ratio robust / FedAvg: {rows[0][3] / rows[1][3]:.2f}x "

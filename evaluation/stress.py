@@ -105,7 +105,7 @@ class Volunteer:
 
 def reason_kind(reason: str) -> str:
     """A rejection reason without its numbers: replies rejected for the same cause group together."""
-    return re.sub(r"\b[0-9a-f]{12,}\b|[-+]?\d[\d.e+-]*", "#", reason.removeprefix("malformed reply: "))[:60]
+    return re.sub(r"\b[0-9a-f]{12,}\b|(?<![\w.])[-+]?\d[\d.e+-]*", "#", reason.removeprefix("malformed reply: "))
 
 
 class Stress:
@@ -219,15 +219,24 @@ def print_report(report: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"robust stress: {report['nodes']} volunteers on loopback")
-    for name in ("round", "asked", "sent", "accepted", "rejected (reason: n)", "declined", "failed", "lost", "late",
-                 "killed", "rested", "seconds"):
-        table.add_column(name, justify="left" if name.startswith("rejected") else "right")
+    columns = ("round", "asked", "sent", "accepted", "rejected", "declined", "failed", "lost", "late", "killed",
+               "rested", "seconds")
+    for name in columns:
+        table.add_column(name, justify="right")
+    reasons: Counter = Counter()
     for r in report["rounds"]:
-        reasons = "\n".join(f"{why}: {n}" for why, n in sorted(r["rejected"].items())) or "-"
-        table.add_row(*map(str, (r["round"], r["asked"], r["sent"], r["accepted"], reasons, r["declined"], r["failed"],
-                                 r["lost"], r["late"], r["killed"], r["rested"], f"{r['seconds']:.0f}")))
-    console = Console()
+        reasons.update(r["rejected"])
+        table.add_row(*(str(sum(r["rejected"].values())) if c == "rejected" else
+                        f"{r[c]:.0f}" if c == "seconds" else str(r[c]) for c in columns))
+    console = Console(width=max(Console().width, 120))
     console.print(table)
+    if reasons:
+        why = Table(title="rejected replies, by reason")
+        why.add_column("reason")
+        why.add_column("replies", justify="right")
+        for reason, n in reasons.most_common():
+            why.add_row(reason, str(n))
+        console.print(why)
     console.print(f"replies sent {report['sent']}, accepted {report['accepted']}, rejected {report['rejected']}, "
                   f"lost {report['lost']}; coordinator crashes {report['crashes']}; coordinator peak memory "
                   f"{report['coordinator_peak_mb']:.0f} MB; final accuracy {report['final_accuracy']:.3f}; "

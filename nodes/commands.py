@@ -57,6 +57,8 @@ def _describe(record: dict, rounds: int) -> str:
         parts.append("no reply " + names(record["missing"]))
     if record["flagged"]:
         parts.append("flagged " + names(record["flagged"]))
+    if record.get("rested"):
+        parts.append("rested " + names(record["rested"]))
     if record["skipped"]:
         parts.append(record["skipped"])
     parts.append(f"accuracy {record['accuracy']:.3f}")
@@ -219,7 +221,7 @@ def node_join(folder: Path, coordinator: str, ca: Path, device: str, dataset: st
 
 
 RECONNECT_PAUSE = 3.0  # seconds between a SuperNode's exit and its restart
-REFUSAL_GRACE = 300.0  # seconds a node that was connected keeps trying a coordinator that refuses it
+REFUSAL_GRACE = 90.0  # seconds a refused node keeps trying (Flower holds a dead node's session 60 s)
 
 
 def _supervise(start: Callable[[], object], public: Path) -> int:
@@ -228,10 +230,11 @@ def _supervise(start: Callable[[], object], public: Path) -> int:
 
     The coordinator's SuperLink keeps its state in memory, so a restarted coordinator no
     longer knows the nodes that were connected: it drops them (the SuperNode exits with 0)
-    and registers their keys again as it starts. A dropped node reconnects; one refused
-    after it had been connected keeps trying for ``REFUSAL_GRACE`` seconds (the coordinator
-    may be registering keys); one refused from the start was not admitted."""
-    connected, refused_since = False, None
+    and registers their keys again as it starts; a dropped node reconnects. A refused node
+    (exit code 1) keeps trying for ``REFUSAL_GRACE`` seconds: the coordinator may still be
+    registering keys, or still hold the session of this node's previous, killed SuperNode
+    (Flower releases it 60 s after its last heartbeat). Refused beyond that, it is not admitted."""
+    refused_since = None
     while True:
         proc = start()
         try:
@@ -240,12 +243,12 @@ def _supervise(start: Callable[[], object], public: Path) -> int:
             launch.stop(proc)
             return 130
         if code == 0:
-            connected, refused_since = True, None
+            refused_since = None
             print("the coordinator dropped this node (it restarted?): reconnecting", flush=True)
-        elif connected and time.monotonic() - (refused_since := refused_since or time.monotonic()) < REFUSAL_GRACE:
-            print(f"the coordinator refused this node (SuperNode exit code {code}); it may be restarting: "
-                  "trying again", flush=True)
-        else:  # Flower retries an unreachable SuperLink forever: an exit means a refusal
+        elif time.monotonic() - (refused_since := refused_since or time.monotonic()) < REFUSAL_GRACE:
+            print(f"the coordinator refused this node (SuperNode exit code {code}): not admitted, or its previous "
+                  f"session is still open; trying again for {REFUSAL_GRACE:.0f} s", flush=True)
+        else:  # Flower retries an unreachable SuperLink forever: a lasting refusal is one
             print(f"the coordinator refused this node (SuperNode exit code {code}): is {public} admitted "
                   f"(robust coordinator admit DIR {public})? The SuperNode's own words are above", flush=True)
             return code

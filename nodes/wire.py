@@ -129,8 +129,8 @@ def read_row(array: Array, d: int) -> np.ndarray:
                          f"{d * ROW_DTYPE.itemsize + HEADER_CAP}")
     buffer = io.BytesIO(data)
     try:
-        version = np.lib.format.read_magic(buffer)
-        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                       (2, 0): np.lib.format.read_array_header_2_0}[np.lib.format.read_magic(buffer)]
         shape, _, dtype = read_header(buffer, max_header_size=HEADER_CAP)
     except Exception as err:  # noqa: BLE001 - untrusted bytes: any parser failure is a rejection
         raise ValueError(f"update bytes are not a .npy array ({type(err).__name__})") from None

@@ -295,3 +295,15 @@ def test_node_join_says_when_the_certificate_does_not_verify_against_ca(tmp_path
     (tmp_path / "not-a-cert").write_text("hello\n")
     with pytest.raises(ValueError, match="is not a PEM certificate"):
         launch.check_certificate("127.0.0.1:1", tmp_path / "not-a-cert")
+
+
+def test_a_run_with_no_volunteer_online_fails_with_what_to_do(federation, capsys):
+    """Real SuperLink and ServerApp, no volunteer started: never "done" on an untrained model."""
+    from robust.cli import main
+
+    coord_dir, _ = federation
+    code = main(["coordinator", "start", str(coord_dir), "--wait-nodes", "2", "--port", str(launch.free_port())])
+    out = capsys.readouterr().out
+    assert code == 1 and "done" not in out
+    assert "no admitted volunteer is online after waiting 2 s" in out and "robust node join" in out
+    assert not (coord_dir / checkpoint.RESULT).exists() and not (coord_dir / checkpoint.ROUNDS).exists()

@@ -53,7 +53,7 @@ TYPES = {"run": str, "round": int, "base": str, "count": int, "signature": bytes
 CAP = 4096  # nodes.wire.FIELD_CAP, restated: the spec under test
 MISSING = object()
 pytestmark = pytest.mark.filterwarnings("ignore:Field flwr.proto.Array.shape:DeprecationWarning")
-FUZZ = settings(max_examples=500, deadline=None, derandomize=True, database=None, print_blob=True,
+FUZZ = settings(max_examples=400, deadline=None, derandomize=True, database=None, print_blob=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                        HealthCheck.data_too_large, HealthCheck.large_base_example])
 
@@ -199,7 +199,7 @@ def raw_npy(descr: str, fortran: str, shape: str, version: int, payload: bytes, 
     return pre + header + payload
 
 
-SECONDS = [0.0, -0.0, 1.5, -1.0, 1e308, 5e-324, -5e-324, float("nan"), float("inf"), float("-inf")]
+SECONDS = [float("inf"), float("nan"), -1.0, float("-inf"), -5e-324, -0.0, 0.0, 1e308, 5e-324]
 SPECIALS = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-45, -1e-45, 1e-38, 3.4028235e38, -3.4028235e38]
 
 
@@ -660,7 +660,7 @@ def test_honest_replies_still_step_amid_fuzzed_ones(federation):
     ctx = context(coord_dir, nodes)
     d = ctx.d
 
-    @settings(FUZZ, max_examples=100)
+    @settings(FUZZ, max_examples=80)
     @given(st.data())
     def mixed_round(data):
         honest = data.draw(st.sampled_from([4, 4, 3, 3, 2, 0]).flatmap(
