@@ -14,7 +14,10 @@ from .base import PreAggregator, register
 
 def clip_rows(X: torch.Tensor, norms: torch.Tensor, c: float, inplace: bool) -> torch.Tensor:
     """Each row of ``X`` scaled to norm ``<= c`` (``norms`` are its row norms)."""
-    scale = torch.where(norms > c, c / norms, 1.0).to(X.dtype)[:, None]
+    # a tensor divided by a tensor: ``c / norms`` with a Python ``c`` is computed as
+    # ``c * (1 / norms)``, which is ``0 * inf = nan`` for a subnormal norm
+    ratio = torch.as_tensor(c, dtype=norms.dtype, device=norms.device) / norms
+    scale = torch.where(norms > c, ratio, 1.0).to(X.dtype)[:, None]
     return X.mul_(scale) if inplace else X * scale
 
 

@@ -51,7 +51,7 @@ def sq_distances(X: torch.Tensor, exact: bool = True) -> torch.Tensor:
         block.copy_(X[:, s : s + BLOCK])
         block -= ref[s : s + BLOCK]
         gram += block @ block.T
-    if not bool(torch.isfinite(gram).all()):
+    if not exact and not bool(torch.isfinite(gram).all()):
         return sq_distances(X, exact=True)
     sq = gram.diagonal()
     dist = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min_(0.0)

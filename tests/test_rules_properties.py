@@ -456,6 +456,7 @@ def _assert_not_mutated(specs: list[str], X: torch.Tensor, f_drawn: int) -> None
 @SETTINGS
 @given(case=chain_input())
 @example(case=(torch.tensor([[3.0], [1.0], [5.0], [2.0], [4.0]], dtype=F64), 0))
+@example(case=(torch.tensor([[5e-324], [0.0], [0.0]], dtype=F64), 1))  # subnormal norm: clip made nan
 def test_input_is_not_mutated(case):
     # every rule and chain; each example runs all of them
     _assert_not_mutated(ALL_SPECS, *case)
