@@ -80,16 +80,25 @@ class OmniscientAttack(Attack):
 
 
 class NodeAttack(Attack):
-    """Changes a Byzantine node's training data; its update is computed as an honest one."""
+    """What a Byzantine node does on its own side: it trains on its (poisoned) data as an
+    honest node would, then sends :meth:`forge` of that update. Every driver (a volunteer, the
+    bench's per-node and batched drivers) calls these two methods and nothing else."""
 
     kind = "node"
+    remembers = False  # whether :meth:`forge` needs the node's update of its previous round
 
     def poison(
         self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The node's poisoned copy of its training data."""
-        raise NotImplementedError
+        """The node's poisoned copy of its training data (unchanged by default)."""
+        return x, y
 
     def scale(self) -> float:
         """Factor the node applies to its update before sending it."""
         return 1.0
+
+    def forge(self, row: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+        """What the node sends for the update ``row`` it computed this round (``previous``: the
+        one it computed last round, if it took part; only read when :attr:`remembers`)."""
+        scale = self.scale()
+        return row * scale if scale != 1.0 else row

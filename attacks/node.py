@@ -6,6 +6,12 @@
   (their last ``size`` features set to ``value``) and the label ``target``; the node scales
   its update by ``gamma`` (model replacement). Success is measured on triggered test samples
   whose true label is not ``target``.
+- ``forge:scale=0.9``: trains honestly and sends its update times ``scale``: a plausible,
+  slightly shorter step that no statistic can tell from an honest one; only recomputing the
+  task (``nodes.spotcheck``) shows it was not the task's result.
+- ``lazy``: sends the update it computed in its previous round as this round's (a free rider
+  replaying its own honest work; its first round is honest). Honest-looking, and caught
+  only by recomputation.
 """
 
 from __future__ import annotations
@@ -63,3 +69,25 @@ class Backdoor(NodeAttack):
 
     def scale(self) -> float:
         return self.gamma
+
+
+@register
+class Forge(NodeAttack):
+    name = "forge"
+
+    def __init__(self, f: int, *, scale: float = 0.9) -> None:
+        super().__init__(f)
+        self._check_param("scale", scale, scale > 0, "> 0: the factor on the honest update")
+        self.factor = scale
+
+    def scale(self) -> float:
+        return self.factor
+
+
+@register
+class Lazy(NodeAttack):
+    name = "lazy"
+    remembers = True
+
+    def forge(self, row: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+        return row if previous is None else previous

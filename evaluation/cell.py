@@ -107,6 +107,7 @@ def cell_record(setup: CellSetup, rounds: list[dict], w: torch.Tensor, kappa: li
             first_quarantine.setdefault(node, index)
     to_quarantine = {short(b): first_quarantine.get(b) for b in sorted(setup.byzantine)}
     caught = max(to_quarantine.values()) if to_quarantine and None not in to_quarantine.values() else None
+    convicted = {fp: r["round"] for r in rounds for fp in r.get("convicted", [])}
     finite = [k for k in kappa or [] if k == k]
     steps = _node_steps(setup, rounds)
     return {
@@ -120,6 +121,9 @@ def cell_record(setup: CellSetup, rounds: list[dict], w: torch.Tensor, kappa: li
         "byzantine": sorted(short(b) for b in setup.byzantine),
         "rounds_to_quarantine": to_quarantine, "caught_round": caught,
         "false_quarantines": len(set(rounds[-1]["quarantined"]) - setup.byzantine),
+        "spot_checks": sum(len(r.get("spot", [])) for r in rounds),
+        "round_convicted": {short(b): convicted.get(b) for b in sorted(setup.byzantine)},
+        "false_convictions": len(set(convicted) - setup.byzantine),
         "backdoor_asr": backdoor_success(setup, w),
         "model_sha256": rounds[-1]["model_sha256"], "wall_time": wall,
         "node_steps_per_s": steps / wall if wall > 0 else None,

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nodes import checkpoint, commands, launch
+from nodes import checkpoint, commands, launch, volunteer
 from nodes.settings import Settings
 from nodes.volunteer import NodeConfig
 from robust import tls
@@ -60,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         launch.register(coord, sorted((coord / "admitted").glob("*.pub")))
         for i, folder in enumerate(folders, start=1):
-            data = commands.prepare_data(folder, settings.dataset, None, f"{i}/{args.nodes}")
+            data = volunteer.prepare_data(folder, settings.dataset, None, f"{i}/{args.nodes}")
             NodeConfig(str(data.resolve())).save(folder)
             nodes.append(launch.start_supernode(folder.resolve(), f"127.0.0.1:{settings.port}", coord / "tls" / tls.CA_CERT,
                                                 folder / "supernode.log"))

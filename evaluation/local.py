@@ -27,6 +27,7 @@ from torch.func import vmap
 from attacks.base import NodeAttack
 from nodes.engine import Engine
 from nodes.protocol import Protocol
+from nodes.spotcheck import Verdict, referee
 from nodes.volunteer import compute
 from nodes.wire import Task
 from robust.compute import profile
@@ -71,25 +72,36 @@ class CellRun:
         self.setup = setup = CellSetup(cell)
         self.vectorize, self.ids = vectorize, setup.ids
         self.threat = ThreatModel(cell.attack, setup.byzantine, cell.seed)
-        self.engine = Engine(setup.settings, setup.model(), setup.data.x_test, setup.data.y_test, self.threat)
+        self.engine = Engine(setup.settings, setup.model(), setup.data.x_test, setup.data.y_test, self.threat,
+                             self._verify if setup.settings.spot_check else None)
         self.protocol = self.engine.protocol
         self.index = {fp: i for i, fp in enumerate(self.ids)}
         self.momenta = torch.zeros(len(self.ids), self.engine.w.numel())
         self.records: list[dict] = []
         self.training = 0.0  # seconds spent computing the nodes' rows
+        self.checks = 0  # spot checks recomputed
         data, parts = setup.data, [setup.parts[fp] for fp in self.ids]
         if vectorize:
             self.net = DenseNet.of(self.engine.model)
             self.xs, self.ys, parts = self._poisoned(parts)
             self.draws = BatchDraws(parts, self.protocol, [node_key(cell.seed, fp) for fp in self.ids])
-            self.scaled = torch.tensor([fp in setup.byzantine for fp in self.ids]) if self._scale != 1.0 else None
         else:  # every node its own copy of its data, as a volunteer holds it
             self.local = [(data.x_train[p].clone(), data.y_train[p].clone()) for p in parts]
+        self.last: dict[int, torch.Tensor] = {}  # a remembering node-side attacker's previous update
 
-    @property
-    def _scale(self) -> float:
+    def _forge(self, idx: list[int], rows: torch.Tensor) -> torch.Tensor:
+        """The rows the asked nodes ``idx`` send: a node-side attacker's ``forge`` of its own."""
         attack = self.setup.attack
-        return attack.scale() if isinstance(attack, NodeAttack) else 1.0
+        byz = [j for j, i in enumerate(idx) if self.setup.attack_of(self.ids[i])]
+        if not isinstance(attack, NodeAttack) or not byz or (attack.scale() == 1.0 and not attack.remembers):
+            return rows
+        rows = rows.clone()  # under `momentum` the rows *are* the momenta: forge a copy
+        for j in byz:
+            honest = rows[j].clone()
+            rows[j] = attack.forge(honest, self.last.get(idx[j]))
+            if attack.remembers:
+                self.last[idx[j]] = honest
+        return rows
 
     def _poisoned(self, parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """Training tensors with the Byzantine nodes' poisoned copies appended (a node-side
@@ -107,6 +119,18 @@ class CellRun:
                 start += len(py)
         return torch.cat(xs), torch.cat(ys), parts
 
+    def _verify(self, t: int, w: torch.Tensor, rows: dict[str, torch.Tensor]) -> list[Verdict]:
+        """Spot checks, as the coordinator referees them: each drawn node's task recomputed
+        by a volunteer's own function, on its data, without any attack; bit for bit against
+        the per-node driver's rows, within the tolerance against the batched kernels'."""
+        task, data, verdicts = self.task(), self.setup.data, []
+        for fp, row in rows.items():
+            part = self.setup.parts[fp]
+            honest, _ = compute(task, w, data.x_train[part], data.y_train[part], data.classes, fp, torch.device("cpu"))
+            verdicts.append(referee(fp, row, not self.vectorize, honest))
+        self.checks += len(rows)
+        return verdicts
+
     def task(self) -> Task:
         return Task.of(self.setup.settings, "bench", self.engine.round + 1, self.engine.base)
 
@@ -123,7 +147,7 @@ class CellRun:
                 outs.append(compute(task, self.engine.w, x, y, self.setup.data.classes, self.ids[i],
                                     torch.device("cpu"), self.setup.attack_of(self.ids[i]), self.momenta[i]))
             self.momenta[idx] = torch.stack([m for _, m in outs])
-            return torch.stack([row for row, _ in outs])
+            return self._forge(idx, torch.stack([row for row, _ in outs]))
         with profile(self.setup.settings.threads):
             pos = self.draws(self.engine.round + 1)
             pos = pos if everyone else pos[idx]
@@ -140,10 +164,7 @@ class CellRun:
                 self.momenta = m
             else:
                 self.momenta[idx] = m
-            if self.scaled is not None:
-                rows = rows.clone()  # under `momentum` the rows *are* the momenta: scale a copy
-                rows[self.scaled[idx]] *= self._scale
-        return rows
+        return self._forge(idx, rows)
 
     def play_round(self) -> dict:
         asked = self.engine.select(self.ids)

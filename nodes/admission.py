@@ -2,7 +2,9 @@
 
 Keys are written atomically (a round that reads the list never sees half a file) and read
 with a size cap; a file that is not a key is skipped with a warning naming it, never the end
-of a running federation.
+of a running federation. A node convicted of lying (``nodes.spotcheck``) is banned: its key
+moves to ``DIR/convicted/``, where the audit still finds it to check its signatures, and
+``admit`` refuses it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from robust import keys
 
 from .checkpoint import write_atomic
 
-ADMITTED = "admitted"
+ADMITTED, CONVICTED = "admitted", "convicted"
 KEY_CAP = 4096  # bytes: an OpenSSH P-384 public key line takes about 230
 
 
@@ -37,6 +39,9 @@ def admit(folder: str | Path, public_file: str | Path) -> str:
         raise ValueError(f"{path} not found: the volunteer's `robust node keygen DIR` writes DIR/node.pub")
     key = _read_key(path)
     fp = keys.fingerprint(key)
+    if (Path(folder) / CONVICTED / f"{fp}.pub").exists():
+        raise ValueError(f"node {fp[:12]} was convicted of sending a fabricated update (see result.json, rounds.jsonl): "
+                         "it is banned from this run")
     target = Path(folder) / ADMITTED
     target.mkdir(parents=True, exist_ok=True)
     write_atomic(target / f"{fp}.pub", lambda out: out.write(keys.public_bytes(key) + b"\n"))
@@ -55,3 +60,25 @@ def scan(folder: str | Path) -> tuple[dict[str, tuple[Path, ec.EllipticCurvePubl
             continue
         found[keys.fingerprint(key)] = (path, key)
     return found, problems
+
+
+def ban(folder: str | Path, fp: str) -> None:
+    """Move node ``fp``'s key out of the admission list into ``convicted/``."""
+    source = Path(folder) / ADMITTED / f"{fp}.pub"
+    target = Path(folder) / CONVICTED
+    target.mkdir(exist_ok=True)
+    if source.exists():
+        source.replace(target / source.name)
+
+
+def known_keys(folder: str | Path) -> dict[str, ec.EllipticCurvePublicKey]:
+    """Every key that ever signed for this run: admitted and convicted (for the audit)."""
+    out = {}
+    for sub in (ADMITTED, CONVICTED):
+        for path in sorted((Path(folder) / sub).glob("*.pub")):
+            try:
+                key = _read_key(path)
+            except ValueError:
+                continue
+            out[keys.fingerprint(key)] = key
+    return out

@@ -113,9 +113,14 @@ def _json(value: object, **options) -> str:
     return json.dumps(finite(value), allow_nan=False, **options)
 
 
+def line(record: dict) -> str:
+    """The line of ``rounds.jsonl`` that holds ``record`` (what the audit chain hashes)."""
+    return _json(record)
+
+
 def append_round(folder: Path, record: dict) -> None:
     with open(folder / ROUNDS, "a") as out:
-        out.write(_json(record) + "\n")
+        out.write(line(record) + "\n")
         out.flush()
         os.fsync(out.fileno())
 

@@ -1,4 +1,4 @@
-"""Dispatch of ``robust coordinator|node|demo`` (parsed in ``robust/cli.py``)."""
+"""Dispatch of ``robust coordinator|node|demo|audit`` (parsed in ``robust/cli.py``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,11 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from .demo import demo
 
-        return demo(args.seed, args.rounds, args.json, args.keep, args.attack)
+        return demo(args.seed, args.rounds, args.json, args.keep, args.attack, args.spot_check)
+    if args.command == "audit":
+        from .audit import main
+
+        return main(args.dir)
     folder = Path(getattr(args, "dir", None) or args.key)
     if args.command == "coordinator":
         if args.action == "init":

@@ -5,6 +5,9 @@ test nodes an attack). A deployed SuperNode's ``--node-config`` names the folder
 ``robust node join``); the bench's Flower simulation builds the same app with
 :func:`make_app`, finding each simulated node's folder from its partition id.
 
+A spot-check task (``nodes.spotcheck``) is answered by recomputing the named node's update on
+its part of the data set (prepared in this node's folder the first time), honestly.
+
 Each answered task is one line of ``DIR/work.jsonl`` (run, round, seconds, declined or not),
 written just before the reply leaves: the node's own account of what it sent.
 """
@@ -23,8 +26,8 @@ from flwr.clientapp import ClientApp
 from robust import keys
 
 from . import faults
-from .volunteer import NodeConfig, NodeData, pick_device, work
-from .wire import identity_content, read_introduction, read_task
+from .volunteer import NodeConfig, NodeData, check, pick_device, prepare_data, work
+from .wire import identity_content, read_introduction, read_task, reply_content
 
 WORK_LOG = "work.jsonl"
 FolderOf = Callable[[Context, str], Path]  # (context, run id) -> the node's folder
@@ -36,11 +39,17 @@ def make_app(folder_of: FolderOf) -> ClientApp:
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        task, w = read_task(msg.content)
+        task, w, spot = read_task(msg.content)
         folder = folder_of(context, task.run)
         config = NodeConfig.load(folder)
+        if spot is not None:  # recompute another node's update: honestly, whatever this node plays
+            def data_of(dataset: str, part: str) -> NodeData:
+                return NodeData.load(prepare_data(folder, dataset, config.data_root or None, part))
+
+            reply, row = check(task, w, *spot, data_of, keys.load_private(folder), pick_device(config.device))
+            return Message(reply_content(reply, row), reply_to=msg)
         reply, row = work(task, w, NodeData.load(Path(config.data)), keys.load_private(folder),
-                          pick_device(config.device), config.attack, folder)
+                          pick_device(config.device), config.attack, folder, config.part)
         if config.slow > 0:  # a slow volunteer: a random delay, so replies arrive in a random order
             time.sleep(random.uniform(0, config.slow))
         time.sleep(faults.delay(config.attack, msg.metadata.created_at, task.deadline))

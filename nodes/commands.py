@@ -175,31 +175,9 @@ def local_federation(root: Path, nodes: int, settings: Settings, run_id: str, ke
     return coord, [root / f"node{i}" for i in range(1, nodes + 1)]
 
 
-def prepare_data(folder: Path, dataset: str, root: str | None, part: str) -> Path:
-    """Load the data set, keep this node's part (``I/N``: part I of N, iid, 1-based) and save
-    it in the node's folder, once; the per-round ClientApp processes load only that file."""
-    try:
-        index, total = (int(v) for v in part.split("/"))
-    except ValueError:
-        raise ValueError(f"--partition {part!r}: write I/N, e.g. 1/5 for the first of five parts") from None
-    if not 1 <= index <= total:
-        raise ValueError(f"--partition {part}: I must be in 1..N")
-    path = folder / f"data-{dataset}-{index}of{total}.pt"
-    if not path.exists():
-        from robust.data import load
-        from robust.partition import partition
-
-        from .volunteer import NodeData
-
-        data = load(dataset, root=root, seed=0)
-        rows = partition(data.y_train, total, "iid", seed=0)[index - 1]
-        NodeData(dataset, data.x_train[rows].clone(), data.y_train[rows].clone(), data.classes).save(path)
-    return path
-
-
 def node_join(folder: Path, coordinator: str, ca: Path, device: str, dataset: str, root: str | None,
               part: str, attack: str, slow: float) -> int:
-    from .volunteer import NodeConfig, check_attack, pick_device
+    from .volunteer import NodeConfig, check_attack, pick_device, prepare_data
 
     key = keys.load_private(folder)
     if not ca.is_file():
@@ -215,7 +193,7 @@ def node_join(folder: Path, coordinator: str, ca: Path, device: str, dataset: st
     fp = keys.fingerprint(key.public_key())
     print(f"node {fp[:12]} joining {coordinator} on {chosen}, {dataset} part {part}"
           + (f", playing {attack}" if attack else ""), flush=True)
-    NodeConfig(str(data.resolve()), device, attack, float(slow)).save(folder)
+    NodeConfig(str(data.resolve()), device, attack, float(slow), part, root or "").save(folder)
     return _supervise(lambda: launch.start_supernode(folder.resolve(), coordinator, ca.resolve(), own_group=False),
                       folder / keys.PUBLIC_FILE)
 

@@ -26,13 +26,14 @@ from robust.data import load
 from robust.models import build_model
 from robust.params import sha256, unflatten
 
-from . import checkpoint
+from . import admission, audit, checkpoint
 from .admission import scan
 from .attendance import Attendance
 from .engine import Engine, ThreatHook
 from .rows import canonical, rejection_reason
 from .settings import Settings
-from .wire import Reply, Task, read_reply, signed_payload
+from .verifier import Checkers, SpotChecks
+from .wire import Reply, Task, read_reply, reply_payload
 
 log = logging.getLogger("robust.coordinator")
 RUN_ID = "run-id"
@@ -53,6 +54,7 @@ class Inbox:
     rejected: dict[str, str] = field(default_factory=dict)  # bad content: a flag
     failed: dict[str, str] = field(default_factory=dict)  # declined, node error: no flag
     seconds: dict[str, float] = field(default_factory=dict)  # the nodes' own training time
+    replies: dict[str, Reply] = field(default_factory=dict)  # what each accepted reply signed
 
     def __contains__(self, fp: str) -> bool:
         return fp in self.rows or fp in self.rejected or fp in self.failed
@@ -65,10 +67,13 @@ class Coordinator:
         self.run_id = (self.folder / RUN_ID).read_text().strip()
         self._warned: set[str] = set()
         self.keys = self._admitted()
-        data = load(s.dataset, root=s.data_root or None, seed=0)
-        self.engine = Engine(s, build_model(s.model, data.shape, data.classes, s.seed), data.x_test, data.y_test, hook)
+        self.data = data = load(s.dataset, root=s.data_root or None, seed=0)
+        self.checks = SpotChecks(self)
+        self.engine = Engine(s, build_model(s.model, data.shape, data.classes, s.seed), data.x_test, data.y_test, hook,
+                             self.checks if s.spot_check else None)
         self.attendance = Attendance(s.rest_after)
         self.rejected: dict[str, str] = {}  # node -> its latest rejection's reason
+        self._tip = audit.genesis(self.run_id)
         self._resume()
 
     def _admitted(self) -> dict:
@@ -111,6 +116,7 @@ class Coordinator:
             self.engine.load_state(state["engine"])
             self.attendance.load_state(state["attendance"])
             self.rejected = dict(state["rejected"])
+            self._tip = audit.line_hash(state["record"])
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{path} does not fit this run ({type(err).__name__}: {str(err)[:120]}): restore it "
                              "from a backup, or start over in a new folder") from None
@@ -160,7 +166,7 @@ class Coordinator:
         if isinstance(result, str):
             inbox.rejected[fp] = result
         else:
-            inbox.rows[fp] = result
+            inbox.rows[fp], inbox.replies[fp] = result, reply
 
     def check(self, fp: str, reply: Reply, row: np.ndarray | None) -> torch.Tensor | str:
         """The update of a reply that did not decline, as a row, or why it is rejected."""
@@ -174,14 +180,15 @@ class Coordinator:
         reason = rejection_reason(tensor, self.engine.w.numel(), self.settings.max_norm)
         if reason:
             return reason
-        payload = signed_payload(reply.run, reply.round, reply.base, sha256(tensor), reply.count)
-        if fp not in self.keys or not keys.verify(self.keys[fp], reply.signature, payload):
+        if reply.author:
+            return "a spot check's reply where an update was expected"
+        if fp not in self.keys or not keys.verify(self.keys[fp], reply.signature, reply_payload(reply, sha256(tensor))):
             return "bad signature"
         if not 1 <= reply.count <= self.settings.max_count:
             return f"sample count {reply.count} outside [1, {self.settings.max_count}]"
         return tensor
 
-    def finish_round(self, asked: list[str], inbox: Inbox, started: float) -> dict:
+    def finish_round(self, asked: list[str], inbox: Inbox, started: float, checkers: Checkers | None = None) -> dict:
         """The engine's round on the accepted rows, then checkpoint and log; the round's record.
 
         Rejected replies (bad content) count as flags; failed ones (a transport error, or a
@@ -189,7 +196,12 @@ class Coordinator:
         without a usable reply ``rest_after`` rounds in a row is rested (``nodes.attendance``).
         The seconds nodes say their training took only feed the overhead figure."""
         ids, X = canonical(inbox.rows, self.engine.w.numel())
+        self.checks.begin(inbox.replies, checkers)
+        tip = self.tip
         record = self.engine.step(asked, ids, X, inbox.rejected, inbox.failed)
+        record["prev"], record["updates"] = tip, audit.store(self.folder, self.settings.keep_updates, record, inbox)
+        for fp in record["convicted"]:
+            self.convicted(fp, record)
         for fp, reason in record["rejected"].items():
             self.rejected[fp] = reason
             log.warning("round %d: rejected %s: %s", record["round"], short(fp), reason)
@@ -204,9 +216,25 @@ class Coordinator:
         record["train_seconds_max"] = round(max((inbox.seconds.get(fp, 0.0) for fp in ids), default=0.0), 3)
         self.save(record)
         checkpoint.append_round(self.folder, record)
+        self._tip = audit.line_hash(record)
         if self.done:
             self.finish(record["accuracy"])
         return record
+
+    @property
+    def tip(self) -> str:
+        """The SHA-256 the next round's record chains to: the last record's line's."""
+        return self._tip
+
+    def convicted(self, fp: str, record: dict) -> None:
+        """Ban ``fp``, convicted in ``record``'s round: its key leaves the admission list (kept in
+        ``convicted/`` with the evidence in the round log, for the audit)."""
+        evidence = self.engine.flags.convicted[fp]
+        log.warning("round %d: %s CONVICTED: a spot check's recomputation (by %s) differs from its signed update "
+                    "(relative distance %s); banned", record["round"], short(fp), short(evidence["verifier"]),
+                    "n/a" if evidence["distance"] is None or fp != evidence["author"] else f"{evidence['distance']:.3g}")
+        admission.ban(self.folder, fp)
+        self.keys.pop(fp, None)
 
     def finish(self, final_accuracy: float) -> None:
         """Write the final model (a ``state_dict``) and ``result.json``."""
@@ -219,4 +247,7 @@ class Coordinator:
             "flagged": sorted(short(fp) for fp in engine.flags.flags),
             "quarantined": sorted(short(fp) for fp in engine.flags.quarantined),
             "declined": {short(fp): n for fp, n in sorted(self.attendance.declined.items())},
+            "convicted": {short(fp): {"round": e["round"], "distance": e["distance"], "verifier": short(e["verifier"]),
+                                      "as": "author" if e["author"] == fp else f"verifier of {short(e['author'])}"}
+                          for fp, e in sorted(engine.flags.convicted.items())},
         })

@@ -4,7 +4,10 @@ A coordinator and five volunteers (the fifth plays ``--attack``: by default it f
 labels; any node-side attack or protocol fault of ``robust node join --attack``) train digits for a few rounds
 over TLS with node authentication; each round is printed; the run ends with the final
 accuracy and model SHA-256, and every process started is stopped. Keys and the run id are
-derived from ``--seed``, so two demos with the same seed end with the same SHA-256.
+derived from ``--seed``, so two demos with the same seed end with the same SHA-256. With
+``--spot-check P`` a share ``P`` of the updates is recomputed by another volunteer each
+round; ``--json`` ends with one line: the result, the Byzantine node's name and the folder
+(kept, for ``robust audit verify``).
 """
 
 from __future__ import annotations
@@ -15,23 +18,25 @@ import sys
 import tempfile
 from pathlib import Path
 
-from robust import tls
+from robust import keys, tls
 
 from . import commands, launch
+from .coordinator import short
 from .settings import Settings
 
 NODES, BYZANTINE = 5, (5,)
 
 
-def demo(seed: int, rounds: int, as_json: bool, keep: str | None, attack: str = "label-flip") -> int:
+def demo(seed: int, rounds: int, as_json: bool, keep: str | None, attack: str = "label-flip",
+         spot_check: float = 0.0) -> int:
     from .volunteer import check_attack
 
     check_attack(attack)
+    settings = Settings(seed=seed, rounds=rounds, aggregator="trimmed-mean", tolerate=1, deadline=60.0,
+                        protocol="delta:steps=16", spot_check=spot_check, port=launch.free_port())
+    port = settings.port
     root = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="robust-demo-"))
     root.mkdir(parents=True, exist_ok=True)
-    port = launch.free_port()
-    settings = Settings(seed=seed, rounds=rounds, aggregator="trimmed-mean", tolerate=1, deadline=60.0,
-                        protocol="delta:steps=16", port=port)
     procs = []
     try:
         coord, _ = commands.local_federation(root, NODES, settings, f"demo-{seed}", ("demo", seed))
@@ -54,12 +59,11 @@ def demo(seed: int, rounds: int, as_json: bool, keep: str | None, attack: str = 
         for proc in procs:
             launch.stop(proc)
     result = coord / "result.json"
-    if code == 0 and result.exists():
-        summary = json.loads(result.read_text())
-        if as_json:
-            print(json.dumps(summary | {"folder": str(root)}))
-    if not keep and code == 0:
+    if code == 0 and result.exists() and as_json:
+        byzantine = [short(keys.fingerprint(keys.load_private(root / f"node{i}").public_key())) for i in BYZANTINE]
+        print(json.dumps(json.loads(result.read_text()) | {"byzantine": byzantine, "folder": str(root)}))
+    if not keep and code == 0 and not as_json:
         shutil.rmtree(root, ignore_errors=True)
-    elif code != 0:
-        print(f"the demo's files are kept in {root}", file=sys.stderr)
+    elif code != 0 or as_json:
+        print(f"the demo's files are kept in {root} (`robust audit verify {coord}` checks its log)", file=sys.stderr)
     return code

@@ -5,8 +5,8 @@ rounds (the global model ``w``, the aggregation chain and its state, the protoco
 state, the flag policy, the round count) and :meth:`Engine.step` plays one round on the
 rows the nodes sent:
 
-    canonical order -> validate -> quorum -> threat-model hook (bench only) -> aggregate
-    -> score -> flag -> apply -> evaluate -> record
+    canonical order -> validate -> quorum -> threat-model hook (bench only) -> spot checks
+    -> aggregate -> score -> flag -> apply -> evaluate -> record
 
 The deployed coordinator (``nodes.coordinator``, fed by the Flower ServerApp), the local
 bench driver (vectorised or per node) and the Flower simulation driver all call it, so a
@@ -16,6 +16,11 @@ bits whatever order they arrived in. A rule's error is never swallowed: a round 
 step, with its reason recorded, only when it has fewer valid rows than its quorum or a
 number of rows the rule declares it cannot serve (``check_n``); the hook plays only in a
 round that steps.
+
+Spot checks (``spot-check = p``, ``nodes.spotcheck``): the committed rows' hashes seed a draw
+of the rows to recompute; the engine's ``verifier`` (the coordinator's, the bench's, or a
+log's replay) returns the verdicts, and a convicted node's row is dropped before the rule
+and the node banned.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from .detectors import score_round
 from .flags import FlagPolicy
 from .protocol import Protocol
 from .rows import rejected_rows
+from .spotcheck import Verifier, draw, round_seed
 
 
 class ThreatHook(Interface):
@@ -48,9 +54,12 @@ class ThreatHook(Interface):
 
 class Engine:
     def __init__(self, settings, model: nn.Module, x_test: torch.Tensor, y_test: torch.Tensor,
-                 hook: ThreatHook | None = None) -> None:
+                 hook: ThreatHook | None = None, verifier: Verifier | None = None) -> None:
         s = self.settings = settings
         self.model, self.x_test, self.y_test, self.hook = model, x_test, y_test, hook
+        if s.spot_check and verifier is None:
+            raise ValueError(f"spot-check={s.spot_check:g} needs a verifier to recompute updates (a driver's error)")
+        self.verifier = verifier
         self.w = flat_params(model)
         self.chain = aggregators.build(s.aggregator, s.tolerate)
         self.protocol = Protocol.of(s)
@@ -104,6 +113,10 @@ class Engine:
             if self.hook is not None and not skipped:  # an attack crafts only for a round that steps
                 ids, X = self._valid(ids, self.hook.rows(self, t, ids, X), rejected)
                 skipped = self._cannot_step(len(ids))  # crafted rows may have been rejected
+            verdicts, convicted = [], []
+            if self.settings.spot_check and not skipped:
+                ids, X, verdicts, convicted = self._spot_check(t, ids, X, rejected)
+                skipped = self._cannot_step(len(ids))
             aggregate = None if skipped else self.chain(X)
             scores = score_round(X, self.chain.f, self.chain.last_kept if aggregate is not None else None) if ids else {}
             flagged = self.flags.update(t, ids, scores, rejected)
@@ -119,8 +132,31 @@ class Engine:
             "rejected": dict(sorted(rejected.items())), "failed": dict(sorted((failed or {}).items())),
             "missing": missing, "flagged": flagged, "quarantined": sorted(self.flags.quarantined),
             "skipped": skipped, "accuracy": acc, "model_sha256": self.base,
+            "aggregate_sha256": None if aggregate is None else sha256(aggregate),
+            "spot": [v.record() for v in verdicts], "convicted": convicted,
             "scores": {name: s.tolist() for name, s in scores.items()},
         }
+
+    def _spot_check(self, t: int, ids: list[str], X: torch.Tensor, rejected: dict[str, str]
+                    ) -> tuple[list[str], torch.Tensor, list, list[str]]:
+        """Draw round ``t``'s checks from its committed rows, ask the verifier, and ban the
+        convicted: ``(ids, X without their rows, verdicts, convicted)``."""
+        seed = round_seed(self.settings.seed, t, ids, [sha256(row) for row in X])
+        drawn = draw(seed, ids, self.settings.spot_check)
+        if not drawn:
+            return ids, X, [], []
+        index = {fp: i for i, fp in enumerate(ids)}
+        verdicts = self.verifier(t, self.w, {fp: X[index[fp]] for fp in drawn})
+        convicted = sorted({fp for v in verdicts for fp in v.guilty})
+        for v in verdicts:
+            for fp in v.guilty:
+                self.flags.convict(fp, t, {"author": v.author, "verifier": v.verifier, "distance": v.distance})
+                if fp in index:
+                    what = "its update" if fp == v.author else f"its check of {v.author[:12]}'s update"
+                    rejected[fp] = (f"convicted: {what} differs from the coordinator's recomputation"
+                                    + (f" (relative distance {v.distance:.3g})" if fp == v.author else ""))
+        keep = [i for i, fp in enumerate(ids) if fp not in convicted]
+        return [ids[i] for i in keep], X[keep], verdicts, convicted
 
     def _cannot_step(self, n: int) -> str:
         """Why a round with ``n`` valid rows makes no step ("" if it does): below the quorum,

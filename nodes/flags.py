@@ -11,6 +11,9 @@ flagged when
 A row that a selecting rule (Krum, Multi-Krum, Bulyan, MDA) merely did not use is *not*
 flagged: those rules drop honest rows every round by design. A node flagged in ``after``
 rounds is quarantined: it is no longer asked. Flags never change a round's aggregate.
+
+A node whose update a spot check proved fabricated (``nodes.spotcheck``) is *convicted*:
+quarantined at once, whatever its flags, with the evidence kept in :attr:`convicted`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class FlagPolicy:
         self.ratio, self.after = ratio, after
         self.flags: dict[str, int] = {}
         self.quarantined: dict[str, int] = {}  # node -> the round it was quarantined in
+        self.convicted: dict[str, dict] = {}  # node -> {round, author, distance}: proved to lie
 
     def update(self, round: int, ids: list[str], scores: Mapping[str, torch.Tensor],
                rejected: Iterable[str]) -> list[str]:
@@ -41,9 +45,15 @@ class FlagPolicy:
                 self.quarantined[node] = round
         return sorted(flagged)
 
+    def convict(self, node: str, round: int, evidence: dict) -> None:
+        """Ban ``node`` from round ``round`` on: a spot check proved it lied."""
+        self.convicted.setdefault(node, {"round": round, **evidence})
+        self.quarantined.setdefault(node, round)
+
     def state(self) -> dict:
-        return {"flags": dict(self.flags), "quarantined": dict(self.quarantined)}
+        return {"flags": dict(self.flags), "quarantined": dict(self.quarantined), "convicted": dict(self.convicted)}
 
     def load_state(self, state: dict) -> None:
         self.flags = {str(k): int(v) for k, v in state["flags"].items()}
         self.quarantined = {str(k): int(v) for k, v in state["quarantined"].items()}
+        self.convicted = {str(k): dict(v) for k, v in state.get("convicted", {}).items()}

@@ -4,7 +4,8 @@ Flower's ``Strategy.start`` drops late replies silently and one malformed reply 
 run, so the loop is ours (:func:`serve`): ask the selected nodes, collect until every one
 replied or the deadline passed, hand each reply to :meth:`Coordinator.take` (a bad reply is
 a rejection with a reason, never an exception), then :meth:`Coordinator.finish_round`, which
-runs the round engine. A round with no node to ask fails the run, after ``wait-nodes``
+runs the round engine; its spot checks (``nodes.verifier``) are sent to other volunteers of
+the round by :func:`ask_checks`, answered within one more deadline. A round with no node to ask fails the run, after ``wait-nodes``
 seconds, with what to do (never a "done" on an untrained model). The deployed app reads the coordinator's folder from the run
 config's ``state-dir``; the bench's Flower simulation driver calls :func:`serve` itself, on
 a coordinator with its threat-model hook.
@@ -39,6 +40,7 @@ from robust import keys
 
 from . import checkpoint
 from .coordinator import Coordinator, Inbox, short
+from .verifier import Checkers
 from .wire import introduction_content, read_identity, task_content
 
 log = logging.getLogger("robust.coordinator")
@@ -145,7 +147,31 @@ def play_round(roster: Roster, coord: Coordinator, first: bool, nudging: bool) -
                 coord.take(fp, reply.content, inbox)
         if pending:
             time.sleep(roster.poll)
-    return coord.finish_round(sorted(set(nodes.values())), inbox, started)
+    checkers = Checkers(sorted(set(nodes.values())), lambda asked: ask_checks(roster, nodes, asked))
+    return coord.finish_round(sorted(set(nodes.values())), inbox, started, checkers)
+
+
+def ask_checks(roster: Roster, nodes: dict[int, str], asked: dict[str, tuple[str, RecordDict]]
+               ) -> dict[str, RecordDict | str]:
+    """Send each spot check (author -> (verifier, task)) to its verifier and collect the
+    answers for one more deadline (author -> reply content, or why none)."""
+    grid, node_of = roster.grid, {fp: nid for nid, fp in nodes.items()}
+    until = time.monotonic() + roster.coord.settings.deadline
+    messages = {author: Message(content, dst_node_id=node_of[verifier], message_type="train",
+                                ttl=roster.coord.settings.deadline + 30)
+                for author, (verifier, content) in sorted(asked.items())}
+    ids = dict(zip(grid.push_messages(list(messages.values())), messages))
+    pending, out = {mid for mid in ids if mid}, {}
+    while pending and time.monotonic() < until:
+        for reply in grid.pull_messages(list(pending)):
+            mid = reply.metadata.reply_to_message_id
+            pending.discard(mid)
+            author = ids.get(mid)
+            if author is not None and author not in out:
+                out[author] = (f"failed: {str(reply.error.reason)[:200]}" if reply.has_error() else reply.content)
+        if pending:
+            time.sleep(roster.poll)
+    return out
 
 
 def nudge(grid: Grid, silent: dict[int, str], deadline: float) -> None:

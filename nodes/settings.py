@@ -65,6 +65,8 @@ RUN = table(
     Param("flag-ratio", Interval(float, 1, None, "neither"), 3.0,
           "flag a row farther from the coordinate median than this x the typical row"),
     Param("quarantine-after", Interval(int, 1, None), 3, "flags (or rejections) before a node is no longer asked"),
+    Param("spot-check", Interval(float, 0, 1), 0.0,
+          "share of accepted updates recomputed from their task each round; a mismatch convicts (delta protocol)"),
     Param("threads", Interval(int, 1, 1024), 1,
           "CPU threads of every computation whose bits matter: the same value gives the same bits on any core count"),
 )
@@ -75,6 +77,10 @@ DEPLOY = table(
     Param("max-count", Interval(int, 1, None), 1_000_000, "replies claiming more samples are rejected (counts are never weights)"),
     Param("rest-after", Interval(int, 1, None), 3,
           "rounds in a row a node may decline or not reply before it is rested (not asked) for as many rounds"),
+    Param("verifier", OneOf(("nodes", "self")), "nodes",
+          "who recomputes a spot-checked update: another volunteer (the coordinator referees a mismatch), or self"),
+    Param("keep-updates", OneOf(("all", "spot", "none")), "all",
+          "accepted updates stored in DIR/updates for `robust audit verify`: all, the spot-checked ones, none"),
     Param("bind", Host(), "127.0.0.1", "address the SuperLink listens on (0.0.0.0 for other machines)"),
     Param("port", Interval(int, 1, 65535), 9190, "SuperLink port"),
 )
@@ -95,6 +101,10 @@ class _Checked:
                 chain.check_n(self.quorum)
         except ValueError as err:
             raise ValueError(f"{err} [the quorum is {self.quorum}: raise quorum, or lower tolerate]") from None
+        if self.spot_check and not self.protocol.startswith("delta"):
+            raise ValueError(f"spot-check={self.spot_check:g} needs the delta protocol (protocol={self.protocol!r} "
+                             "carries each node's momentum across rounds, which a verifier cannot recompute): "
+                             "use protocol=delta, or spot-check=0")
         if self.per_round and self.per_round < self.quorum_needed:
             raise ValueError(f"per-round={self.per_round} is below the quorum {self.quorum_needed}: "
                              "raise per-round or lower quorum")

@@ -13,9 +13,11 @@ coordinator that is restarted and asks the same round again gets the same row.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,6 +29,8 @@ from attacks.base import NodeAttack
 from robust.compute import profile
 from robust import keys
 from robust.batches import draw_batches, node_key
+from robust.data import Dataset, load
+from robust.partition import partition
 from robust.models import build_model
 from robust.params import sha256, unflatten
 from robust.seeds import generator
@@ -34,7 +38,8 @@ from robust.seeds import generator
 from . import faults
 from .checkpoint import write_atomic
 from .protocol import Protocol
-from .wire import Reply, Task, signed_payload
+from .spotcheck import profile_of
+from .wire import Reply, Task, reply_payload
 
 STATE, CONFIG = "state", "node.json"
 
@@ -67,6 +72,8 @@ class NodeConfig:
     device: str = "auto"
     attack: str = ""
     slow: float = 0.0  # seconds: each reply waits a random 0..slow
+    part: str = ""  # the part I/N of the data set it holds ("" for a bench's own split)
+    data_root: str = ""  # the folder of local data files, to prepare parts for spot checks
 
     def save(self, folder: Path) -> None:
         write_atomic(folder / CONFIG, lambda out: out.write((json.dumps(asdict(self)) + "\n").encode()))
@@ -74,6 +81,33 @@ class NodeConfig:
     @classmethod
     def load(cls, folder: Path) -> NodeConfig:
         return cls(**json.loads((folder / CONFIG).read_text()))
+
+
+def parse_part(part: str) -> tuple[int, int]:
+    """``(I, N)`` of a part spec ``I/N`` (part I of N, 1-based); ``ValueError`` says how to write it."""
+    found = re.fullmatch(r"(\d{1,7})/(\d{1,7})", part)
+    if not found or not 1 <= int(found[1]) <= int(found[2]):
+        raise ValueError(f"partition {part[:40]!r}: write I/N with 1 <= I <= N, e.g. 1/5 for the first of five parts")
+    return int(found[1]), int(found[2])
+
+
+def part_of(data: Dataset, part: str) -> NodeData:
+    """Part ``I/N`` of ``data``'s training set (iid, seeded): what a volunteer holds."""
+    index, total = parse_part(part)
+    if total > len(data.y_train):
+        raise ValueError(f"partition {part}: {data.name} has only {len(data.y_train)} training samples")
+    rows = partition(data.y_train, total, "iid", seed=0)[index - 1]
+    return NodeData(data.name, data.x_train[rows].clone(), data.y_train[rows].clone(), data.classes)
+
+
+def prepare_data(folder: Path, dataset: str, root: str | None, part: str) -> Path:
+    """This node's part (``I/N``) of ``dataset``, saved in its folder once; the per-round
+    ClientApp processes load only that file."""
+    index, total = parse_part(part)
+    path = folder / f"data-{dataset}-{index}of{total}.pt"
+    if not path.exists():
+        part_of(load(dataset, root=root, seed=0), part).save(path)
+    return path
 
 
 def pick_device(choice: str) -> torch.device:
@@ -101,22 +135,25 @@ def compute(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, class
             device: torch.device, attack: str = "", m: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(row, new worker momentum)``, both CPU float32, of node ``node`` (its fingerprint)
     for ``task`` from the global model ``w``, on its data ``x, y``, with its momentum ``m``
-    (zeros if ``None``). A node-side ``attack`` poisons the data and scales the row (never
-    the momentum). ``ValueError`` if ``w`` does not fit the model or the task is malformed."""
+    (zeros if ``None``). A node-side ``attack`` poisons the data first; what the node then
+    sends is :func:`forge`'s. ``ValueError`` if ``w`` does not fit the model or the task is
+    malformed."""
     protocol = Protocol.of(task)
     with profile(task.threads, device):
         model = build_model(task.model, tuple(x.shape[1:]), classes).to(device)
         params = unflatten(w.to(device), model)
-        scale = 1.0
         if attack not in ("", "none"):
-            node_attack = attacks.build(attack, 1)
-            x, y = node_attack.poison(x, y, classes, generator(task.seed, node, "poison"))
-            scale = node_attack.scale()
+            x, y = attacks.build(attack, 1).poison(x, y, classes, generator(task.seed, node, "poison"))
         idx = draw_batches([len(y)], protocol.batch_size, [node_key(task.seed, node)], task.round, protocol.steps)[0]
         m = torch.zeros_like(w) if m is None else m
         row, m = protocol.node_update(model, params, x[idx].to(device), y[idx].to(device), m.to(device))
-        row = row * scale if scale != 1.0 else row
     return row.detach().to("cpu", torch.float32), m.detach().to("cpu", torch.float32)
+
+
+def forge(attack: str, row: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+    """What a node playing ``attack`` sends for the update ``row`` it computed (``previous``:
+    the one of its last round, for an attack that :attr:`~attacks.base.NodeAttack.remembers`)."""
+    return row if attack in ("", "none") else attacks.build(attack, 1).forge(row, previous)
 
 
 def _state_path(folder: Path, run: str) -> Path:
@@ -142,13 +179,31 @@ def save_momentum(folder: Path, task: Task, before: torch.Tensor, after: torch.T
     write_atomic(path, lambda out: torch.save({"round": task.round, "before": before, "after": after}, out))
 
 
+def _remembered(folder: Path | None, task: Task, attack: str, row: torch.Tensor) -> torch.Tensor | None:
+    """For an attack that remembers: the node's update of its previous round (kept in its
+    folder, ``state/<run>.last.pt``), replaced by this round's ``row``."""
+    if folder is None or attack in ("", "none") or not attacks.build(attack, 1).remembers:
+        return None
+    path = _state_path(folder, task.run).with_suffix(".last.pt")
+    previous = torch.load(path, weights_only=True) if path.exists() else None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, lambda out: torch.save(row, out))
+    return previous if previous is not None and previous.shape == row.shape else None
+
+
+def _refuse(task: Task, reason: str, author: str = "") -> tuple[Reply, None]:
+    return Reply(run=task.run, round=task.round, base=task.base, count=0, signature=b"", refused=reason,
+                 author=author), None
+
+
 def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
-         attack: str = "", folder: Path | None = None) -> tuple[Reply, np.ndarray | None]:
+         attack: str = "", folder: Path | None = None, part: str = "") -> tuple[Reply, np.ndarray | None]:
     """The signed reply to ``task`` with global weights ``w`` (or a refusal saying why).
-    ``folder`` keeps the node's worker momentum (and a replaying test node's last reply)."""
+    ``folder`` keeps the node's worker momentum (and a replaying test node's last reply);
+    ``part`` is the part of the data set ``data`` is, declared (and signed) with the update."""
 
     def refuse(reason: str) -> tuple[Reply, None]:
-        return Reply(run=task.run, round=task.round, base=task.base, count=0, signature=b"", refused=reason), None
+        return _refuse(task, reason)
 
     if attack == "decline":
         return refuse(faults.DECLINE)
@@ -178,11 +233,33 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
     seconds = time.perf_counter() - start
     if keeps:
         save_momentum(folder, task, m, after)
+    if attack not in faults.PROTOCOL_FAULTS:
+        delta = forge(attack, delta, _remembered(folder, task, attack, delta))
     row = faults.corrupt_row(attack, delta.numpy())
     count, base = faults.corrupt_fields(attack, len(data.y), task.base)
-    update_sha = sha256(torch.from_numpy(row))
-    signature = keys.sign(key, signed_payload(task.run, task.round, base, update_sha, count))
-    reply = Reply(run=task.run, round=task.round, base=base, count=count, signature=signature, seconds=seconds)
+    reply = Reply(run=task.run, round=task.round, base=base, count=count, signature=b"", seconds=seconds,
+                  part=part, profile=profile_of(device))
+    reply = dataclasses.replace(reply, signature=keys.sign(key, reply_payload(reply, sha256(torch.from_numpy(row)))))
     if folder is not None:
         reply, row = faults.corrupt_reply(attack, reply, row, folder)
     return reply, row
+
+
+def check(task: Task, w: np.ndarray, author: str, part: str, data_of: Callable[[str, str], NodeData], key,
+          device: torch.device) -> tuple[Reply, np.ndarray | None]:
+    """A spot check: node ``author``'s update for ``task`` recomputed as it should have computed
+    it (on its data ``part``, with its batch draws), signed by this node; a refusal saying
+    why if this node cannot (``data_of(dataset, part)`` raises ``ValueError``: data it cannot get)."""
+    weights = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+    if sha256(weights) != task.base:
+        return _refuse(task, "the model received does not match its announced SHA-256", author)
+    try:
+        if Protocol.of(task).keeps_momentum:
+            return _refuse(task, "a momentum-protocol update cannot be recomputed from its task", author)
+        data = data_of(task.dataset, part)
+        row, _ = compute(task, weights, data.x, data.y, data.classes, author, device)
+    except ValueError as err:
+        return _refuse(task, f"cannot recompute {author[:12]}'s update: {err}", author)
+    reply = Reply(run=task.run, round=task.round, base=task.base, count=0, signature=b"", part=part,
+                  profile=profile_of(device), author=author)
+    return dataclasses.replace(reply, signature=keys.sign(key, reply_payload(reply, sha256(row)))), row.numpy()

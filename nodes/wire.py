@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 import io
+import json
 import math
 
 import numpy as np
@@ -58,23 +59,45 @@ class Reply:
     signature: bytes
     refused: str = ""   # non-empty: the node declined the work, and why
     seconds: float = 0.0  # the node's own training time (not signed: for overhead figures only)
+    part: str = ""      # the data the update was computed on: part I/N of the data set
+    profile: str = ""   # the compute profile it ran on (nodes.spotcheck.profile_of)
+    author: str = ""    # a spot check: the node whose update this recomputes ("" for own work)
 
 
-def signed_payload(run: str, round: int, base: str, update_sha: str, count: int) -> bytes:
-    """The exact bytes a volunteer signs and the coordinator verifies."""
-    return f"robust-update/v1|{run}|{round}|{base}|{update_sha}|{count}".encode()
+def signed_payload(run: str, round: int, base: str, update_sha: str, count: int, part: str = "",
+                   profile: str = "", author: str = "") -> bytes:
+    """The exact bytes a volunteer signs and the coordinator (and an auditor) verifies: a
+    JSON list, so no field's text can pass for another field's."""
+    fields_ = [run, round, base, update_sha, count, part, profile, author]
+    return b"robust-update/v2" + json.dumps(fields_, ensure_ascii=True).encode()
 
 
-def task_content(task: Task, w: np.ndarray) -> RecordDict:
-    return RecordDict({MODEL: ArrayRecord({"w": Array(w)}), TASK: ConfigRecord(asdict(task))})
+def reply_payload(reply: Reply, update_sha: str) -> bytes:
+    """What ``reply`` signed, for an update of SHA-256 ``update_sha``."""
+    return signed_payload(reply.run, reply.round, reply.base, update_sha, reply.count, reply.part, reply.profile,
+                          reply.author)
 
 
-def read_task(content: RecordDict) -> tuple[Task, np.ndarray]:
-    """Decode a task; ``ValueError`` says what is missing (a coordinator of another version)."""
+CHECK = "check"  # a spot check: recompute the task of node `author` on its data `part`
+
+
+def task_content(task: Task, w: np.ndarray, check: tuple[str, str] | None = None) -> RecordDict:
+    """A task; with ``check = (author, part)``, the task of a spot check of ``author``'s update."""
+    records = {MODEL: ArrayRecord({"w": Array(w)}), TASK: ConfigRecord(asdict(task))}
+    if check is not None:
+        records[CHECK] = ConfigRecord({"author": check[0], "part": check[1]})
+    return RecordDict(records)
+
+
+def read_task(content: RecordDict) -> tuple[Task, np.ndarray, tuple[str, str] | None]:
+    """Decode a task: ``(task, model, (author, part) of a spot check or None)``; ``ValueError``
+    says what is missing (a coordinator of another version)."""
     try:
         config = content.config_records[TASK]
         task = Task(**{f.name: config[f.name] for f in fields(Task)})
-        return task, content.array_records[MODEL]["w"].numpy()
+        check = content.config_records.get(CHECK)
+        check = None if check is None else (str(check["author"]), str(check["part"]))
+        return task, content.array_records[MODEL]["w"].numpy(), check
     except KeyError as err:
         raise ValueError(f"the task lacks {err}: is the coordinator's robust version the same as this node's?") from None
 
@@ -86,7 +109,8 @@ def reply_content(reply: Reply, row: np.ndarray | None) -> RecordDict:
     return RecordDict(records)
 
 
-_TYPES = {"run": str, "round": int, "base": str, "count": int, "signature": bytes, "refused": str, "seconds": float}
+_TYPES = {"run": str, "round": int, "base": str, "count": int, "signature": bytes, "refused": str, "seconds": float,
+          "part": str, "profile": str, "author": str}
 FIELD_CAP = 4096  # bytes: the longest text or signature a reply field may hold
 HEADER_CAP = 1024  # bytes: the longest .npy header of a one-dimensional float32 array
 ROW_DTYPE = np.dtype("<f4")

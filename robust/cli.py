@@ -49,7 +49,7 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
 
 # What `--attack` accepts (nodes.faults.PROTOCOL_FAULTS and the node-side attacks): kept here,
 # as text, so that `robust --help` imports neither torch nor Flower; a test checks it.
-_NODE_BEHAVIOURS = ("label-flip, backdoor:..., and the protocol faults nan, wrong-shape, huge-norm, inflated-count, "
+_NODE_BEHAVIOURS = ("label-flip, backdoor:..., forge:scale=..., lazy, and the protocol faults nan, wrong-shape, huge-norm, inflated-count, "
                     "bad-signature, replay, stale-base, dtype-lie, shape-lie, oversize, slow-drip, decline")
 
 
@@ -88,7 +88,13 @@ def _federation_parsers(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--keep", metavar="DIR", help="run in DIR and keep it (default: a temporary folder)")
     demo.add_argument("--attack", default="label-flip", metavar="SPEC",
                       help=f"what the Byzantine volunteer (node5) plays, or none (default label-flip): {_NODE_BEHAVIOURS}")
-    for p in (coord, node, demo):
+    demo.add_argument("--spot-check", type=float, default=0.0, metavar="P",
+                      help="share of updates recomputed by another volunteer each round; a fabricated one convicts its author")
+    audit = sub.add_parser("audit", help="verify a coordinator folder: hash chain, signatures, every aggregation recomputed")
+    asub = audit.add_subparsers(dest="action", metavar="ACTION", required=True)
+    verify = asub.add_parser("verify", help="check DIR's round log and stored updates; exit 0 when all holds")
+    verify.add_argument("dir", metavar="DIR")
+    for p in (coord, node, demo, audit):
         p.set_defaults(run=_federation)
 
 

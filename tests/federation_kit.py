@@ -11,7 +11,7 @@ import torch
 
 from flwr.app import RecordDict
 
-from nodes import commands, faults
+from nodes import commands, faults, volunteer
 from nodes.coordinator import Coordinator, Inbox
 from nodes.settings import Settings
 from nodes.volunteer import NodeData, work
@@ -22,7 +22,7 @@ def make_federation(root: Path, n: int, settings: Settings, seed: int = 0) -> tu
     """A coordinator folder with ``n`` admitted volunteers holding their data, keys derived from ``seed``."""
     coord, nodes = commands.local_federation(root, n, settings, f"test-{seed}", ("test", seed))
     for i, folder in enumerate(nodes, start=1):
-        commands.prepare_data(folder, settings.dataset, None, f"{i}/{n}")
+        volunteer.prepare_data(folder, settings.dataset, None, f"{i}/{n}")
     return coord, nodes
 
 
@@ -37,13 +37,17 @@ def replies(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | Non
     for i, node in enumerate(nodes, start=1):
         attack = (attacks or {}).get(i, "")
         part = next(node.glob("data-*.pt"))
-        reply, row = work(task, w, NodeData.load(part), keys.load_private(node), torch.device("cpu"), attack, node)
+        index, total = part.stem.rsplit("-", 1)[1].split("of")
+        reply, row = work(task, w, NodeData.load(part), keys.load_private(node), torch.device("cpu"), attack, node,
+                          f"{index}/{total}")
         out.append((fingerprint(node), faults.content(attack, reply, row)))
     return out
 
 
-def play(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None = None, shuffle: int | None = None) -> dict:
-    """One round in-process: every selected node replies (in a shuffled order if asked)."""
+def play(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None = None, shuffle: int | None = None,
+         checkers=None) -> dict:
+    """One round in-process: every selected node replies (in a shuffled order if asked);
+    ``checkers`` (``nodes.verifier.Checkers``) answer the round's spot checks."""
     asked = coord.select([fingerprint(n) for n in nodes])
     got = [r for r in replies(coord, nodes, attacks) if r[0] in asked]
     if shuffle is not None:
@@ -51,4 +55,4 @@ def play(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None =
     inbox = Inbox()
     for fp, content in got:
         coord.take(fp, content, inbox)
-    return coord.finish_round(asked, inbox, 0.0)
+    return coord.finish_round(asked, inbox, 0.0, checkers)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from evaluation.stress import kill
-from nodes import checkpoint, commands, launch
+from nodes import checkpoint, commands, launch, volunteer
 from nodes.coordinator import Coordinator
 from nodes.settings import Settings
 
@@ -62,7 +62,7 @@ def test_tls_auth_bad_replies_and_a_node_killed_mid_round(tmp_path, procs):
     coord, nodes = make_federation(tmp_path, 3, settings)
     stranger = tmp_path / "stranger"
     commands.node_keygen(stranger, seed="not admitted")
-    commands.prepare_data(stranger, "digits", None, "1/3")
+    volunteer.prepare_data(stranger, "digits", None, "1/3")
     procs.append(robust("coordinator", "start", str(coord), log=tmp_path / "coordinator.log"))
     logs = [tmp_path / "coordinator.log", coord / "logs" / "superlink.log", *(n / "join.log" for n in nodes)]
     wait_until(lambda: (coord / "logs" / "superlink.log").exists() and "submitted" in (tmp_path / "coordinator.log").read_text(),

@@ -1,0 +1,120 @@
+"""The coordinator's spot checks (``nodes.spotcheck``): who recomputes, and the verdicts.
+
+:class:`SpotChecks` is the round engine's verifier in a deployment. With ``verifier =
+"nodes"`` each drawn update goes to another volunteer of the round (seeded choice, never
+its author), as a spot-check task: the author's task and declared data part. The verifier's
+signed recomputation clears the update when it matches; when it does not, or the verifier
+refuses, fails or is late, the coordinator recomputes itself and referees. With ``verifier =
+"self"`` the coordinator recomputes every check. Nothing a verifier sends can raise: a bad
+answer is a reason in the verdict's note, and the coordinator's own recomputation decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from flwr.app import RecordDict
+
+from robust import keys
+from robust.params import sha256
+
+from .audit import keep_row
+from .spotcheck import SELF, Verdict, assign, compare, profile_of, referee, round_seed
+from .volunteer import NodeData, compute, part_of
+from .wire import Reply, Task, read_reply, reply_payload, task_content
+
+CPU = torch.device("cpu")
+Ask = Callable[[dict[str, tuple[str, RecordDict]]], dict[str, RecordDict | str]]
+
+
+@dataclass
+class Checkers:
+    """This round's volunteers that may verify, and how to ask them: ``ask({author: (verifier,
+    task content)})`` returns ``{author: the verifier's reply content, or why there is none}``."""
+
+    candidates: list[str]
+    ask: Ask
+
+
+class SpotChecks:
+    def __init__(self, coord) -> None:
+        self.coord = coord
+        self.own = profile_of(CPU)
+        self.replies: dict[str, Reply] = {}
+        self.checkers: Checkers | None = None
+        self._parts: dict[str, NodeData] = {}
+
+    def begin(self, replies: dict[str, Reply], checkers: Checkers | None) -> None:
+        """The round's accepted replies (what each author declared) and its possible verifiers."""
+        self.replies, self.checkers = replies, checkers
+
+    def __call__(self, t: int, w: torch.Tensor, rows: dict[str, torch.Tensor]) -> list[Verdict]:
+        c, s = self.coord, self.coord.settings
+        task = Task.of(s, c.run_id, t, sha256(w))
+        asked: dict[str, tuple[str, RecordDict]] = {}
+        if s.verifier == "nodes" and self.checkers is not None:
+            seed = round_seed(s.seed, t, list(rows), [sha256(r) for r in rows.values()])
+            pool = [fp for fp in self.checkers.candidates if fp in c.keys and fp not in c.engine.flags.quarantined]
+            for author, verifier in assign(seed, list(rows), pool).items():
+                if verifier is not None:
+                    asked[author] = (verifier, task_content(task, w.numpy(), (author, self.replies[author].part)))
+        answers = self.checkers.ask(asked) if asked else {}
+        verdicts = []
+        for author, row in rows.items():
+            if author not in asked:
+                verdicts.append(self._referee(task, w, author, row))
+                continue
+            verifier = asked[author][0]
+            got = self._read(verifier, author, task, w.numel(), answers.get(author, "no reply before the deadline"))
+            if isinstance(got, str):
+                verdict = self._referee(task, w, author, row)
+                verdict.note = f"verifier {verifier[:12]} {got}; " + (verdict.note or "checked by the coordinator")
+                verdicts.append(verdict)
+                continue
+            vrow, vreply = got
+            match, gap = compare(row, vrow, self.replies[author].profile == vreply.profile)
+            evidence = {"sha256": sha256(vrow), "signature": vreply.signature.hex(), "profile": vreply.profile}
+            if not match:  # evidence: both signed rows are kept
+                keep_row(c.folder, vrow)
+                keep_row(c.folder, row)
+            verdict = (Verdict(author, verifier, gap) if match else
+                       self._referee(task, w, author, row, verifier, (vrow, vreply.profile == self.own)))
+            verdict.check = evidence
+            verdicts.append(verdict)
+        return verdicts
+
+    def _read(self, verifier: str, author: str, task: Task, d: int, content: RecordDict | str
+              ) -> tuple[torch.Tensor, Reply] | str:
+        """The verifier's signed recomputation, or why it cannot be used."""
+        if isinstance(content, str):
+            return content
+        try:
+            reply, row = read_reply(content, d)
+        except Exception as err:  # noqa: BLE001 - untrusted input: a reason, never an exception
+            return f"sent an unreadable check ({str(err)[:120]})"
+        if reply.refused:
+            return f"could not check: {reply.refused[:200]}"
+        if (reply.author, reply.run, reply.round, reply.base) != (author, task.run, task.round, task.base):
+            return "answered another task"
+        tensor = torch.from_numpy(row.copy())
+        key = self.coord.keys.get(verifier)
+        if key is None or not keys.verify(key, reply.signature, reply_payload(reply, sha256(tensor))):
+            return "sent a badly signed check"
+        if not bool(torch.isfinite(tensor).all()):
+            return "sent a non-finite check"
+        return tensor, reply
+
+    def _referee(self, task: Task, w: torch.Tensor, author: str, row: torch.Tensor, verifier: str = SELF,
+                 verifier_row: tuple[torch.Tensor, bool] | None = None) -> Verdict:
+        """The coordinator's own recomputation of ``author``'s update decides."""
+        declared = self.replies[author]
+        try:
+            if declared.part not in self._parts:
+                self._parts[declared.part] = part_of(self.coord.data, declared.part)
+            data = self._parts[declared.part]
+            honest, _ = compute(task, w, data.x, data.y, data.classes, author, CPU)
+        except ValueError as err:
+            return Verdict(author, verifier, None, [], f"cannot recompute: {str(err)[:200]}")
+        return referee(author, row, declared.profile == self.own, honest, verifier, verifier_row)
