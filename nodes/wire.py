@@ -111,6 +111,7 @@ def reply_content(reply: Reply, row: np.ndarray | None) -> RecordDict:
 
 _TYPES = {"run": str, "round": int, "base": str, "count": int, "signature": bytes, "refused": str, "seconds": float,
           "part": str, "profile": str, "author": str}
+_OPTIONAL = {"part": "", "profile": "", "author": ""}  # absent: empty (a node that declares none)
 FIELD_CAP = 4096  # bytes: the longest text or signature a reply field may hold
 HEADER_CAP = 1024  # bytes: the longest .npy header of a one-dimensional float32 array
 ROW_DTYPE = np.dtype("<f4")
@@ -125,7 +126,7 @@ def read_reply(content: RecordDict, d: int) -> tuple[Reply, np.ndarray | None]:
         raise ValueError("no reply record") from None
     values = {}
     for name, kind in _TYPES.items():
-        value = config.get(name)
+        value = config.get(name, _OPTIONAL.get(name))
         if type(value) is not kind:
             raise ValueError(f"reply field {name!r} missing or not {kind.__name__}")
         if isinstance(value, (str, bytes)) and len(value) > FIELD_CAP:
