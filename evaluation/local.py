@@ -93,7 +93,7 @@ class CellRun:
         """The rows the asked nodes ``idx`` send: a node-side attacker's ``forge`` of its own."""
         attack = self.setup.attack
         byz = [j for j, i in enumerate(idx) if self.setup.attack_of(self.ids[i])]
-        if not isinstance(attack, NodeAttack) or not byz or (attack.scale() == 1.0 and not attack.remembers):
+        if not isinstance(attack, NodeAttack) or not byz:
             return rows
         rows = rows.clone()  # under `momentum` the rows *are* the momenta: forge a copy
         for j in byz:

@@ -48,11 +48,11 @@ def admit(folder: str | Path, public_file: str | Path) -> str:
     return fp
 
 
-def scan(folder: str | Path) -> tuple[dict[str, tuple[Path, ec.EllipticCurvePublicKey]], list[str]]:
-    """Fingerprint -> (file, public key) of every admitted volunteer, and what is wrong with
-    each file that holds no key (skipped)."""
+def scan(folder: str | Path, sub: str = ADMITTED) -> tuple[dict[str, tuple[Path, ec.EllipticCurvePublicKey]], list[str]]:
+    """Fingerprint -> (file, public key) of every admitted volunteer (or, with ``sub``, every
+    key in that list), and what is wrong with each file that holds no key (skipped)."""
     found, problems = {}, []
-    for path in sorted((Path(folder) / ADMITTED).glob("*.pub")):
+    for path in sorted((Path(folder) / sub).glob("*.pub")):
         try:
             key = _read_key(path)
         except ValueError as err:
@@ -73,12 +73,4 @@ def ban(folder: str | Path, fp: str) -> None:
 
 def known_keys(folder: str | Path) -> dict[str, ec.EllipticCurvePublicKey]:
     """Every key that ever signed for this run: admitted and convicted (for the audit)."""
-    out = {}
-    for sub in (ADMITTED, CONVICTED):
-        for path in sorted((Path(folder) / sub).glob("*.pub")):
-            try:
-                key = _read_key(path)
-            except ValueError:
-                continue
-            out[keys.fingerprint(key)] = key
-    return out
+    return {fp: key for sub in (ADMITTED, CONVICTED) for fp, (_, key) in scan(folder, sub)[0].items()}

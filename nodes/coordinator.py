@@ -55,6 +55,7 @@ class Inbox:
     failed: dict[str, str] = field(default_factory=dict)  # declined, node error: no flag
     seconds: dict[str, float] = field(default_factory=dict)  # the nodes' own training time
     replies: dict[str, Reply] = field(default_factory=dict)  # what each accepted reply signed
+    hashes: dict[str, str] = field(default_factory=dict)  # each accepted update's SHA-256
 
     def __contains__(self, fp: str) -> bool:
         return fp in self.rows or fp in self.rejected or fp in self.failed
@@ -166,10 +167,12 @@ class Coordinator:
         if isinstance(result, str):
             inbox.rejected[fp] = result
         else:
-            inbox.rows[fp], inbox.replies[fp] = result, reply
+            inbox.rows[fp], inbox.hashes[fp] = result
+            inbox.replies[fp] = reply
 
-    def check(self, fp: str, reply: Reply, row: np.ndarray | None) -> torch.Tensor | str:
-        """The update of a reply that did not decline, as a row, or why it is rejected."""
+    def check(self, fp: str, reply: Reply, row: np.ndarray | None) -> tuple[torch.Tensor, str] | str:
+        """The update of a reply that did not decline, as ``(row, its SHA-256)``, or why it is
+        rejected."""
         if reply.run != self.run_id:
             return f"signed for run {reply.run!r}, this is run {self.run_id!r}"
         if reply.round != self.round + 1:
@@ -182,11 +185,12 @@ class Coordinator:
             return reason
         if reply.author:
             return "a spot check's reply where an update was expected"
-        if fp not in self.keys or not keys.verify(self.keys[fp], reply.signature, reply_payload(reply, sha256(tensor))):
+        sha = sha256(tensor)
+        if fp not in self.keys or not keys.verify(self.keys[fp], reply.signature, reply_payload(reply, sha)):
             return "bad signature"
         if not 1 <= reply.count <= self.settings.max_count:
             return f"sample count {reply.count} outside [1, {self.settings.max_count}]"
-        return tensor
+        return tensor, sha
 
     def finish_round(self, asked: list[str], inbox: Inbox, started: float, checkers: Checkers | None = None) -> dict:
         """The engine's round on the accepted rows, then checkpoint and log; the round's record.
@@ -197,9 +201,9 @@ class Coordinator:
         The seconds nodes say their training took only feed the overhead figure."""
         ids, X = canonical(inbox.rows, self.engine.w.numel())
         self.checks.begin(inbox.replies, checkers)
-        tip = self.tip
         record = self.engine.step(asked, ids, X, inbox.rejected, inbox.failed)
-        record["prev"], record["updates"] = tip, audit.store(self.folder, self.settings.keep_updates, record, inbox)
+        record["prev"] = self._tip  # the SHA-256 of the last record's log line
+        record["updates"] = audit.store(self.folder, self.settings.keep_updates, record, inbox)
         for fp in record["convicted"]:
             self.convicted(fp, record)
         for fp, reason in record["rejected"].items():
@@ -220,11 +224,6 @@ class Coordinator:
         if self.done:
             self.finish(record["accuracy"])
         return record
-
-    @property
-    def tip(self) -> str:
-        """The SHA-256 the next round's record chains to: the last record's line's."""
-        return self._tip
 
     def convicted(self, fp: str, record: dict) -> None:
         """Ban ``fp``, convicted in ``record``'s round: its key leaves the admission list (kept in

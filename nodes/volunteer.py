@@ -202,34 +202,31 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
     ``folder`` keeps the node's worker momentum (and a replaying test node's last reply);
     ``part`` is the part of the data set ``data`` is, declared (and signed) with the update."""
 
-    def refuse(reason: str) -> tuple[Reply, None]:
-        return _refuse(task, reason)
-
     if attack == "decline":
-        return refuse(faults.DECLINE)
+        return _refuse(task, faults.DECLINE)
     if task.dataset != data.dataset:
-        return refuse(f"this node holds {data.dataset}, the task trains on {task.dataset}: rejoin with --data {task.dataset}")
+        return _refuse(task, f"this node holds {data.dataset}, the task trains on {task.dataset}: rejoin with --data {task.dataset}")
     weights = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
     if sha256(weights) != task.base:
-        return refuse("the model received does not match its announced SHA-256")
+        return _refuse(task, "the model received does not match its announced SHA-256")
     node = keys.fingerprint(key.public_key())
     try:
         keeps = Protocol.of(task).keeps_momentum
     except ValueError as err:
-        return refuse(f"protocol: {err}")
+        return _refuse(task, f"protocol: {err}")
     m = None
     if keeps:
         if folder is None:
-            return refuse("the momentum protocol needs a node folder to keep its momentum in")
+            return _refuse(task, "the momentum protocol needs a node folder to keep its momentum in")
         m = load_momentum(folder, task, weights.numel())
         if isinstance(m, str):
-            return refuse(m)
+            return _refuse(task, m)
     start = time.perf_counter()
     try:
         delta, after = compute(task, weights, data.x, data.y, data.classes, node, device,
                                "" if attack in faults.PROTOCOL_FAULTS else attack, m)
     except ValueError as err:  # the weights do not fit the model on this data
-        return refuse(f"model {task.model} on {data.dataset}: {err}")
+        return _refuse(task, f"model {task.model} on {data.dataset}: {err}")
     seconds = time.perf_counter() - start
     if keeps:
         save_momentum(folder, task, m, after)

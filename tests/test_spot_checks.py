@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,8 +17,9 @@ from nodes.coordinator import Coordinator, short
 from nodes.settings import Settings
 from nodes.verifier import Checkers
 from nodes.volunteer import NodeData, check, prepare_data
-from nodes.wire import read_task, reply_content
+from nodes.wire import read_task, reply_content, reply_payload
 from robust import keys
+from robust.params import sha256
 
 SETTINGS = dict(rounds=3, aggregator="trimmed-mean", tolerate=1, protocol="delta:steps=2", batch_size=16)
 
@@ -109,11 +111,6 @@ def _checkers(nodes: list[Path], liar: Path | None = None) -> Checkers:
                                keys.load_private(folder), torch.device("cpu"))
             if folder == liar and row is not None:
                 row = row * np.float32(1.5)  # a false accusation, honestly signed
-                import dataclasses
-
-                from nodes.wire import reply_payload
-                from robust.params import sha256
-
                 reply = dataclasses.replace(reply, signature=keys.sign(keys.load_private(folder),
                                                                        reply_payload(reply, sha256(torch.from_numpy(row)))))
             out[author] = reply_content(reply, row)
