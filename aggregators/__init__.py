@@ -6,6 +6,8 @@
     torch.Size([4])
 
 ``names()`` lists the stages; a spec chains pre-aggregators and one final rule with ``+``.
+Rules that need more than the rows (``agg.needs``: fltrust, foolsgold, fldetector) are called
+as ``agg(X, RoundInputs(ids=..., w=..., reference=...))``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from . import (  # noqa: F401  (each module registers its stage)
     clip,
     dnc,
     flame,
+    fldetector,
+    fltrust,
+    foolsgold,
     geometric_median,
     krum,
     mda,
@@ -30,10 +35,10 @@ from . import (  # noqa: F401  (each module registers its stage)
     signguard,
     trimmed_mean,
 )
-from .base import REGISTRY
+from .base import REGISTRY, RoundInputs
 from .chain import Chain, build
 
-__all__ = ["Chain", "build", "names", "pre_aggregators", "rules"]
+__all__ = ["Chain", "RoundInputs", "build", "names", "pre_aggregators", "rules"]
 
 
 def names() -> list[str]:

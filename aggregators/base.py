@@ -4,10 +4,15 @@ A *rule* maps a round's updates ``X`` of shape ``(n, d)`` to one ``(d,)`` aggreg
 *pre-aggregator* maps ``X`` to a new ``(n', d)`` matrix handed to the next link of the chain.
 Both are built from a spec component and validate their parameters in ``__init__``; the
 number of rows they can serve is checked before any work is done.
+
+Some rules need more than the rows (:class:`RoundInputs`): they name the fields in ``needs``
+and take ``aggregate(X, inputs)``; the chain checks the fields are given before any work.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -18,10 +23,78 @@ REGISTRY: Registry[Stage] = Registry("aggregator")
 register = REGISTRY.register
 
 
+@dataclass(frozen=True)
+class RoundInputs:
+    """What some rules need besides the rows: each rule names the fields it reads in
+    ``Stage.needs``; the others ignore them.
+
+    ``ids``: the node id of each row of ``X``, same order as ``X`` (rules that follow a node
+    across rounds key their state by it). ``w``: the flat global model ``(d,)`` the rows were
+    computed from. ``reference``: the server's own update ``(d,)`` on its root data, with the
+    same meaning (protocol, sign, scale) as a row (FLTrust).
+    """
+
+    ids: tuple[str, ...] | None = None
+    w: torch.Tensor | None = None
+    reference: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.ids is not None and not isinstance(self.ids, tuple):
+            if isinstance(self.ids, str) or not hasattr(self.ids, "__iter__"):
+                raise ValueError(f"ids must be a sequence of node ids, one per row (got {type(self.ids).__name__})")
+            object.__setattr__(self, "ids", tuple(self.ids))
+
+
+# what each field is, for the error that asks for it
+NEEDED = {
+    "ids": "the node id of each row",
+    "w": "the flat global model (d,) the rows were computed from",
+    "reference": "the server's own update (d,) on its root data",
+}
+
+
+def check_inputs(name: str, needs: frozenset[str], inputs: RoundInputs | None, n: int, d: int) -> None:
+    """Raise ``ValueError`` unless every field in ``needs`` is given and well formed: ``ids``
+    (checked whenever given) one distinct string per row, ``w`` and ``reference`` finite
+    ``(d,)`` float tensors."""
+    inputs = inputs if inputs is not None else RoundInputs()
+    missing = [k for k in sorted(needs) if getattr(inputs, k) is None]
+    if missing:
+        what = " and ".join(NEEDED[k] for k in missing)
+        given = ", ".join(f"{k}=..." for k in missing)
+        raise ValueError(f"{name} needs {what}: call the chain with RoundInputs({given})")
+    if inputs.ids is not None:
+        ids = inputs.ids
+        if len(ids) != n:
+            raise ValueError(f"ids has {len(ids)} entries for n={n} rows: pass one node id per row, in the rows' order")
+        odd = [type(i).__name__ for i in ids if not isinstance(i, str)]
+        if odd:
+            raise ValueError(f"ids must be strings (got {odd[0]}): pass each node's id as a str")
+        if len(set(ids)) != n:
+            repeated = sorted(k for k, c in Counter(ids).items() if c > 1)
+            raise ValueError(f"ids repeats {', '.join(map(repr, repeated))}: each row must come from a different node")
+    for key in sorted(needs & {"w", "reference"}):
+        check_vector(name, key, getattr(inputs, key), d)
+
+
+def check_vector(name: str, key: str, v: object, d: int) -> None:
+    """Raise ``ValueError`` unless ``v`` is a finite float32/float64 tensor of shape ``(d,)``."""
+    if not isinstance(v, torch.Tensor):
+        raise ValueError(f"{name}: {key} must be a torch.Tensor of shape (d,) (got {type(v).__name__})")
+    if tuple(v.shape) != (d,):
+        raise ValueError(f"{name}: {key} has shape {tuple(v.shape)}, the rows have d={d}")
+    if v.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"{name}: {key} must be float32 or float64 (got {v.dtype})")
+    if not bool(torch.isfinite(v).all()):
+        raise ValueError(f"{name}: {key} contains NaN or Inf")
+
+
 class Stage(Component):
-    """Base of rules and pre-aggregators; ``f`` is the number of Byzantine rows tolerated."""
+    """Base of rules and pre-aggregators; ``f`` is the number of Byzantine rows tolerated.
+    ``needs`` names the :class:`RoundInputs` fields the stage reads (pre-aggregators: none)."""
 
     is_rule: ClassVar[bool]
+    needs: ClassVar[frozenset[str]] = frozenset()
 
     def check_n(self, n: int) -> None:
         """Raise ``ValueError`` if this stage cannot serve ``n`` rows with its ``f``."""
@@ -45,6 +118,8 @@ class Rule(Stage):
 
     Rules that select rows (Krum, Multi-Krum, Bulyan, MDA, CAF) record in ``last_kept`` which
     rows of their last input they used (bool ``(n,)``), so detectors can score "discarded".
+    A rule with ``needs`` implements ``aggregate(X, inputs)`` (a :class:`RoundInputs`, its
+    fields checked by the chain); the others ``aggregate(X)``.
     """
 
     is_rule = True

@@ -6,14 +6,17 @@ import torch
 
 from robust.spec import format_spec, parse
 
-from .base import REGISTRY, PreAggregator, Rule, Stage, check_updates
+from .base import REGISTRY, PreAggregator, Rule, RoundInputs, Stage, check_inputs, check_updates
 
 
 class Chain:
-    """``agg(X)``: ``X`` of shape ``(n, d)`` -> aggregate of shape ``(d,)``, same dtype/device.
+    """``agg(X)`` or ``agg(X, RoundInputs(...))``: ``X`` of shape ``(n, d)`` -> aggregate of
+    shape ``(d,)``, same dtype/device.
 
-    Built by :func:`aggregators.build`. The input is validated (finite float matrix) and the
-    row count is checked against every stage before any work; the input is never modified.
+    Built by :func:`aggregators.build`. The input is validated (finite float matrix), the row
+    count is checked against every stage and the :class:`RoundInputs` fields the rule
+    ``needs`` against the rows before any work; the input is never modified. Only the rule
+    reads ``inputs``; rules that need none ignore them.
     """
 
     def __init__(self, stages: list[Stage], spec: str) -> None:
@@ -28,6 +31,11 @@ class Chain:
     @property
     def rule(self) -> Rule:
         return self.stages[-1]  # type: ignore[return-value]
+
+    @property
+    def needs(self) -> frozenset[str]:
+        """The :class:`RoundInputs` fields a call must give (the rule's)."""
+        return self.rule.needs
 
     def check_n(self, n: int) -> None:
         """Raise ``ValueError`` if ``n`` rows cannot be served, naming the stage at fault."""
@@ -52,12 +60,15 @@ class Chain:
                 continue
         raise ValueError(f"{self.spec} serves no number of rows up to {limit}")
 
-    def __call__(self, X: torch.Tensor) -> torch.Tensor:
+    def __call__(self, X: torch.Tensor, inputs: RoundInputs | None = None) -> torch.Tensor:
         check_updates(X)
         self.check_n(X.shape[0])
+        check_inputs(self.rule.name, self.needs, inputs, *X.shape)
         original = X = X.detach()
         for stage in self.pre:
             X = stage.transform(X, inplace=X is not original)
+        if self.needs:
+            return self.rule.aggregate(X, inputs)  # type: ignore[call-arg]
         return self.rule.aggregate(X)
 
     @property
@@ -98,6 +109,12 @@ def build(spec: str, f: int) -> Chain:
                 f"{comp.name!r} is a final rule but is followed by more stages in {spec!r}: "
                 "only pre-aggregators (" + ", ".join(k for k, c in sorted(REGISTRY.entries.items()) if not c.is_rule)
                 + ") may come before the rule"
+            )
+        if last and "ids" in cls.needs and not all(s.keeps_rows for s in stages):  # type: ignore[attr-defined]
+            mixers = ", ".join(k for k, c in sorted(REGISTRY.entries.items()) if not c.is_rule and not c.keeps_rows)
+            raise ValueError(
+                f"{spec!r}: {comp.name} tracks each node across rounds, so no pre-aggregator that mixes "
+                f"rows ({mixers}) may come before it"
             )
         stages.append(cls.from_params(f, comp.params))
     return Chain(stages, format_spec(components))

@@ -16,9 +16,10 @@ from robust.spec import parse
 from . import (  # noqa: F401  (registration)
     alie, cc_orthogonal, drift, evade, fang, ipm, mimic, min_max, node, optimal, poisoned_fl, simple,
 )
-from .base import REGISTRY, Attack, Context, NodeAttack, OmniscientAttack
+from . import constrain_scale, neurotoxin  # noqa: F401  (registration: backdoors that shape training)
+from .base import REGISTRY, Attack, Context, Memory, NodeAttack, OmniscientAttack, Shaping
 
-__all__ = ["Attack", "Context", "NodeAttack", "OmniscientAttack", "build", "names"]
+__all__ = ["Attack", "Context", "Memory", "NodeAttack", "OmniscientAttack", "Shaping", "build", "names"]
 
 
 def build(spec: str, f: int) -> Attack:

@@ -4,7 +4,9 @@
 only): they see the round's honest updates, the aggregator actually deployed, the previous
 aggregate and a seeded generator, and return the ``f`` Byzantine rows. Byzantine nodes may
 collude: one call crafts all ``f`` rows. *Node-side* attacks change what a Byzantine node
-trains on; its update is then computed like an honest one.
+trains on; its update is then computed like an honest one, by the one training function
+(``nodes.protocol.Protocol.node_update``), which an attack may bend through a :class:`Shaping`
+hook (an extra loss term, a per-step gradient transform) but never replace.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
+
+Params = dict[str, torch.Tensor]
 
 from robust.registry import Component, Registry
 
@@ -94,13 +98,56 @@ class OmniscientAttack(Attack):
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class Memory:
+    """What a node playing an attack that :attr:`~NodeAttack.remembers` kept of the last round
+    it computed (a volunteer in its folder, a bench driver in memory)."""
+
+    round: int
+    w: torch.Tensor  # the global model it was sent, flat
+    row: torch.Tensor  # the update it computed, before :meth:`NodeAttack.forge`
+
+
+@dataclass(frozen=True)
+class Shaping:
+    """How a node-side attacker bends its local training: the hook of the one training function
+    (``nodes.protocol.Protocol.node_update``); an honest node has none. Both act at every step.
+
+    - ``loss(ce, local, start)``: the loss the node descends instead of its class loss ``ce``,
+      from its local parameters and those the round started from (parameter dicts);
+    - ``grad(g)``: the flat ``(d,)`` gradient the step applies instead of ``g``.
+    """
+
+    loss: Callable[[torch.Tensor, Params, Params], torch.Tensor] | None = None
+    grad: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
 class NodeAttack(Attack):
     """What a Byzantine node does on its own side: it trains on its (poisoned) data as an
-    honest node would, then sends :meth:`forge` of that update. Every driver (a volunteer, the
-    bench's per-node and batched drivers) calls these two methods and nothing else."""
+    honest node would, bent by :meth:`shaping` if the attack has one, then sends :meth:`forge`
+    of that update. Every driver (a volunteer, the bench's per-node and batched drivers) calls
+    these methods and nothing else; in a round where it is not :meth:`active` the node is honest."""
 
     kind = "node"
-    remembers = False  # whether :meth:`forge` needs the node's update of its previous round
+    remembers = False  # whether the node needs its previous round (a :class:`Memory`)
+    stop_after = 0  # 0: attacks every round; R: honest from round R + 1 on
+
+    def active(self, round: int) -> bool:
+        """Whether the node attacks in ``round`` (1-based) or behaves honestly (after ``stop_after``)."""
+        return not self.stop_after or round <= self.stop_after
+
+    @property
+    def trains_alone(self) -> bool:
+        """Whether a bench driver must compute this attacker's row with the volunteer's own
+        function, one node at a time: its training changes with the round or with its memory
+        (a :meth:`shaping` hook, a stop round), which the batched kernels do not model."""
+        return bool(self.stop_after) or type(self).shaping is not NodeAttack.shaping
+
+    def shaping(self, round: int, w: torch.Tensor, last: Memory | None) -> Shaping | None:
+        """How the node bends its local training in ``round`` from the global model ``w``
+        (flat) it was sent; ``last``: what it kept of its previous round, for an attack that
+        :attr:`remembers`. ``None`` (the default): it trains as an honest node does."""
+        return None
 
     def poison(
         self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator

@@ -1,11 +1,13 @@
 """Node-side attacks: the Byzantine node trains honestly on data it has poisoned.
 
 - ``label-flip``: every label ``y -> C - 1 - y``.
-- ``backdoor:target,fraction,size,value,gamma`` (Bagdasaryan et al., AISTATS 2020, "How to
-  backdoor federated learning"): a seeded ``fraction`` of the node's samples get a trigger
-  (their last ``size`` features set to ``value``) and the label ``target``; the node scales
-  its update by ``gamma`` (model replacement). Success is measured on triggered test samples
-  whose true label is not ``target``.
+- ``backdoor:target,fraction,size,value,gamma,stop_after`` (Bagdasaryan et al., AISTATS 2020,
+  "How to backdoor federated learning"): a seeded ``fraction`` of the node's samples get a
+  trigger (their last ``size`` features set to ``value``) and the label ``target``; the node
+  scales its update by ``gamma`` (model replacement). With ``stop_after=R`` (0: never) it is
+  an honest node from round ``R + 1`` on: how long the backdoor survives is then measurable.
+  Success is measured on triggered test samples whose true label is not ``target``. Two
+  variants shape the local training as well: ``neurotoxin`` and ``constrain-scale``.
 - ``forge:scale=0.9``: trains honestly and sends its update times ``scale``: a plausible,
   slightly shorter step that no statistic can tell from an honest one; only recomputing the
   task (``nodes.spotcheck``) shows it was not the task's result.
@@ -39,7 +41,7 @@ class Backdoor(NodeAttack):
 
     def __init__(
         self, f: int, *, target: int = 0, fraction: float = 0.5, size: int = 4,
-        value: float = 3.0, gamma: float = 1.0,
+        value: float = 3.0, gamma: float = 1.0, stop_after: int = 0,
     ) -> None:
         super().__init__(f)
         self._check_param("target", target, target >= 0, ">= 0: a class label")
@@ -47,8 +49,10 @@ class Backdoor(NodeAttack):
         self._check_param("size", size, size >= 1, ">= 1: how many features form the trigger")
         self._check_param("value", value, True, "a finite number")
         self._check_param("gamma", gamma, gamma > 0, "> 0: the update's boost")
+        self._check_param("stop_after", stop_after, stop_after >= 0,
+                          ">= 0: the last round the node attacks (0: it never stops)")
         self.target, self.fraction, self.size = target, fraction, size
-        self.value, self.gamma = value, gamma
+        self.value, self.gamma, self.stop_after = value, gamma, stop_after
 
     def stamp(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` with the trigger: the last ``size`` features of each sample set to ``value``."""

@@ -79,7 +79,15 @@ def our_method(spec: str, f: int, X: torch.Tensor) -> Callable[[object], object]
         return lambda _: stage.transform(X, inplace=False)
     agg = aggregators.build(spec, f)
     agg.check_n(X.shape[0])
-    return lambda _: agg(X)
+    inputs = round_inputs(X)
+    return lambda _: agg(X, inputs)
+
+
+def round_inputs(X: torch.Tensor) -> aggregators.RoundInputs:
+    """Inputs for the rules that need more than the rows: ids ``node0...``, a zero model, and
+    the rows' mean as the root update (a rule's first call on them: its state starts empty)."""
+    return aggregators.RoundInputs(ids=tuple(f"node{i}" for i in range(X.shape[0])),
+                                   w=torch.zeros(X.shape[1], dtype=X.dtype), reference=X.mean(dim=0))
 
 
 def bench_size(

@@ -96,8 +96,10 @@ class CellSetup:
 
 
 def cell_record(setup: CellSetup, rounds: list[dict], w: torch.Tensor, kappa: list[float] | None,
-                wall: float, training: float | None, engine: str) -> dict:
-    """The result record of a cell from its engine records (one per round) and final model."""
+                wall: float, training: float | None, engine: str, asr_at_stop: float | None = None) -> dict:
+    """The result record of a cell from its engine records (one per round) and final model;
+    ``asr_at_stop``: the backdoor's success on the model of round :func:`backdoor_stop` (the
+    drivers that keep only the final model leave it ``None``)."""
     cell, n, f = setup.cell, setup.n, setup.f
     positive = [torch.tensor([i in setup.byzantine for i in r["ids"]], dtype=torch.bool) for r in rounds]
     scores = [{k: torch.tensor(v, dtype=torch.float64) for k, v in r["scores"].items()} for r in rounds]
@@ -125,6 +127,7 @@ def cell_record(setup: CellSetup, rounds: list[dict], w: torch.Tensor, kappa: li
         "round_convicted": {short(b): convicted.get(b) for b in sorted(setup.byzantine)},
         "false_convictions": len(set(convicted) - setup.byzantine),
         "backdoor_asr": backdoor_success(setup, w),
+        "backdoor_stop_round": backdoor_stop(setup), "backdoor_asr_at_stop": asr_at_stop,
         "model_sha256": rounds[-1]["model_sha256"], "wall_time": wall,
         "node_steps_per_s": steps / wall if wall > 0 else None,
         "train_node_steps_per_s": steps / training if training else None,
@@ -136,8 +139,17 @@ def _node_steps(setup: CellSetup, rounds: list[dict]) -> int:
     return sum(r["asked"] for r in rounds) * setup.protocol.steps
 
 
+def backdoor_stop(setup: CellSetup) -> int | None:
+    """The last round a backdoor's nodes attack (its ``stop_after``), if the run goes on after it."""
+    attack = setup.attack
+    if isinstance(attack, Backdoor) and 0 < attack.stop_after < setup.settings.rounds:
+        return attack.stop_after
+    return None
+
+
 def backdoor_success(setup: CellSetup, w: torch.Tensor) -> float | None:
-    """Share of triggered test samples (true label not the target) classified as the target."""
+    """Share of triggered test samples (true label not the target) classified as the target:
+    for ``backdoor`` and the attacks built on it (``neurotoxin``, ``constrain-scale``)."""
     attack = setup.attack
     if not isinstance(attack, Backdoor):
         return None

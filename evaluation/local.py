@@ -11,7 +11,10 @@ model's hook (``evaluation.threat``). Rows are computed
   (``evaluation.batched``), ``torch.func.vmap`` of ``Protocol.node_update`` for the rest;
   the same mathematics, equal to rounding (``tests/test_batched.py``). A model that draws
   random numbers as it trains (dropout) is computed node by node: each node draws from its
-  own stream, as a volunteer does, which one batched call cannot reproduce.
+  own stream, as a volunteer does, which one batched call cannot reproduce. So are, in every
+  round, the attackers whose training changes with the round or their memory (an attack
+  that :attr:`~attacks.base.NodeAttack.trains_alone`: ``neurotoxin``, ``constrain-scale``,
+  any ``stop_after``): their rows are a volunteer's bits, the honest nodes stay batched.
 
 Batch draws are the volunteers' own (``robust.batches``, keyed by node fingerprint), drawn
 for many nodes and rounds per call.
@@ -20,15 +23,16 @@ for many nodes and rounds per call.
 from __future__ import annotations
 
 import time
-from functools import cached_property, partial
+from functools import partial
 
 import numpy as np
 import torch
 from torch.func import vmap
 
-from attacks.base import NodeAttack
+from attacks.base import Memory, NodeAttack
 from nodes.engine import Engine
 from nodes.protocol import Protocol
+from nodes.root import Root
 from nodes.spotcheck import Verdict, referee
 from nodes.volunteer import compute
 from nodes.wire import Task
@@ -38,7 +42,7 @@ from robust.params import unflatten
 from robust.seeds import generator
 
 from .batched import DenseNet, local_updates
-from .cell import Cell, CellSetup, cell_record
+from .cell import Cell, CellSetup, backdoor_stop, backdoor_success, cell_record
 from .threat import ThreatModel
 
 
@@ -75,24 +79,32 @@ class CellRun:
         self.vectorize, self.ids = vectorize, setup.ids
         self.threat = ThreatModel(cell.attack, setup.byzantine, cell.seed)
         self.engine = Engine(setup.settings, setup.model(), setup.data.x_test, setup.data.y_test, self.threat,
-                             self._verify if setup.settings.spot_check else None)
+                             self._verify if setup.settings.spot_check else None, Root.of(setup.settings, setup.data))
         self.protocol = self.engine.protocol
         self.index = {fp: i for i, fp in enumerate(self.ids)}
         self.momenta = torch.zeros(len(self.ids), self.engine.w.numel())
         self.records: list[dict] = []
         self.training = 0.0  # seconds spent computing the nodes' rows
         self.checks = 0  # spot checks recomputed
+        attack = setup.attack
+        # the attackers computed node by node even when vectorised (see the module's docstring)
+        self.alone = [bool(setup.attack_of(fp)) and isinstance(attack, NodeAttack) and attack.trains_alone
+                      for fp in self.ids]
         if vectorize:
             self.net = DenseNet.of(self.engine.model)
             self.xs, self.ys, parts = self._poisoned([setup.parts[fp] for fp in self.ids])
             self.draws = BatchDraws(parts, self.protocol, [node_key(cell.seed, fp) for fp in self.ids])
-        self.last: dict[int, torch.Tensor] = {}  # a remembering node-side attacker's previous update
+        self.last: dict[int, Memory] = {}  # a remembering node-side attacker's previous round
+        self._local: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.stop = backdoor_stop(setup)  # the round a backdoor's nodes attack last, if before the end
+        self.asr_at_stop: float | None = None
 
-    @cached_property
-    def local(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Every node's own copy of its data, as a volunteer holds it (the per-node driver)."""
-        data = self.setup.data
-        return [(data.x_train[p].clone(), data.y_train[p].clone()) for p in (self.setup.parts[fp] for fp in self.ids)]
+    def local(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Node ``i``'s own copy of its data, as a volunteer holds it (the per-node driver)."""
+        if i not in self._local:
+            data, part = self.setup.data, self.setup.parts[self.ids[i]]
+            self._local[i] = data.x_train[part].clone(), data.y_train[part].clone()
+        return self._local[i]
 
     def _forge(self, idx: list[int], rows: torch.Tensor) -> torch.Tensor:
         """The rows the asked nodes ``idx`` send: a node-side attacker's ``forge`` of its own."""
@@ -100,12 +112,14 @@ class CellRun:
         byz = [j for j, i in enumerate(idx) if self.setup.attack_of(self.ids[i])]
         if not isinstance(attack, NodeAttack) or not byz:
             return rows
+        t = self.engine.round + 1
         rows = rows.clone()  # under `momentum` the rows *are* the momenta: forge a copy
         for j in byz:
-            honest = rows[j].clone()
-            rows[j] = attack.forge(honest, self.last.get(idx[j]))
+            honest, last = rows[j].clone(), self.last.get(idx[j])
+            if attack.active(t):
+                rows[j] = attack.forge(honest, None if last is None else last.row)
             if attack.remembers:
-                self.last[idx[j]] = honest
+                self.last[idx[j]] = Memory(t, self.engine.w, honest)
         return rows
 
     def _poisoned(self, parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
@@ -115,7 +129,7 @@ class CellRun:
         xs, ys, parts = [data.x_train], [data.y_train], list(parts)
         start = len(data.y_train)
         for i, fp in enumerate(self.ids):
-            if setup.attack_of(fp):
+            if setup.attack_of(fp) and not self.alone[i]:
                 px, py = setup.attack.poison(data.x_train[parts[i]], data.y_train[parts[i]], data.classes,
                                              generator(self.setup.cell.seed, fp, "poison"))
                 xs.append(px)
@@ -142,17 +156,32 @@ class CellRun:
     def rows(self, asked: list[str]) -> torch.Tensor:
         """The rows of the ``asked`` nodes (canonical order) this round; their momenta advance."""
         idx = [self.index[fp] for fp in asked]
-        everyone = len(idx) == len(self.ids)
         if not idx:  # every node quarantined
             return torch.empty(0, self.engine.w.numel())
         if not self.vectorize:
-            task, outs = self.task(), []
-            for i in idx:
-                x, y = self.local[i]
-                outs.append(compute(task, self.engine.w, x, y, self.setup.data.classes, self.ids[i],
-                                    torch.device("cpu"), self.setup.attack_of(self.ids[i]), self.momenta[i]))
-            self.momenta[idx] = torch.stack([m for _, m in outs])
-            return self._forge(idx, torch.stack([row for row, _ in outs]))
+            return self._forge(idx, self._per_node(idx))
+        alone = torch.tensor([self.alone[i] for i in idx])
+        if not alone.any():
+            return self._forge(idx, self._batched(idx))
+        rows = torch.empty(len(idx), self.engine.w.numel())
+        if not alone.all():
+            rows[~alone] = self._batched([i for i, a in zip(idx, alone.tolist()) if not a])
+        rows[alone] = self._per_node([i for i, a in zip(idx, alone.tolist()) if a])
+        return self._forge(idx, rows)
+
+    def _per_node(self, idx: list[int]) -> torch.Tensor:
+        """Nodes ``idx``'s rows, each by a volunteer's own function; their momenta advance."""
+        task, outs = self.task(), []
+        for i in idx:
+            x, y = self.local(i)
+            outs.append(compute(task, self.engine.w, x, y, self.setup.data.classes, self.ids[i], torch.device("cpu"),
+                                self.setup.attack_of(self.ids[i]), self.momenta[i], self.last.get(i)))
+        self.momenta[idx] = torch.stack([m for _, m in outs])
+        return torch.stack([row for row, _ in outs])
+
+    def _batched(self, idx: list[int]) -> torch.Tensor:
+        """Nodes ``idx``'s rows in one batched call; their momenta advance."""
+        everyone = len(idx) == len(self.ids)
         with profile(self.setup.settings.threads):
             pos = self.draws(self.engine.round + 1)
             pos = pos if everyone else pos[idx]
@@ -172,12 +201,12 @@ class CellRun:
                     # the model draws random numbers (dropout): each node draws its own stream,
                     # as a volunteer does, which one batched call cannot; compute node by node
                     self.vectorize = False
-                    return self.rows(asked)
+                    return self._per_node(idx)
             if everyone:
                 self.momenta = m
             else:
                 self.momenta[idx] = m
-        return self._forge(idx, rows)
+        return rows
 
     def play_round(self) -> dict:
         asked = self.engine.select(self.ids)
@@ -185,11 +214,21 @@ class CellRun:
         X = self.rows(asked)
         self.training += time.perf_counter() - start
         self.records.append(self.engine.step(asked, asked, X))
+        if self.engine.round == self.stop:  # the backdoor's last attacked round: how much it holds now
+            self.asr_at_stop = backdoor_success(self.setup, self.engine.w)
         return self.records[-1]
+
+    @property
+    def mode(self) -> str:
+        """How the rows were computed: ``local`` (batched), ``per-node``, or batched with the
+        attackers that train alone computed per node."""
+        if not self.vectorize:
+            return "per-node"
+        return "local, attackers per node" if any(self.alone) else "local"
 
     def record(self, wall: float) -> dict:
         return cell_record(self.setup, self.records, self.engine.w, self.threat.kappa, wall, self.training,
-                           "local" if self.vectorize else "per-node")
+                           self.mode, self.asr_at_stop)
 
 
 def run_cell(cell: Cell, vectorize: bool = True) -> dict:

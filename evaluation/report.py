@@ -431,6 +431,37 @@ def _spot_section(res: Results) -> list[str]:
     ]
 
 
+def _backdoor_section(res: Results) -> list[str]:
+    """What a backdoor leaves in the model: its success at the end and, for an attack that
+    stops (``stop_after=R``), at round R and how many rounds after it."""
+    groups = [g for g in res.grid if any(r.get("backdoor_asr") is not None for r in g.records)]
+    if not groups:
+        return []
+
+    def mean(field: str, group: Group) -> float | None:
+        values = _finite(r.get(field) for r in group.records)
+        return statistics.fmean(values) if values else None
+
+    rows = []
+    for g in sorted(groups, key=lambda g: (g.key.attack, g.key.aggregator)):
+        stop = g.records[0].get("backdoor_stop_round")
+        rows.append([
+            res.label(g.key.attack, g.key.scenario), g.key.aggregator, _pct(g.mean),
+            _pct(mean("backdoor_asr_at_stop", g)) if stop else "—", f"{stop:g}" if stop else "—",
+            f"{len(g.records[0]['accuracy']) - stop:g}" if stop else "—", _pct(mean("backdoor_asr", g)),
+        ])
+    return [
+        "## Backdoor", "",
+        "Backdoor success (%): the share of triggered test samples whose true label is not the target that "
+        "the model classifies as the target, mean over seeds. An attack with `stop_after=R` turns honest "
+        "after round R: its success at that round (when its nodes stop; — where the driver kept only the "
+        "final model) and at the end, that many rounds later, say how long the backdoor survives honest "
+        "training. Accuracy: final accuracy on the clean test set.", "",
+        *_table(["attack", "aggregator", "accuracy", "success at stop", "stop round", "rounds after stop",
+                 "success at end"], rows),
+    ]
+
+
 def never_quarantined(group: Group) -> bool | None:
     """Whether no Byzantine node of ``group`` was quarantined in any seed (``None``: no record of it)."""
     if "rounds_to_quarantine" not in group.records[0]:
@@ -519,7 +550,7 @@ def _speed_section(path: Path) -> list[str]:
 
 
 def write_summary(records: Sequence[dict], out_dir: str | Path, figures: Sequence[Path] = ()) -> Path:
-    """Write ``out_dir/summary.md`` (scenario, accuracy, detectability, quarantine, stealth
+    """Write ``out_dir/summary.md`` (scenario, accuracy, detectability, backdoor, quarantine, stealth
     frontier when there are sweep records, links to ``figures``); return its path."""
     res = Results(records)
     lines = ["# robust bench report", ""]
@@ -532,6 +563,7 @@ def write_summary(records: Sequence[dict], out_dir: str | Path, figures: Sequenc
             lines += _accuracy_section(res)
         if any(g.key.attack != CLEAN for g in res.grid):
             lines += _detect_section(res)
+        lines += _backdoor_section(res)
         lines += _quarantine_section(res)
         lines += _spot_section(res)
         if res.sweeps:

@@ -47,7 +47,7 @@ class ThreatModel:
             return X
         if k not in self.coalitions:
             self.coalitions[k] = attacks.build(self.spec, k)
-        ctx = attacks.Context(n=len(ids), generator=generator(self.seed, round, "attack"), aggregator=engine.chain,
+        ctx = attacks.Context(n=len(ids), generator=generator(self.seed, round, "attack"), aggregator=self.aggregator(engine, ids, byz),
                               previous=self.previous, own=X[byz], round=round,
                               detectors=partial(score_round, f=engine.chain.f), flagged=engine.flags.flags_rows,
                               layout=self.layout(engine),
@@ -55,6 +55,15 @@ class ThreatModel:
         X = X.clone()
         X[byz] = self.coalitions[k](X[~byz], ctx).to(X.dtype)
         return X
+
+    @staticmethod
+    def aggregator(engine, ids: list[str], byz: torch.Tensor):
+        """The deployed chain as an attack calls it on ``[honest rows; crafted rows]``: with the
+        round's inputs (node ids in that order) when its rule needs them."""
+        if not engine.chain.needs:
+            return engine.chain
+        order = [i for i, b in zip(ids, byz.tolist()) if not b] + [i for i, b in zip(ids, byz.tolist()) if b]
+        return partial(engine.chain, inputs=engine.inputs(order))
 
     @staticmethod
     def layout(engine) -> list[tuple[str, tuple[int, ...]]]:

@@ -31,6 +31,7 @@ from robust.params import sha256
 from . import checkpoint
 from .admission import known_keys
 from .engine import Engine
+from .root import Root
 from .settings import Settings
 from .spotcheck import recorded
 from .wire import signed_payload
@@ -111,7 +112,7 @@ def verify(folder: str | Path) -> tuple[list[str], int, bool]:
     data = load(settings.dataset, root=settings.data_root or None, seed=0)
     spot = {r["round"]: r.get("spot", []) for r in records}
     engine = Engine(settings, build_model(settings.model, data.shape, data.classes, settings.seed), data.x_test,
-                    data.y_test, verifier=recorded(spot) if settings.spot_check else None)
+                    data.y_test, verifier=recorded(spot) if settings.spot_check else None, root=Root.of(settings, data))
     signers = known_keys(folder)
     replay, base = True, engine.base
     for r in records:

@@ -30,6 +30,7 @@ from . import admission, audit, checkpoint
 from .admission import scan
 from .attendance import Attendance
 from .engine import Engine, ThreatHook
+from .root import Root
 from .rows import canonical, rejection_reason
 from .settings import Settings
 from .verifier import Checkers, SpotChecks
@@ -71,7 +72,7 @@ class Coordinator:
         self.data = data = load(s.dataset, root=s.data_root or None, seed=0)
         self.checks = SpotChecks(self)
         self.engine = Engine(s, build_model(s.model, data.shape, data.classes, s.seed), data.x_test, data.y_test, hook,
-                             self.checks if s.spot_check else None)
+                             self.checks if s.spot_check else None, Root.of(s, data))
         self.attendance = Attendance(s.rest_after)
         self.rejected: dict[str, str] = {}  # node -> its latest rejection's reason
         self._tip = audit.genesis(self.run_id)

@@ -17,6 +17,10 @@ step, with its reason recorded, only when it has fewer valid rows than its quoru
 number of rows the rule declares it cannot serve (``check_n``); the hook plays only in a
 round that steps.
 
+Rules that need more than the rows (``aggregators.RoundInputs``) get the rows' node ids, the
+global model the rows were computed from, and, for ``fltrust``, the coordinator's own update on
+its root data (``nodes.root``), computed once per round that steps.
+
 Spot checks (``spot-check = p``, ``nodes.spotcheck``): the committed rows' hashes seed a draw
 of the rows to recompute; the engine's ``verifier`` (the coordinator's, the bench's, or a
 log's replay) returns the verdicts, and a convicted node's row is dropped before the rule
@@ -39,6 +43,7 @@ from robust.seeds import generator
 from .detectors import score_round
 from .flags import FlagPolicy
 from .protocol import Protocol
+from .root import Root
 from .rows import rejected_rows
 from .spotcheck import Verifier, draw, round_seed
 
@@ -52,12 +57,13 @@ class ThreatHook(Interface):
     def observe(self, ids: list[str], X: torch.Tensor, aggregate: torch.Tensor | None) -> None: ...
 
 
-def judge(chain, flags: FlagPolicy, t: int, ids: list, X: torch.Tensor, rejected: dict, step: bool
-          ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor], list]:
+def judge(chain, flags: FlagPolicy, t: int, ids: list, X: torch.Tensor, rejected: dict, step: bool,
+          inputs: aggregators.RoundInputs | None = None) -> tuple[torch.Tensor | None, dict[str, torch.Tensor], list]:
     """The robust core of round ``t``, the same in the engine and in ``RobustStrategy``: the
-    rule's aggregate of the rows ``X`` of ``ids`` (``None`` unless the round ``step``s), the
-    detectors' scores, and the nodes the flag policy flags (``rejected`` ones included)."""
-    aggregate = chain(X) if step else None
+    rule's aggregate of the rows ``X`` of ``ids`` (``None`` unless the round ``step``s; a rule
+    that needs them gets ``inputs``), the detectors' scores, and the nodes the flag policy
+    flags (``rejected`` ones included)."""
+    aggregate = chain(X, inputs) if step else None
     scores = score_round(X, chain.f, chain.last_kept if aggregate is not None else None) if ids else {}
     return aggregate, scores, flags.update(t, ids, scores, rejected)
 
@@ -74,7 +80,7 @@ def sample(pool: list, k: int, *seed: object) -> list:
 
 class Engine:
     def __init__(self, settings, model: nn.Module, x_test: torch.Tensor, y_test: torch.Tensor,
-                 hook: ThreatHook | None = None, verifier: Verifier | None = None) -> None:
+                 hook: ThreatHook | None = None, verifier: Verifier | None = None, root: Root | None = None) -> None:
         s = self.settings = settings
         self.model, self.x_test, self.y_test, self.hook = model, x_test, y_test, hook
         if s.spot_check and verifier is None:
@@ -82,6 +88,10 @@ class Engine:
         self.verifier = verifier
         self.w = flat_params(model)
         self.chain = aggregators.build(s.aggregator, s.tolerate)
+        if "reference" in self.chain.needs and root is None:
+            raise ValueError(f"{s.aggregator} needs the coordinator's root data: build the engine with "
+                             "nodes.root.Root.of(settings, data) (a driver's error)")
+        self.root = root
         self.protocol = Protocol.of(s)
         self.flags = FlagPolicy(s.flag_ratio, s.quarantine_after, s.false_alarm, s.rounds)
         self.quorum = s.quorum_needed
@@ -108,6 +118,11 @@ class Engine:
         pool = set(candidates) - set(self.flags.quarantined)
         return sample(pool, self.settings.per_round or len(pool), self.settings.seed, self.round + 1, "select")
 
+    def inputs(self, ids: list[str]) -> aggregators.RoundInputs:
+        """What a rule may need besides the rows of ``ids`` in round ``self.round + 1``."""
+        reference = self.root.update(self.round + 1, self.w) if "reference" in self.chain.needs else None
+        return aggregators.RoundInputs(ids=tuple(ids), w=self.w, reference=reference)
+
     def accuracy(self) -> float:
         return accuracy(self.model, unflatten(self.w, self.model), self.x_test, self.y_test)
 
@@ -133,7 +148,8 @@ class Engine:
             if self.settings.spot_check and not skipped:
                 ids, X, verdicts, convicted = self._spot_check(t, ids, X, rejected)
                 skipped = self._cannot_step(len(ids))
-            aggregate, scores, flagged = judge(self.chain, self.flags, t, ids, X, rejected, not skipped)
+            inputs = None if skipped or not self.chain.needs else self.inputs(ids)
+            aggregate, scores, flagged = judge(self.chain, self.flags, t, ids, X, rejected, not skipped, inputs)
             if aggregate is not None:
                 self.w, self.buffer = self.protocol.apply(self.w, aggregate, self.buffer)
             if self.hook is not None:
@@ -197,6 +213,8 @@ class Engine:
         state = {"w": self.w, "round": self.round, "chain": self.chain.state(), "flags": self.flags.state()}
         if self.buffer is not None:
             state["buffer"] = self.buffer
+        if self.root is not None:
+            state["root"] = self.root.state()
         return state
 
     def load_state(self, state: dict) -> None:
@@ -204,3 +222,5 @@ class Engine:
         self.chain.load_state(state["chain"])
         self.flags.load_state(state["flags"])
         self.buffer = state.get("buffer")
+        if self.root is not None:
+            self.root.load_state(state.get("root", {}))

@@ -18,6 +18,11 @@ result describes a protocol that can be deployed. Its spec uses the project's gr
 
 The number of local steps is the protocol's, never a function of a node's data size: a node
 with fewer samples than a batch samples with replacement (``robust.batches``).
+
+:meth:`Protocol.node_update` is the one local-training function. A node-side attack that
+must bend training (``neurotoxin``, ``constrain-scale``) passes a hook
+(:class:`attacks.base.Shaping`: a loss in place of the class loss, a transform of each
+step's gradient); without one the computation is the honest one, operation for operation.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad
 
+from attacks.base import Shaping
 from robust.constraints import Flag, Interval, Param, table, unknown
 from robust.spec import parse
 
@@ -53,6 +59,12 @@ def loss_fn(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor) 
 
 def _flat(params: Params) -> torch.Tensor:
     return torch.cat([p.reshape(-1) for p in params.values()])
+
+
+def _like(flat: torch.Tensor, params: Params) -> Params:
+    """``flat`` cut into tensors shaped as ``params`` (the inverse of :func:`_flat`)."""
+    pieces = torch.split(flat, [p.numel() for p in params.values()])
+    return {k: piece.view_as(p) for (k, p), piece in zip(params.items(), pieces)}
 
 
 @dataclass(frozen=True)
@@ -96,19 +108,27 @@ class Protocol:
         return self.kind == "momentum"
 
     def node_update(self, model: nn.Module, params: Params, xs: torch.Tensor, ys: torch.Tensor,
-                    m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                    m: torch.Tensor, shaping: Shaping | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(row, the node's new momentum)`` from the global parameters (``unflatten(w)``),
         one batch ``xs[s], ys[s]`` per local step, and the node's momentum ``m`` (``(d,)``;
         zeros in its first round; unused by ``delta``). Written with ``torch.func`` so the
-        harness can ``vmap`` it; gradients stay a parameter dict until the row is flattened."""
-        g_of = grad(lambda p, x, y: loss_fn(model, p, x, y))
+        harness can ``vmap`` it; gradients stay a parameter dict until the row is flattened.
+        ``shaping``: a node-side attacker's hook (its loss, its per-step gradient transform)."""
+        if shaping is None or shaping.loss is None:
+            g_of = grad(lambda p, x, y: loss_fn(model, p, x, y))
+        else:
+            g_of = grad(lambda p, x, y: shaping.loss(loss_fn(model, p, x, y), p, params))
+        bend = None if shaping is None else shaping.grad
         if self.kind == "momentum":
-            m = self.momentum * m + _flat(g_of(params, xs[0], ys[0]))
+            g = _flat(g_of(params, xs[0], ys[0]))
+            m = self.momentum * m + (g if bend is None else bend(g))
             return m, m
         v = {k: torch.zeros_like(p) for k, p in params.items()}
         local = params
         for s in range(self.steps):
             g = g_of(local, xs[s], ys[s])
+            if bend is not None:  # before the local momentum: every step's update stays bent
+                g = _like(bend(_flat(g)), g)
             v = {k: self.momentum * v[k] + g[k] for k in v}
             local = {k: local[k] - self.lr * v[k] for k in local}
         return _flat(local) - _flat(params), m

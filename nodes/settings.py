@@ -71,6 +71,9 @@ RUN = table(
           "evidence over rounds: quarantine a node whose update's direction stays atypical (a CUSUM), "
           "its threshold set for this chance that an honest node is ever quarantined over the run (e.g. 0.01); "
           "0: per-round flags only"),
+    Param("root", Interval(int, 0, None), 0,
+          "training samples the coordinator holds as its root data set, to compute its own update each round "
+          "(fltrust needs it; 0: none)"),
     Param("spot-check", Interval(float, 0, 1), 0.0,
           "share of accepted updates recomputed from their task each round; a mismatch convicts (delta protocol)"),
     Param("threads", Interval(int, 1, 1024), 1,
@@ -116,6 +119,9 @@ class _Checked:
                 chain.check_n(self.quorum)
         except ValueError as err:
             raise ValueError(f"{err} [the quorum is {self.quorum}: raise quorum, or lower tolerate]") from None
+        if "reference" in chain.needs and not self.root:
+            raise ValueError(f"aggregator {self.aggregator!r} weighs updates against the coordinator's own update "
+                             "on clean data it holds: set root = N (training samples, e.g. root=100)")
         if self.spot_check and not self.protocol.startswith("delta"):
             raise ValueError(f"spot-check={self.spot_check:g} needs the delta protocol (protocol={self.protocol!r} "
                              "carries each node's momentum across rounds, which a verifier cannot recompute): "

@@ -156,6 +156,9 @@ class RobustStrategy(FedAvg):
             self.chain = aggregators.build(self.aggregator, self.tolerate)
         except ValueError as err:
             raise ValueError(f"RobustStrategy: {err}") from None
+        if "reference" in self.chain.needs:
+            raise ValueError(f"RobustStrategy: {self.aggregator} weighs updates against the server's own update on "
+                             "root data, which a strategy does not hold: run it with `robust coordinator` (root = N)")
         self.flags = FlagPolicy(self.flag_ratio, self.quarantine_after)
         self.history: list[dict] = []
         self._sent: tuple[int, Sent, list[int]] | None = None  # round, model, nodes asked
@@ -224,7 +227,8 @@ class RobustStrategy(FedAvg):
             skipped = f"{len(ids)} valid update(s), no step: {err}"
         before = set(self.flags.quarantined)
         with profile(self.threads):
-            aggregate, _, flagged = judge(self.chain, self.flags, server_round, ids, X, rejected, not skipped)
+            inputs = aggregators.RoundInputs(ids=tuple(str(i) for i in ids), w=sent.w) if self.chain.needs else None
+            aggregate, _, flagged = judge(self.chain, self.flags, server_round, ids, X, rejected, not skipped, inputs)
         record = {
             "round": server_round, "asked": asked, "accepted": ids, "rejected": dict(sorted(rejected.items())),
             "failed": dict(sorted(failed.items())), "missing": sorted(set(asked) - set(ids) - set(rejected) - set(failed)),

@@ -9,7 +9,9 @@ round, step)`` (``robust.batches``), its poisoned data (a Byzantine test node) o
 
 Under the ``momentum`` protocol a node keeps its worker momentum between rounds, in its
 folder (``state/<run>.pt``: the momentum before and after the last round it computed), so a
-coordinator that is restarted and asks the same round again gets the same row.
+coordinator that is restarted and asks the same round again gets the same row. A test node
+whose attack remembers its previous round (``lazy``'s update, ``neurotoxin``'s model) keeps
+that :class:`~attacks.base.Memory` the same way (``state/<run>.last.pt``, before and after).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 import torch
 
 import attacks
-from attacks.base import NodeAttack
+from attacks.base import Memory, NodeAttack
 from robust.code import use_path
 from robust.compute import profile
 from robust import keys
@@ -136,31 +138,47 @@ def check_attack(spec: str) -> None:
         )
 
 
+def playing(attack: str, round: int) -> NodeAttack | None:
+    """The node-side attack a node plays in ``round``; ``None``: it is honest this round (no
+    attack, or one that stopped after an earlier round)."""
+    if attack in ("", "none"):
+        return None
+    played = attacks.build(attack, 1)
+    return played if played.active(round) else None
+
+
 def compute(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,
-            device: torch.device, attack: str = "", m: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            device: torch.device, attack: str = "", m: torch.Tensor | None = None,
+            last: Memory | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(row, new worker momentum)``, both CPU float32, of node ``node`` (its fingerprint)
     for ``task`` from the global model ``w``, on its data ``x, y``, with its momentum ``m``
-    (zeros if ``None``). A node-side ``attack`` poisons the data first; what the node then
-    sends is :func:`forge`'s. ``ValueError`` if ``w`` does not fit the model or the task is
-    malformed."""
+    (zeros if ``None``). A node-side ``attack`` poisons the data first and may bend the
+    training (its :meth:`~attacks.base.NodeAttack.shaping`, from ``last``: what the node
+    remembers of its previous round); what the node then sends is :func:`forge`'s.
+    ``ValueError`` if ``w`` does not fit the model or the task is malformed."""
     protocol = Protocol.of(task)
+    played = playing(attack, task.round)
     # a model that draws random numbers as it trains (dropout) draws them from its own stream
     with profile(task.threads, device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(derive(task.seed, node, task.round, "model"))
         model = build_model(task.model, tuple(x.shape[1:]), classes, task.seed).to(device)  # frozen parameters as the coordinator has them
         params = unflatten(w.to(device), model)
-        if attack not in ("", "none"):
-            x, y = attacks.build(attack, 1).poison(x, y, classes, generator(task.seed, node, "poison"))
+        shaping = None
+        if played is not None:
+            x, y = played.poison(x, y, classes, generator(task.seed, node, "poison"))
+            shaping = played.shaping(task.round, w.to(device), last)
         idx = draw_batches([len(y)], protocol.batch_size, [node_key(task.seed, node)], task.round, protocol.steps)[0]
         m = torch.zeros_like(w) if m is None else m
-        row, m = protocol.node_update(model, params, x[idx].to(device), y[idx].to(device), m.to(device))
+        row, m = protocol.node_update(model, params, x[idx].to(device), y[idx].to(device), m.to(device), shaping)
     return row.detach().to("cpu", torch.float32), m.detach().to("cpu", torch.float32)
 
 
-def forge(attack: str, row: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
-    """What a node playing ``attack`` sends for the update ``row`` it computed (``previous``:
-    the one of its last round, for an attack that :attr:`~attacks.base.NodeAttack.remembers`)."""
-    return row if attack in ("", "none") else attacks.build(attack, 1).forge(row, previous)
+def forge(attack: str, row: torch.Tensor, last: Memory | None, round: int) -> torch.Tensor:
+    """What a node playing ``attack`` sends in ``round`` for the update ``row`` it computed
+    (``last``: what it kept of its previous round, for an attack that
+    :attr:`~attacks.base.NodeAttack.remembers`)."""
+    played = playing(attack, round)
+    return row if played is None else played.forge(row, None if last is None else last.row)
 
 
 def _state_path(folder: Path, run: str) -> Path:
@@ -186,16 +204,38 @@ def save_momentum(folder: Path, task: Task, before: torch.Tensor, after: torch.T
     write_atomic(path, lambda out: torch.save({"round": task.round, "before": before, "after": after}, out))
 
 
-def _remembered(folder: Path | None, task: Task, attack: str, row: torch.Tensor) -> torch.Tensor | None:
-    """For an attack that remembers: the node's update of its previous round (kept in its
-    folder, ``state/<run>.last.pt``), replaced by this round's ``row``."""
-    if folder is None or attack in ("", "none") or not attacks.build(attack, 1).remembers:
+def _remembers(folder: Path | None, attack: str) -> bool:
+    return folder is not None and attack not in ("", "none") and attacks.build(attack, 1).remembers
+
+
+def recall(folder: Path | None, task: Task, attack: str, d: int) -> Memory | None:
+    """For an attack that remembers: what the node kept of the last round it computed before
+    ``task``'s (``state/<run>.last.pt``); ``None`` in its first round, or for a memory that
+    does not fit (another model, a coordinator gone back in time)."""
+    if not _remembers(folder, attack):
         return None
     path = _state_path(folder, task.run).with_suffix(".last.pt")
-    previous = torch.load(path, weights_only=True) if path.exists() else None
+    state = torch.load(path, weights_only=True) if path.exists() else None
+    if not isinstance(state, dict) or not isinstance(state.get("after"), dict):
+        return None
+    after = state["after"]
+    kept = state["before"] if after["round"] == task.round else after if after["round"] < task.round else None
+    if not isinstance(kept, dict) or kept["row"].shape != (d,) or kept["w"].shape != (d,):
+        return None
+    return Memory(int(kept["round"]), kept["w"], kept["row"])
+
+
+def remember(folder: Path | None, task: Task, attack: str, before: Memory | None, w: torch.Tensor,
+             row: torch.Tensor) -> None:
+    """Keep this round (the model ``w`` sent, the update ``row`` computed) for the next, with
+    the memory it started from (``before``): the same round asked again recalls that one."""
+    if not _remembers(folder, attack):
+        return
+    path = _state_path(folder, task.run).with_suffix(".last.pt")
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, lambda out: torch.save(row, out))
-    return previous if previous is not None and previous.shape == row.shape else None
+    state = {"before": None if before is None else dataclasses.asdict(before),
+             "after": {"round": task.round, "w": w, "row": row}}
+    write_atomic(path, lambda out: torch.save(state, out))
 
 
 def _refuse(task: Task, reason: str, author: str = "") -> tuple[Reply, None]:
@@ -217,6 +257,7 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
     if sha256(weights) != task.base:
         return _refuse(task, "the model received does not match its announced SHA-256")
     node = keys.fingerprint(key.public_key())
+    played = "" if attack in faults.PROTOCOL_FAULTS else attack  # a protocol fault trains honestly
     try:
         keeps = Protocol.of(task).keeps_momentum
     except ValueError as err:
@@ -228,17 +269,17 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
         m = load_momentum(folder, task, weights.numel())
         if isinstance(m, str):
             return _refuse(task, m)
+    last = recall(folder, task, played, weights.numel())
     start = time.perf_counter()
     try:
-        delta, after = compute(task, weights, data.x, data.y, data.classes, node, device,
-                               "" if attack in faults.PROTOCOL_FAULTS else attack, m)
+        delta, after = compute(task, weights, data.x, data.y, data.classes, node, device, played, m, last)
     except ValueError as err:  # the weights do not fit the model on this data
         return _refuse(task, f"model {task.model} on {data.dataset}: {err}")
     seconds = time.perf_counter() - start
     if keeps:
         save_momentum(folder, task, m, after)
-    if attack not in faults.PROTOCOL_FAULTS:
-        delta = forge(attack, delta, _remembered(folder, task, attack, delta))
+    remember(folder, task, played, last, weights, delta)
+    delta = forge(played, delta, last, task.round)
     row = faults.corrupt_row(attack, delta.numpy())
     count, base = faults.corrupt_fields(attack, len(data.y), task.base)
     reply = Reply(run=task.run, round=task.round, base=base, count=count, signature=b"", seconds=seconds,

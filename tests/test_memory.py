@@ -12,12 +12,14 @@ SLACK = 48 * 2**20  # blocks, the (n, n) matrices, thread stacks, allocator roun
 PROBE = """
 import json, sys, torch
 import aggregators
+from evaluation.agg_bench import round_inputs
 from evaluation.memory import peak_extra_bytes
 X = torch.randn({n}, {d})
+inputs = round_inputs(X)
 out = {{}}
 for spec in sys.argv[1:]:
     agg = aggregators.build(spec, f=2)
-    result, peak = peak_extra_bytes(lambda: agg(X))
+    result, peak = peak_extra_bytes(lambda: agg(X, inputs))
     del result
     out[spec] = peak
 print(json.dumps(out))

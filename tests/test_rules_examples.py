@@ -48,7 +48,8 @@ def time_limit(seconds: float):
 def test_registry_lists():
     assert aggregators.rules() == sorted(
         ["mean", "median", "trimmed-mean", "krum", "multi-krum", "geometric-median", "bulyan",
-         "centered-clipping", "meamed", "mda", "caf", "dnc", "signguard", "flame"]
+         "centered-clipping", "meamed", "mda", "caf", "dnc", "signguard", "flame", "fltrust", "foolsgold",
+         "fldetector"]
     )
     assert aggregators.pre_aggregators() == ["arc", "bucketing", "clip", "nnm"]
     assert aggregators.names() == sorted(aggregators.rules() + aggregators.pre_aggregators())

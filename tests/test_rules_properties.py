@@ -24,7 +24,10 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 
-RULES = aggregators.rules()
+# fltrust, foolsgold and fldetector need RoundInputs (a reference update, node ids, the
+# model): the properties below call rule(X) alone, so they are tested with their inputs in
+# test_history_rules.py instead
+RULES = [r for r in aggregators.rules() if not aggregators.build(r, 0).needs]
 SELECTION_RULES = {"krum", "multi-krum", "bulyan", "mda"}
 SORT_BASED = ["median", "trimmed-mean", "meamed"]
 

@@ -1,0 +1,221 @@
+"""FLDetector (Zhang, Cao, Jia & Gong, KDD 2022, "FLDetector: defending federated learning
+against model poisoning attacks via detecting malicious clients").
+
+An honest node's row moves with the model: ``x_i^t ~ x_i^{t-1} + H_t (w_t - w_{t-1})``. The
+Hessian-vector product is estimated by L-BFGS from the rule's own last ``m <= window`` pairs
+``s_k = w_k - w_{k-1}`` (``RoundInputs.w``) and ``y_k = F_k - F_{k-1}`` (its own outputs), in the
+compact form of the paper's Algorithm 1 and its reference code, with ``v = w_t - w_{t-1}``:
+
+    sigma = y_m.s_m / s_m.s_m,   S^T Y = L + R (L strictly lower),   D = diag(S^T Y)
+    H v = sigma v - [sigma S, Y] [[sigma S^T S, L], [L^T, -D]]^+ [sigma S^T v; Y^T v]
+
+(one float64 ``(2m+1)^2`` Gram over column blocks, O(m^2 d); the pseudo-inverse copes with
+dependent pairs). Rows are linear in the gradient whatever the protocol's sign and scale
+(``delta`` rows are about ``-lr K g``), so the pairs estimate the Hessian in the rows' own units
+and the prediction needs no conversion. Each scored node's suspicion this round is
+``d_i = ||x_i^{t-1} + H v - x_i^t|| / sum_j ||...||`` (the sum over the nodes scored this
+round, the paper's normalisation) and ``s_i`` the mean of its last ``window`` values.
+
+Detection, on the present nodes with ``window`` values of ``s`` (at least 3: the gap statistic
+of 2 values is undefined): ``s`` is min-max normalised and the gap statistic (Tibshirani et al.
+2001, as the reference code: ``B = 10`` uniform reference draws) picks the smallest ``k`` with
+``Gap(k) >= Gap(k+1) - sd_{k+1}``; that ``k`` is 1 (no attack) iff ``Gap(1) >= Gap(2) - sd_2``,
+so only ``k = 1, 2`` are computed. In one dimension the best 2-means is a split of the sorted
+values, found exactly from prefix sums (the reference's k-means, without its random starts);
+the reference draws come from a generator seeded with ``seed`` and the candidates' ids and
+scores. With 2 clusters, the one of larger mean score is excluded this round. ``F`` is the
+coordinate-wise median of the kept rows (the paper's; ``base=mean``: their mean).
+``last_kept``: the rows not excluded. The paper then removes the detected nodes for good and
+restarts from an earlier model: that is the flag policy's job, not the rule's.
+
+Before enough history nothing is excluded: the first call scores nobody, a pair needs the
+previous ``w`` and output (a call that leaves ``w`` unchanged adds none), a node is scored only
+if it sent a row in the previous call (an absent node's stored row is dropped: an older row is
+not predicted by this round's move; its score window is kept), and it is a candidate once it
+has ``window`` scores. Decisions are computed on the rows sorted by node id, so they are exactly
+order-invariant. Memory: ``2 window`` pair vectors and one row per node of the last call, in
+the rows' dtype. State: ``"w"``, ``"aggregate"``, ``"pairs.s"``, ``"pairs.y"``, ``"row.<id>"``,
+``"scores.<id>"``. Needs ``n >= 2f + 1`` with the median.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from robust.geometry import BLOCK
+from robust.seeds import generator
+
+from ._columns import median_of_sorted, reduce_sorted_columns
+from ._filtering import F64
+from .base import RoundInputs, Rule, register
+from .fltrust import weighted_sum64
+
+BASES = ("median", "mean")
+
+
+def push(old: torch.Tensor | None, new: torch.Tensor, keep: int) -> torch.Tensor:
+    """``old`` (stacked along dim 0, oldest first) with ``new`` appended, the last ``keep``
+    entries only; always a new tensor (a ``state()`` handed out is never modified)."""
+    if old is None:
+        return new[None].clone()
+    return torch.cat([old[max(0, old.shape[0] - keep + 1) :], new[None]])
+
+
+def hessian_vector(S: torch.Tensor, Y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The L-BFGS compact-form estimate of ``H v`` (float64 ``(d,)``) from the pairs ``S``, ``Y``
+    (``(m, d)``, oldest first) and ``v`` (float64 ``(d,)``)."""
+    m, d = S.shape
+    def blocks(s: int) -> torch.Tensor:  # columns [s, s + BLOCK) of S, Y and v, in float64
+        return torch.cat([S[:, s : s + BLOCK].to(F64), Y[:, s : s + BLOCK].to(F64), v[None, s : s + BLOCK]])
+
+    gram = torch.zeros(2 * m + 1, 2 * m + 1, dtype=F64, device=v.device)
+    for s in range(0, d, BLOCK):
+        Z = blocks(s)
+        gram += Z @ Z.T
+    gram = 0.5 * (gram + gram.T)
+    SS, SY = gram[:m, :m], gram[:m, m : 2 * m]
+    sigma = SY[-1, -1] / SS[-1, -1]
+    L = SY.tril(-1)
+    M = torch.cat([torch.cat([sigma * SS, L], 1), torch.cat([L.T, -torch.diag(SY.diagonal())], 1)])
+    if not bool(torch.isfinite(M).all()):  # overflow or a vanishing step: no estimate this round
+        return torch.full((d,), float("nan"), dtype=F64, device=v.device)
+    try:
+        q = torch.linalg.pinv(M, hermitian=True) @ torch.cat([sigma * gram[:m, -1], gram[m : 2 * m, -1]])
+    except torch.linalg.LinAlgError:  # eigh did not converge: no estimate this round
+        return torch.full((d,), float("nan"), dtype=F64, device=v.device)
+    coef = torch.cat([-sigma * q[:m], -q[m:], sigma.reshape(1)])
+    out = torch.empty(d, dtype=F64, device=v.device)
+    for s in range(0, d, BLOCK):
+        out[s : s + BLOCK] = coef @ blocks(s)
+    return out
+
+
+def two_means(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each row of ``z`` ``(B, m)``, sorted, ``m >= 2``: the least within-cluster sum of
+    squares of a split into two runs, and the size of the left run (ties: the smallest)."""
+    m = z.shape[1]
+    z = z - z.mean(dim=1, keepdim=True)  # the sums of squares below cancel less
+    c1, c2 = z.cumsum(1), z.square().cumsum(1)
+    k = torch.arange(1, m, dtype=F64, device=z.device)
+    left = c2[:, :-1] - c1[:, :-1].square() / k
+    right = (c2[:, -1:] - c2[:, :-1]) - (c1[:, -1:] - c1[:, :-1]).square() / (m - k)
+    sse = (left + right).clamp_min(0.0)
+    best = sse.argmin(dim=1)
+    return sse.gather(1, best[:, None])[:, 0], best + 1
+
+
+def two_clusters(s: torch.Tensor, gen: torch.Generator, refs: int = 10) -> int:
+    """0 if the gap statistic picks one cluster for the values ``s`` (``m >= 3``), else the
+    number of values (in sorted order) of the lower of the two."""
+    lo, hi = s.min(), s.max()
+    if hi == lo:
+        return 0
+    z = ((s - lo) / (hi - lo)).sort().values[None]
+    ref = torch.rand(refs, s.shape[0], generator=gen, dtype=F64).sort(dim=1).values.to(s.device)
+    sse1 = lambda t: (t - t.mean(dim=1, keepdim=True)).square().sum(dim=1)  # noqa: E731
+    (w2, split), (r2, _) = two_means(z), two_means(ref)
+    gap1 = torch.log(sse1(ref).mean()) - torch.log(sse1(z)[0])
+    gap2 = torch.log(r2.mean()) - torch.log(w2[0])  # +inf when the data split exactly
+    sd2 = (1.0 + 1.0 / refs) ** 0.5 * torch.log(r2).std(correction=0)
+    return int(split[0]) if bool(gap1 < gap2 - sd2) else 0
+
+
+@register
+class FLDetector(Rule):
+    name = "fldetector"
+    needs = frozenset({"ids", "w"})
+
+    def __init__(self, f: int, *, window: int = 10, base: str = "median", seed: int = 0) -> None:
+        super().__init__(f)
+        self._check_param("window", window, window >= 1, ">= 1: it is how many rounds of history are used")
+        if base not in BASES:
+            raise ValueError(f"fldetector base must be one of {', '.join(BASES)} (got base={base!r})")
+        self.window, self.base, self.seed = window, base, seed
+        self.reset()
+
+    def check_n(self, n: int) -> None:
+        if self.base == "median":
+            self._require(n >= 2 * self.f + 1, ">= 2f + 1", n)
+
+    def reset(self) -> None:
+        """Forget all history: the next call is a first call."""
+        self.w: torch.Tensor | None = None
+        self.out: torch.Tensor | None = None
+        self.S: torch.Tensor | None = None
+        self.Y: torch.Tensor | None = None
+        self.rows: dict[str, torch.Tensor] = {}
+        self.scores: dict[str, torch.Tensor] = {}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        fixed = {"w": self.w, "aggregate": self.out, "pairs.s": self.S, "pairs.y": self.Y}
+        state = {k: v for k, v in fixed.items() if v is not None}
+        state.update({f"row.{k}": v for k, v in self.rows.items()})
+        state.update({f"scores.{k}": v for k, v in self.scores.items()})
+        return state
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.reset()
+        self.w, self.out = state.get("w"), state.get("aggregate")
+        self.S, self.Y = state.get("pairs.s"), state.get("pairs.y")
+        self.rows = {k[4:]: v for k, v in state.items() if k.startswith("row.")}
+        self.scores = {k[7:]: v for k, v in state.items() if k.startswith("scores.")}
+
+    def aggregate(self, X: torch.Tensor, inputs: RoundInputs) -> torch.Tensor:
+        n, d = X.shape
+        ids = inputs.ids
+        if self.w is not None and self.w.shape[0] != d:
+            raise ValueError(
+                f"fldetector last saw d={self.w.shape[0]} coordinates, now d={d}: "
+                "build a new aggregator (or reset()) for a new model"
+            )
+        order = sorted(range(n), key=ids.__getitem__)
+        w = inputs.w.detach().to(device=X.device, dtype=F64)
+        step = None if self.w is None else w - self.w.to(F64)
+        if step is not None and self.S is not None:
+            self._score(X, ids, [i for i in order if ids[i] in self.rows], hessian_vector(self.S, self.Y, step))
+        kept = torch.ones(n, dtype=torch.bool, device=X.device)
+        full = [i for i in order if ids[i] in self.scores and self.scores[ids[i]].numel() == self.window]
+        if len(full) >= 3:
+            s = torch.stack([self.scores[ids[i]].mean() for i in full])
+            digest = hashlib.sha256(repr([ids[i] for i in full]).encode() + s.cpu().numpy().tobytes()).hexdigest()
+            lower = two_clusters(s, generator("aggregator", self.name, self.seed, digest))
+            if lower:
+                ranked = torch.sort(s, stable=True).indices.tolist()
+                kept[[full[j] for j in ranked[lower:]]] = False
+        self.last_kept = kept
+        rows = None if bool(kept.all()) else kept.nonzero().flatten()
+        if self.base == "median":
+            out = reduce_sorted_columns(X, median_of_sorted, rows)
+        else:
+            out = weighted_sum64(X, kept.to(F64) / int(kept.sum()))
+        if step is not None and self.out is not None and bool((step != 0).any()):
+            self.S = push(self.S, step.to(X.dtype), self.window)
+            self.Y = push(self.Y, (out.to(F64) - self.out.to(F64)).to(X.dtype), self.window)
+        self.w, self.out = inputs.w.detach().clone(), out.clone()
+        rows_now = {}
+        for i in order:  # each old row is let go before its copy is made: no second copy at peak
+            self.rows.pop(ids[i], None)
+            rows_now[ids[i]] = X[i].detach().clone()
+        self.rows = rows_now  # the rows of absent nodes are dropped
+        return out
+
+    def _score(self, X: torch.Tensor, ids: tuple[str, ...], scored: list[int], hv: torch.Tensor) -> None:
+        """Append this round's normalised prediction error to each scored node's window."""
+        if not scored or not bool(torch.isfinite(hv).all()):
+            return
+        index = torch.tensor(scored, dtype=torch.long, device=X.device)
+        sq = torch.zeros(len(scored), dtype=F64, device=X.device)
+        for s in range(0, X.shape[1], BLOCK):
+            block = torch.stack([self.rows[ids[i]][s : s + BLOCK] for i in scored]).to(F64)
+            block += hv[s : s + BLOCK]
+            block -= X[index, s : s + BLOCK].to(F64)
+            sq += block.square().sum(dim=1)
+        dist = torch.nan_to_num(sq.sqrt(), nan=torch.finfo(F64).max, posinf=torch.finfo(F64).max)
+        top = dist.max()
+        dist = dist / top if top > 0 else dist  # first by the max: the sum cannot overflow
+        total = dist.sum()
+        dist = dist / total if total > 0 else dist
+        for j, i in enumerate(scored):
+            self.scores[ids[i]] = push(self.scores.get(ids[i]), dist[j], self.window)

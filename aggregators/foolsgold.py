@@ -1,0 +1,134 @@
+"""FoolsGold (Fung, Yoon & Beschastnikh, RAID 2020, "The limitations of federated learning in
+sybil settings").
+
+Every node ``i`` has a history ``H_i``: the sum of the rows it sent, this round's included.
+Over the nodes present this round:
+
+    cs_ij = cos(H_i, H_j) (j != i),  cs_ii = 0,     v_i = max_j cs_ij
+    cs_ij <- cs_ij v_i / v_j  where v_j > v_i        (pardoning)
+    a_i = clip(1 - max_j cs_ij, 0, 1),  a <- a / max_j a_j,  a_i <- 0.99 where a_i = 1
+    a_i <- clip(kappa (ln(a_i / (1 - a_i)) + 0.5), 0, 1)    (a_i = 0 stays 0)
+    F(X) = sum_i a_i x_i / sum_i a_i                 (the zero vector when every a_i is 0)
+
+Sybils that push one goal send alike rows round after round: their histories align, their
+largest similarity nears 1 and their weight 0, while honest nodes with different data keep
+diverse histories. ``last_kept``: ``a_i > 0``; ``last_weights``: ``a`` (float64, rows' order).
+
+As in the reference code (``cs - I``), the diagonal counts as 0 rather than being skipped, so
+``v_i >= 0``: the pardoning ratios lie in [0, 1) and never divide by zero, and ``1 - max_j cs_ij``
+after the clip is the paper's. Unlike the reference codes, which return ``sum_i a_i x_i``
+(``a_i`` as a per-node learning rate, so the step grows with the number of nodes), the
+weighted sum is divided by ``sum_i a_i``: the aggregate is in row units like every other
+rule's. The paper's optional weighting of "indicative features" (read off the model's output
+layer) is left out: a row is a flat vector whose layout the rule does not know. Rows enter
+the history as sent (FLPoison first clips them to norm 1; the paper and its code do not).
+
+The similarities are computed from the histories sorted by node id, in float64 over column
+blocks, so the weights are the same bits for the same rows and ids in any order; the weighted
+sum runs over the rows in their own order (float64, column blocks): the aggregate is
+order-invariant up to rounding. Memory: one ``(d,)`` history per node ever seen, in the dtype
+of its first row, kept for the whole run (a node absent from a round keeps its history and is
+compared again when it returns), plus the ``(n, n)`` similarities. Any ``n >= 1`` is served;
+``f`` is unused (only the chain's contract). State: ``"history.<id>"`` per node.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from robust.geometry import BLOCK
+
+from ._filtering import F64
+from .base import RoundInputs, Rule, register
+from .fltrust import pow2_scale, weighted_sum64
+
+
+def _gram(rows: list[torch.Tensor], scale: torch.Tensor) -> torch.Tensor:
+    n, d = len(rows), rows[0].shape[0]
+    out = torch.zeros(n, n, dtype=F64, device=rows[0].device)
+    for s in range(0, d, BLOCK):
+        block = torch.stack([r[s : s + BLOCK] for r in rows]).to(F64) * scale[:, None]
+        out += block @ block.T
+    return out
+
+
+def cosine_matrix(rows: list[torch.Tensor]) -> torch.Tensor:
+    """``(n, n)`` float64 cosine similarities of ``rows`` (a zero row: 0 with every row), from
+    their Gram matrix over column blocks; a row whose float64 squares overflow (values above
+    ~1e154) is scaled by a power of two first, which leaves its cosines unchanged."""
+    scale = torch.ones(len(rows), dtype=F64, device=rows[0].device)
+    gram = _gram(rows, scale)
+    bad = (~torch.isfinite(gram.diagonal())).nonzero().flatten().tolist()
+    if bad:
+        scale[bad] = torch.stack([pow2_scale(rows[i]) for i in bad])
+        gram = _gram(rows, scale)
+    norms = gram.diagonal().sqrt()
+    outer = norms[:, None] * norms[None, :]
+    positive = outer > 0
+    return torch.where(positive, gram / torch.where(positive, outer, 1.0), 0.0).clamp(-1.0, 1.0)
+
+
+def foolsgold_weights(cs: torch.Tensor, kappa: float) -> torch.Tensor:
+    """The weights ``a`` (float64 ``(n,)``) from the similarities ``cs`` (see the module docstring)."""
+    cs = cs.clone()
+    cs.fill_diagonal_(0.0)
+    v = cs.max(dim=1).values
+    pardon = v[None, :] > v[:, None]  # [i, j]: v_j > v_i, so v_j > 0
+    cs = torch.where(pardon, cs * (v[:, None] / torch.where(pardon, v[None, :], 1.0)), cs)
+    a = (1.0 - cs.max(dim=1).values).clamp(0.0, 1.0)
+    top = a.max()
+    if top > 0:
+        a = a / top
+    a = torch.where(a == 1.0, 0.99, a)
+    logit = kappa * (torch.log(torch.where(a > 0, a, 1.0) / (1.0 - a)) + 0.5)
+    return torch.where(a > 0, logit, 0.0).clamp(0.0, 1.0)
+
+
+@register
+class FoolsGold(Rule):
+    name = "foolsgold"
+    needs = frozenset({"ids"})
+
+    def __init__(self, f: int, *, kappa: float = 1.0) -> None:
+        super().__init__(f)
+        self._check_param("kappa", kappa, kappa > 0, "> 0: it is the slope of the logit from dissimilarity to weight")
+        self.kappa = kappa
+        self.history: dict[str, torch.Tensor] = {}
+
+    def check_n(self, n: int) -> None:
+        self._require(n >= 1, ">= 1", n)
+
+    def reset(self) -> None:
+        """Forget every node's history."""
+        self.history = {}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {f"history.{k}": v for k, v in self.history.items()}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.history = {k[len("history."):]: v for k, v in state.items() if k.startswith("history.")}
+
+    def aggregate(self, X: torch.Tensor, inputs: RoundInputs) -> torch.Tensor:
+        n, d = X.shape
+        ids = inputs.ids
+        known = next(iter(self.history.values()), None)
+        if known is not None and known.shape[0] != d:
+            raise ValueError(
+                f"foolsgold holds histories of d={known.shape[0]} coordinates, now d={d}: "
+                "build a new aggregator (or reset()) for a new model"
+            )
+        order = sorted(range(n), key=ids.__getitem__)
+        for i in order:  # new tensors, never in place: a state() handed out stays as it was
+            old = self.history.get(ids[i])
+            self.history[ids[i]] = X[i].detach().clone() if old is None else old + X[i].to(old.device, old.dtype)
+        weights = foolsgold_weights(cosine_matrix([self.history[ids[i]] for i in order]), self.kappa)
+        index = torch.tensor(order, dtype=torch.long, device=X.device)
+        self.last_weights = torch.empty_like(weights)
+        self.last_weights[index] = weights
+        self.last_kept = self.last_weights > 0
+        total = weights.sum()
+        if total == 0:
+            return torch.zeros(d, dtype=X.dtype, device=X.device)
+        scale = torch.empty_like(weights)
+        scale[index] = weights / total
+        return weighted_sum64(X, scale)
