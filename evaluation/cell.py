@@ -51,10 +51,16 @@ class Cell:
 
 
 def cell_settings(cell: Cell, **deployment: object) -> Settings:
-    """The coordinator settings of ``cell`` (``deployment``: port, deadline...)."""
+    """The coordinator settings of ``cell`` (``deployment``: port, deadline...). An
+    asynchronous cell aggregates as many replies as its synchronous twin of ``rounds`` rounds
+    would: ``rounds * ceil(nodes / buffer)`` buffers, each a round of the engine."""
     shared = {RUN[k].attr: cell.config[k] for k in SHARED if k in cell.config}
-    return Settings(seed=cell.seed, aggregator=cell.aggregator, tolerate=int(cell.config["byzantine"]),
-                    **shared, **deployment)
+    settings = Settings(seed=cell.seed, aggregator=cell.aggregator, tolerate=int(cell.config["byzantine"]),
+                        **shared, **deployment)
+    if settings.round == "async":
+        buffers = math.ceil(int(cell.config["nodes"]) / (settings.buffer or settings.quorum_needed))
+        settings = settings.replace(rounds=settings.rounds * buffers)
+    return settings
 
 
 class CellSetup:

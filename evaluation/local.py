@@ -43,7 +43,9 @@ from robust.seeds import generator
 
 from .batched import DenseNet, local_updates
 from .cell import Cell, CellSetup, backdoor_stop, backdoor_success, cell_record
+from .fedbuff import FedBuff
 from .threat import ThreatModel
+from .timeline import Timeline
 
 
 class BatchDraws:
@@ -98,6 +100,12 @@ class CellRun:
         self._local: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.stop = backdoor_stop(setup)  # the round a backdoor's nodes attack last, if before the end
         self.asr_at_stop: float | None = None
+        self.timeline = Timeline(cell.config, self.ids, cell.seed, setup.settings, self.protocol.steps,
+                                 self.engine.w.numel())
+        self.threat.timeline = self.timeline
+        self.timeline.measure(lambda: compute(self.task(), self.engine.w, *self.local(0), setup.data.classes,
+                                              self.ids[0], torch.device("cpu")))
+        self.fedbuff = FedBuff(self) if setup.settings.round == "async" else None
 
     def local(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Node ``i``'s own copy of its data, as a volunteer holds it (the per-node driver)."""
@@ -106,13 +114,12 @@ class CellRun:
             self._local[i] = data.x_train[part].clone(), data.y_train[part].clone()
         return self._local[i]
 
-    def _forge(self, idx: list[int], rows: torch.Tensor) -> torch.Tensor:
+    def _forge(self, idx: list[int], rows: torch.Tensor, t: int) -> torch.Tensor:
         """The rows the asked nodes ``idx`` send: a node-side attacker's ``forge`` of its own."""
         attack = self.setup.attack
         byz = [j for j, i in enumerate(idx) if self.setup.attack_of(self.ids[i])]
         if not isinstance(attack, NodeAttack) or not byz:
             return rows
-        t = self.engine.round + 1
         rows = rows.clone()  # under `momentum` the rows *are* the momenta: forge a copy
         for j in byz:
             honest, last = rows[j].clone(), self.last.get(idx[j])
@@ -158,20 +165,26 @@ class CellRun:
         idx = [self.index[fp] for fp in asked]
         if not idx:  # every node quarantined
             return torch.empty(0, self.engine.w.numel())
+        task = self.task()
         if not self.vectorize:
-            return self._forge(idx, self._per_node(idx))
+            return self._forge(idx, self._per_node(idx, task), task.round)
         alone = torch.tensor([self.alone[i] for i in idx])
         if not alone.any():
-            return self._forge(idx, self._batched(idx))
+            return self._forge(idx, self._batched(idx), task.round)
         rows = torch.empty(len(idx), self.engine.w.numel())
         if not alone.all():
             rows[~alone] = self._batched([i for i, a in zip(idx, alone.tolist()) if not a])
-        rows[alone] = self._per_node([i for i, a in zip(idx, alone.tolist()) if a])
-        return self._forge(idx, rows)
+        rows[alone] = self._per_node([i for i, a in zip(idx, alone.tolist()) if a], task)
+        return self._forge(idx, rows, task.round)
 
-    def _per_node(self, idx: list[int]) -> torch.Tensor:
-        """Nodes ``idx``'s rows, each by a volunteer's own function; their momenta advance."""
-        task, outs = self.task(), []
+    def row(self, node: str, task: Task) -> torch.Tensor:
+        """One node's row for ``task`` (an asynchronous driver's), as a volunteer computes it."""
+        i = self.index[node]
+        return self._forge([i], self._per_node([i], task), task.round)[0]
+
+    def _per_node(self, idx: list[int], task: Task) -> torch.Tensor:
+        """Nodes ``idx``'s rows for ``task``, each by a volunteer's own function; their momenta advance."""
+        outs = []
         for i in idx:
             x, y = self.local(i)
             outs.append(compute(task, self.engine.w, x, y, self.setup.data.classes, self.ids[i], torch.device("cpu"),
@@ -201,22 +214,47 @@ class CellRun:
                     # the model draws random numbers (dropout): each node draws its own stream,
                     # as a volunteer does, which one batched call cannot; compute node by node
                     self.vectorize = False
-                    return self._per_node(idx)
+                    return self._per_node(idx, self.task())
             if everyone:
                 self.momenta = m
             else:
                 self.momenta[idx] = m
         return rows
 
-    def play_round(self) -> dict:
-        asked = self.engine.select(self.ids)
+    def play_round(self) -> dict | None:
+        """One round: a buffer of asynchronous replies (``round = async``, :mod:`evaluation.fedbuff`;
+        ``None`` when no node can reply any more), or a synchronous round: the online nodes are
+        asked; their replies, decoded as the coordinator decodes them, count if they arrive by
+        the deadline (every one without)."""
+        if self.fedbuff is not None:
+            return self.fedbuff.play_round()
+        t, line = self.engine.round + 1, self.timeline
+        asked = self.engine.select([i for i in self.ids if line.volunteers.online(i, t)])
         start = time.perf_counter()
         X = self.rows(asked)
         self.training += time.perf_counter() - start
-        self.records.append(self.engine.step(asked, asked, X))
+        arrivals, rows = {}, []
+        for node, row in zip(asked, X):
+            decoded, up = line.send(node, t, row)
+            arrivals[node] = line.arrival(node, line.now, up)
+            rows.append(decoded)
+        end = max(arrivals.values(), default=line.now)
+        if line.deadline:
+            end = min(end, line.now + line.deadline)
+        on_time = [k for k, node in enumerate(asked) if arrivals[node] <= end]
+        late = {node: f"late: arrived {arrivals[node] - line.now:.3g} s after the task, deadline {line.deadline:g} s"
+                for node in asked if arrivals[node] > end}
+        X = torch.stack([rows[k] for k in on_time]) if on_time else X[:0]
+        line.now = end
+        self.add(self.engine.step(asked, [asked[k] for k in on_time], X, failed=late))
+        return self.records[-1]
+
+    def add(self, record: dict) -> None:
+        """Keep round ``record`` with its simulated time."""
+        record["time"], record["bytes_up"] = self.timeline.now, self.timeline.traffic.bytes_up
+        self.records.append(record)
         if self.engine.round == self.stop:  # the backdoor's last attacked round: how much it holds now
             self.asr_at_stop = backdoor_success(self.setup, self.engine.w)
-        return self.records[-1]
 
     @property
     def mode(self) -> str:
@@ -227,14 +265,16 @@ class CellRun:
         return "local, attackers per node" if any(self.alone) else "local"
 
     def record(self, wall: float) -> dict:
-        return cell_record(self.setup, self.records, self.engine.w, self.threat.kappa, wall, self.training,
-                           self.mode, self.asr_at_stop)
+        return {**cell_record(self.setup, self.records, self.engine.w, self.threat.kappa, wall, self.training,
+                              self.mode, self.asr_at_stop),
+                **self.timeline.record(), "times": [r["time"] for r in self.records],
+                "bytes": [r["bytes_up"] for r in self.records]}
 
 
 def run_cell(cell: Cell, vectorize: bool = True) -> dict:
     """Train the cell's scenario under its attack and defence; return its result record."""
     run = CellRun(cell, vectorize)
     start = time.perf_counter()
-    while not run.engine.done:
-        run.play_round()
+    while not run.engine.done and run.play_round() is not None:
+        pass
     return run.record(time.perf_counter() - start)

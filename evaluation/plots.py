@@ -167,4 +167,6 @@ def stealth_frontier(records: Sequence[dict], path: str | Path) -> Path | None:
     return _save(figure, path)
 
 
-ALL = (heatmap, accuracy_curves, damage_vs_detectability, stealth_frontier)
+from .time_report import accuracy_vs_time  # noqa: E402  (it draws with this module's helpers)
+
+ALL = (heatmap, accuracy_curves, damage_vs_detectability, stealth_frontier, accuracy_vs_time)

@@ -552,6 +552,8 @@ def _speed_section(path: Path) -> list[str]:
 def write_summary(records: Sequence[dict], out_dir: str | Path, figures: Sequence[Path] = ()) -> Path:
     """Write ``out_dir/summary.md`` (scenario, accuracy, detectability, backdoor, quarantine, stealth
     frontier when there are sweep records, links to ``figures``); return its path."""
+    from .time_report import time_section  # it builds on this module's tables
+
     res = Results(records)
     lines = ["# robust bench report", ""]
     if not res.records:
@@ -566,6 +568,7 @@ def write_summary(records: Sequence[dict], out_dir: str | Path, figures: Sequenc
         lines += _backdoor_section(res)
         lines += _quarantine_section(res)
         lines += _spot_section(res)
+        lines += time_section(res)
         if res.sweeps:
             lines += _frontier_section(res)
     lines += _speed_section(Path(out_dir) / "speed.json")

@@ -31,6 +31,7 @@ from robust.partition import KINDS
 from robust.spec import Component, format_spec, parse
 
 from .cell import SHARED, Cell, cell_settings
+from .clock import CLOCK
 
 SCENARIO = {
     **{k: RUN[k] for k in SHARED},
@@ -44,7 +45,12 @@ SCENARIO = {
               "aggregator specs (a grid axis)"),
         Param("attacks", Spec(lambda spec: attacks.build(spec, 1), "an attack spec"), ["none"],
               "attack specs (a grid axis)"),
+        Param("deadline", Interval(float, 0, None), 0.0,
+              "simulated seconds a synchronous round waits for replies (0: for every node asked)"),
+        Param("target", Interval(float, 0, 1, "right"), 0.95,
+              "time to target: simulated seconds until accuracy reaches target x the best clean final accuracy"),
     ),
+    **CLOCK,
 }
 AXES = ("seeds", "aggregators", "attacks")
 DEFAULTS = {k: p.default for k, p in SCENARIO.items()}

@@ -34,6 +34,7 @@ class ThreatModel:
         self.coalitions: dict[int, attacks.Attack] = {}  # k Byzantine rows present -> the attack for them
         self.previous: torch.Tensor | None = None  # the last aggregate, which attacks may use
         self.kappa: list[float] = []
+        self.timeline = None  # the driver's evaluation.timeline.Timeline, if replies travel encoded
 
     def _mask(self, ids: list[str]) -> torch.Tensor:
         return torch.tensor([i in self.byzantine for i in ids], dtype=torch.bool)
@@ -53,7 +54,10 @@ class ThreatModel:
                               layout=self.layout(engine),
                               step_sign=self.step_sign(engine))
         X = X.clone()
-        X[byz] = self.coalitions[k](X[~byz], ctx).to(X.dtype)
+        crafted = self.coalitions[k](X[~byz], ctx).to(X.dtype)
+        if self.timeline is not None:  # crafted in the decoded space, then encoded like everyone's
+            crafted = self.timeline.transmit(crafted, round, [i for i, b in zip(ids, byz.tolist()) if b])
+        X[byz] = crafted
         return X
 
     @staticmethod

@@ -12,6 +12,11 @@ through the round engine itself from the stored updates and the recorded spot-ch
 verdicts, comparing the recomputed record (aggregate and model SHA-256, accuracy, flags)
 bit for bit. The replay is exact on the machine that ran the round (or one with the same
 CPU and software stack: aggregation rules use BLAS products).
+
+Compressed runs (``compression``) need nothing more: a node signs the SHA-256 of its *decoded*
+row, and the coordinator stores and logs that decoded float32 row, so the audit checks the
+signatures over, and replays the aggregation from, exactly the rows the rounds used; it never
+needs the codec (the encodings themselves are not kept).
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ test nodes an attack). A deployed SuperNode's ``--node-config`` names the folder
 A spot-check task (``nodes.spotcheck``) is answered by recomputing the named node's update on
 its part of the data set (prepared in this node's folder the first time), honestly.
 
+The update travels as the task's codec encodes it (``nodes.volunteer.work``). A test node
+that lies about its update's bytes (``dtype-lie``, ``shape-lie``, ``oversize``) tells the
+same lie about the first array of a compressed update (:func:`content`).
+
 Each answered task is one line of ``DIR/work.jsonl`` (run, round, seconds, declined or not),
 written just before the reply leaves: the node's own account of what it sent.
 """
@@ -20,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -28,10 +33,22 @@ from robust.code import use_path
 
 from . import faults
 from .volunteer import NodeConfig, NodeData, check, pick_device, prepare_data, work
-from .wire import identity_content, read_introduction, read_task, reply_content
+from .wire import UPDATE, Reply, identity_content, read_introduction, read_task, reply_content
 
 WORK_LOG = "work.jsonl"
 FolderOf = Callable[[Context, str], Path]  # (context, run id) -> the node's folder
+LIES = ("dtype-lie", "shape-lie", "oversize")  # faults.content's lies about an update's bytes
+
+
+def content(fault: str, reply: Reply, sent: np.ndarray | dict | None) -> RecordDict:
+    """The reply as a (possibly faulty) node puts it on the wire: ``faults.content``, whose
+    byte lies apply to the first array of an encoded update."""
+    if not isinstance(sent, dict) or fault not in LIES:
+        return faults.content(fault, reply, sent)
+    name = next(iter(sent))
+    out = reply_content(reply, sent)
+    out.array_records[UPDATE][name] = faults.content(fault, reply, sent[name]).array_records[UPDATE]["row"]
+    return out
 
 
 def make_app(folder_of: FolderOf) -> ClientApp:
@@ -59,7 +76,7 @@ def make_app(folder_of: FolderOf) -> ClientApp:
         with open(folder / WORK_LOG, "a") as out:
             out.write(json.dumps({"run": task.run, "round": task.round, "seconds": round(reply.seconds, 3),
                                   "declined": bool(reply.refused), "time": time.time()}) + "\n")
-        return Message(faults.content(config.attack, reply, row), reply_to=msg)
+        return Message(content(config.attack, reply, row), reply_to=msg)
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:

@@ -8,6 +8,13 @@ a node sends can raise out of :meth:`take`: an unexpected error is that node's r
 moves messages. Everything is a function of the settings, the seed and the accepted
 replies, so the same replies give the same bits in any arrival order, and a restart
 resumes exactly.
+
+Compressed updates (``compression``): each reply's encoded arrays are checked against the
+codec's layout and decoded as they are read (``nodes.wire.read_reply``): a malformed encoding
+is that node's rejection with the reason; the decoded row, which is what the node signed, then
+goes through the same checks as an uncompressed one. Every round record counts the bytes that
+travelled: ``bytes_up`` (the replies' arrays), ``bytes_down`` (the tasks' model arrays), and
+``bytes_per_node`` (short id -> ``[up, down]``); spot-check traffic is not counted.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import numpy as np
 import torch
 from flwr.app import RecordDict
 
-from robust import keys
+from robust import codecs, keys
 from robust.data import load
 from robust.models import build_model
 from robust.params import sha256, unflatten
@@ -34,7 +41,7 @@ from .root import Root
 from .rows import canonical, rejection_reason
 from .settings import Settings
 from .verifier import Checkers, SpotChecks
-from .wire import Reply, Task, read_reply, reply_payload
+from .wire import Reply, Task, content_bytes, read_reply, reply_payload, task_content
 
 log = logging.getLogger("robust.coordinator")
 RUN_ID = "run-id"
@@ -57,6 +64,7 @@ class Inbox:
     seconds: dict[str, float] = field(default_factory=dict)  # the nodes' own training time
     replies: dict[str, Reply] = field(default_factory=dict)  # what each accepted reply signed
     hashes: dict[str, str] = field(default_factory=dict)  # each accepted update's SHA-256
+    sizes: dict[str, int] = field(default_factory=dict)  # bytes of each node's reply arrays
 
     def __contains__(self, fp: str) -> bool:
         return fp in self.rows or fp in self.rejected or fp in self.failed
@@ -66,6 +74,8 @@ class Coordinator:
     def __init__(self, folder: str | Path, hook: ThreatHook | None = None) -> None:
         self.folder = Path(folder)
         self.settings = s = Settings.read(self.folder)
+        self.codec = codecs.build(s.compression)
+        self._task_bytes: int | None = None
         self.run_id = (self.folder / RUN_ID).read_text().strip()
         self._warned: set[str] = set()
         self.keys = self._admitted()
@@ -148,7 +158,8 @@ class Coordinator:
         if fp in inbox:
             return  # a node answers once a round
         try:
-            reply, row = read_reply(content, self.engine.w.numel())
+            inbox.sizes[fp] = content_bytes(content)
+            reply, row = read_reply(content, self.engine.w.numel(), self.codec)
         except ValueError as err:
             inbox.rejected[fp] = f"malformed reply: {err}"
             return
@@ -201,10 +212,16 @@ class Coordinator:
         without a usable reply ``rest_after`` rounds in a row is rested (``nodes.attendance``).
         The seconds nodes say their training took only feed the overhead figure."""
         ids, X = canonical(inbox.rows, self.engine.w.numel())
+        if self._task_bytes is None:  # the model array's bytes: the same every round
+            self._task_bytes = content_bytes(task_content(*self.task()))
         self.checks.begin(inbox.replies, checkers)
         record = self.engine.step(asked, ids, X, inbox.rejected, inbox.failed)
         record["prev"] = self._tip  # the SHA-256 of the last record's log line
         record["updates"] = audit.store(self.folder, self.settings.keep_updates, record, inbox)
+        traffic = {short(fp): [inbox.sizes.get(fp, 0), self._task_bytes] for fp in sorted(asked)}
+        record["bytes_up"] = sum(up for up, _ in traffic.values())
+        record["bytes_down"] = sum(down for _, down in traffic.values())
+        record["bytes_per_node"] = traffic
         for fp in record["convicted"]:
             self.convicted(fp, record)
         for fp, reason in record["rejected"].items():

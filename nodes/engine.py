@@ -21,6 +21,12 @@ Rules that need more than the rows (``aggregators.RoundInputs``) get the rows' n
 global model the rows were computed from, and, for ``fltrust``, the coordinator's own update on
 its root data (``nodes.root``), computed once per round that steps.
 
+Asynchronous rounds (``round = async``, FedBuff): a round is one buffer of valid replies, each
+computed from an older model version; the driver passes each row's ``staleness`` (versions
+behind), the engine rejects rows staler than ``max-staleness`` and scales the others by the
+``staleness`` weight (``nodes.staleness``) before the threat hook and the rule. The record keeps
+each row's staleness: with the rows, the schedule that makes a round a pure function.
+
 Spot checks (``spot-check = p``, ``nodes.spotcheck``): the committed rows' hashes seed a draw
 of the rows to recompute; the engine's ``verifier`` (the coordinator's, the bench's, or a
 log's replay) returns the verdicts, and a convicted node's row is dropped before the rule
@@ -46,6 +52,7 @@ from .protocol import Protocol
 from .root import Root
 from .rows import rejected_rows
 from .spotcheck import Verifier, draw, round_seed
+from .staleness import weight_of
 
 
 class ThreatHook(Interface):
@@ -95,6 +102,7 @@ class Engine:
         self.protocol = Protocol.of(s)
         self.flags = FlagPolicy(s.flag_ratio, s.quarantine_after, s.false_alarm, s.rounds)
         self.quorum = s.quorum_needed
+        self.weight = weight_of(s.staleness)
         self.buffer: torch.Tensor | None = None  # the protocol's outer momentum
         self.round = 0  # rounds finished
 
@@ -127,10 +135,11 @@ class Engine:
         return accuracy(self.model, unflatten(self.w, self.model), self.x_test, self.y_test)
 
     def step(self, asked: list[str], ids: list[str], X: torch.Tensor, rejected: dict[str, str] | None = None,
-             failed: dict[str, str] | None = None) -> dict:
+             failed: dict[str, str] | None = None, staleness: dict[str, int] | None = None) -> dict:
         """Play round ``self.round + 1`` on the rows ``X`` (one per node of ``ids``, any order)
         of the ``asked`` nodes; ``rejected`` replies (bad content) count as flags, ``failed``
-        ones (lost, declined) do not. Returns the round's record (JSON-ready)."""
+        ones (lost, declined) do not; ``staleness`` (asynchronous rounds): how many versions
+        behind each row's base model is. Returns the round's record (JSON-ready)."""
         t, rejected = self.round + 1, dict(rejected or {})
         if X.dtype != self.w.dtype or tuple(X.shape) != (len(ids), self.w.numel()):
             raise ValueError(f"rows of {X.dtype} {tuple(X.shape)} for {len(ids)} nodes: the engine takes "
@@ -140,6 +149,8 @@ class Engine:
             if order != list(range(len(ids))):
                 ids, X = [ids[i] for i in order], X[order]
             ids, X = self._valid(ids, X, rejected)
+            if staleness is not None:
+                ids, X = self._weigh(ids, X, staleness, rejected)
             skipped = self._cannot_step(len(ids))
             if self.hook is not None and not skipped:  # an attack crafts only for a round that steps
                 ids, X = self._valid(ids, self.hook.rows(self, t, ids, X), rejected)
@@ -164,6 +175,7 @@ class Engine:
             "skipped": skipped, "accuracy": acc, "model_sha256": self.base,
             "aggregate_sha256": None if aggregate is None else sha256(aggregate),
             "spot": [v.record() for v in verdicts], "convicted": convicted,
+            **({"staleness": {i: int(staleness[i]) for i in ids}} if staleness is not None else {}),
             "scores": {name: s.tolist() for name, s in scores.items()},
         }
 
@@ -198,6 +210,17 @@ class Engine:
         except ValueError as err:
             return f"no step: {err}"
         return ""
+
+    def _weigh(self, ids: list[str], X: torch.Tensor, staleness: dict[str, int], rejected: dict[str, str]
+               ) -> tuple[list[str], torch.Tensor]:
+        """The rows no staler than ``max-staleness``, each scaled by its staleness weight."""
+        limit = self.settings.max_staleness
+        stale = {i: staleness[i] for i in ids if limit and staleness[i] > limit}
+        rejected.update({i: f"stale: {tau} versions behind, max-staleness is {limit}" for i, tau in stale.items()})
+        keep = [k for k, i in enumerate(ids) if i not in stale]
+        ids = [ids[k] for k in keep]
+        weights = torch.tensor([self.weight(staleness[i]) for i in ids], dtype=X.dtype)
+        return ids, X[keep] * weights[:, None]
 
     def _valid(self, ids: list[str], X: torch.Tensor, rejected: dict[str, str]) -> tuple[list[str], torch.Tensor]:
         """The rows that can be used; the others go to ``rejected`` with their reason."""

@@ -39,6 +39,18 @@ def _aggregator(spec: str) -> None:
     aggregators.build(spec, 0)  # names and parameters; n against f is checked with the quorum
 
 
+def _staleness(spec: str) -> None:
+    from .staleness import weight_of
+
+    weight_of(spec)
+
+
+def _codec(spec: str) -> None:
+    from robust import codecs
+
+    codecs.build(spec)
+
+
 def _protocol(spec: str) -> None:
     from .protocol import Protocol
 
@@ -76,6 +88,15 @@ RUN = table(
           "(fltrust needs it; 0: none)"),
     Param("spot-check", Interval(float, 0, 1), 0.0,
           "share of accepted updates recomputed from their task each round; a mismatch convicts (delta protocol)"),
+    Param("round", OneOf(("sync", "async")), "sync",
+          "sync: rounds with a deadline and a quorum; async: buffered asynchronous aggregation (FedBuff), "
+          "every node kept busy, the rule run on every `buffer` valid replies"),
+    Param("buffer", Interval(int, 0, None), 0, "async: valid replies per aggregation (0: the fewest the aggregator serves)"),
+    Param("staleness", Spec(_staleness, "a staleness spec"), "sqrt",
+          "async: a reply's weight by its staleness tau: constant, sqrt (1/sqrt(1+tau)) or poly:a=0.5"),
+    Param("max-staleness", Interval(int, 0, None), 0, "async: replies staler than this are rejected (0: no limit)"),
+    Param("compression", Spec(_codec, "a codec spec"), "none",
+          "how updates travel: none, fp16, int8 (per-block scale), topk:k=0.01 (error feedback), randk:k=0.01"),
     Param("threads", Interval(int, 1, 1024), 1,
           "CPU threads of every computation whose bits matter: the same value gives the same bits on any core count"),
 )
@@ -126,6 +147,16 @@ class _Checked:
             raise ValueError(f"spot-check={self.spot_check:g} needs the delta protocol (protocol={self.protocol!r} "
                              "carries each node's momentum across rounds, which a verifier cannot recompute): "
                              "use protocol=delta, or spot-check=0")
+        if self.spot_check:
+            from robust import codecs
+
+            if codecs.build(self.compression).biased:
+                raise ValueError(f"spot-check={self.spot_check:g} cannot check compression={self.compression!r}: each "
+                                 "update carries its node's error-feedback residual, which a verifier cannot "
+                                 "recompute: use fp16, int8 or randk, or spot-check=0")
+        if self.round == "async" and self.buffer and self.buffer < self.quorum_needed:
+            raise ValueError(f"buffer={self.buffer} is below what the aggregator needs ({self.quorum_needed} rows): "
+                             "raise buffer, or lower tolerate")
         if self.per_round and self.per_round < self.quorum_needed:
             raise ValueError(f"per-round={self.per_round} is below the quorum {self.quorum_needed}: "
                              "raise per-round or lower quorum")

@@ -7,6 +7,10 @@ signed recomputation clears the update when it matches; when it does not, or the
 refuses, fails or is late, the coordinator recomputes itself and referees. With ``verifier =
 "self"`` the coordinator recomputes every check. Nothing a verifier sends can raise: a bad
 answer is a reason in the verdict's note, and the coordinator's own recomputation decides.
+
+With compression the authors' rows are the decoded ones; a verifier sends its recomputation
+encoded like an update (with the author's codec key) and signs the decoded row; the
+coordinator's own recomputation is encoded and decoded the same way (``transmitted``).
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ import torch
 from flwr.app import RecordDict
 
 from robust import keys
+from robust.codecs import Codec
+from robust.codecs.sparse import SparseCodec
 from robust.params import sha256
 
 from .audit import keep_row
-from .spotcheck import SELF, Verdict, assign, compare, profile_of, referee, round_seed
-from .volunteer import NodeData, compute, part_of
+from .spotcheck import SELF, Verdict, assign, compare, distance, profile_of, referee, round_seed
+from .volunteer import NodeData, compute, part_of, transmitted
 from .wire import Reply, Task, read_reply, reply_payload, task_content
 
 CPU = torch.device("cpu")
@@ -91,7 +97,7 @@ class SpotChecks:
         if isinstance(content, str):
             return content
         try:
-            reply, row = read_reply(content, d)
+            reply, row = read_reply(content, d, self.coord.codec)
         except Exception as err:  # noqa: BLE001 - untrusted input: a reason, never an exception
             return f"sent an unreadable check ({str(err)[:120]})"
         if reply.refused:
@@ -114,7 +120,16 @@ class SpotChecks:
             if declared.part not in self._parts:
                 self._parts[declared.part] = part_of(self.coord.data, declared.part)
             data = self._parts[declared.part]
-            honest, _ = compute(task, w, data.x, data.y, data.classes, author, CPU)
+            raw, _ = compute(task, w, data.x, data.y, data.classes, author, CPU)
+            codec = self.coord.codec
+            honest = transmitted(codec, raw, (task.seed, task.round, author))
         except ValueError as err:
             return Verdict(author, verifier, None, [], f"cannot recompute: {str(err)[:200]}")
-        return referee(author, row, declared.profile == self.own, honest, verifier, verifier_row)
+        return referee(author, row, declared.profile == self.own, honest, verifier, verifier_row,
+                       slack(codec, raw, honest))
+
+
+def slack(codec: Codec, raw: torch.Tensor, sent: torch.Tensor) -> float:
+    """What ``codec``'s rounding adds to the cross-profile bound (``nodes.spotcheck``): twice its
+    relative error on the recomputation ``raw`` (decoded: ``sent``); 0 for a sparse codec."""
+    return 0.0 if codec.name == "none" or isinstance(codec, SparseCodec) else 2 * distance(sent, raw)

@@ -12,6 +12,14 @@ folder (``state/<run>.pt``: the momentum before and after the last round it comp
 coordinator that is restarted and asks the same round again gets the same row. A test node
 whose attack remembers its previous round (``lazy``'s update, ``neurotoxin``'s model) keeps
 that :class:`~attacks.base.Memory` the same way (``state/<run>.last.pt``, before and after).
+
+A node encodes its row with the task's codec (``compression``; ``robust.codecs``) and sends the
+encoding; it signs the SHA-256 of the row the encoding *decodes* to (decoding is deterministic),
+which is the row the coordinator aggregates, logs and stores. A biased codec (``topk``) is
+encoded with error feedback: the residual is per-run node state kept like the momentum
+(``state/<run>.residual.pt``, before and after the last round computed, with the codec's spec:
+another codec starts from no residual). A keyed codec (``randk``) draws from ``(run seed,
+round, node fingerprint)``, the bench's key.
 """
 
 from __future__ import annotations
@@ -31,7 +39,8 @@ import attacks
 from attacks.base import Memory, NodeAttack
 from robust.code import use_path
 from robust.compute import profile
-from robust import keys
+from robust import codecs, keys
+from robust.codecs import Codec, Encoded
 from robust.batches import draw_batches, node_key
 from robust.data import Dataset, load
 from robust.partition import partition
@@ -204,6 +213,56 @@ def save_momentum(folder: Path, task: Task, before: torch.Tensor, after: torch.T
     write_atomic(path, lambda out: torch.save({"round": task.round, "before": before, "after": after}, out))
 
 
+def load_residual(folder: Path, task: Task, codec: Codec, d: int) -> torch.Tensor | None | str:
+    """The node's error-feedback residual before ``task``'s round (``None``: none yet, or one
+    kept for another codec or model), or why it cannot be had."""
+    path = _state_path(folder, task.run).with_suffix(".residual.pt")
+    if not path.exists():
+        return None
+    state = torch.load(path, weights_only=True)
+    if state["round"] > task.round:
+        return (f"this node's error-feedback residual is from round {state['round']} of run {task.run}, the task is "
+                f"round {task.round}: the coordinator went back in time (a restored folder?)")
+    if state["codec"] != codec.spec:
+        return None
+    e = state["before"] if state["round"] == task.round else state["after"]  # the same round asked again
+    return e if e is None or e.shape == (d,) else None
+
+
+def save_residual(folder: Path, task: Task, codec: Codec, before: torch.Tensor | None, after: torch.Tensor) -> None:
+    path = _state_path(folder, task.run).with_suffix(".residual.pt")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, lambda out: torch.save({"round": task.round, "codec": codec.spec, "before": before,
+                                               "after": after}, out))
+
+
+def encode_update(codec: Codec, row: np.ndarray, key: tuple, residual: torch.Tensor | None = None,
+                  d: int | None = None) -> tuple[Encoded, np.ndarray, torch.Tensor | None]:
+    """``(encoding, the row it decodes to, new residual)`` of the row a node sends; with error
+    feedback (a biased ``codec``) from ``residual`` when the row has the model's ``d`` values.
+    A test node's broken row travels broken, for the coordinator to reject: a non-finite row
+    as an encoding holding NaN (its ``row`` is what is signed), a wrong length as encoded."""
+    t = torch.from_numpy(np.ascontiguousarray(row, dtype=np.float32))
+    if not bool(torch.isfinite(t).all()):
+        enc = codec.encode(torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0), key)
+        name = next(n for n, a in enc.items() if a.dtype.kind == "f")
+        enc[name] = enc[name].copy()
+        enc[name][0] = np.nan
+        return enc, row, residual
+    after = residual
+    if codec.biased and t.numel() == d:
+        enc, after = codecs.error_feedback(codec, t, residual, key)
+    else:
+        enc = codec.encode(t, key)
+    return enc, codec.decode(enc, t.numel()).numpy(), after
+
+
+def transmitted(codec: Codec, row: torch.Tensor, key: tuple) -> torch.Tensor:
+    """The row the coordinator decodes from an honest node's ``row`` (no residual): what a spot
+    check's recomputation is compared as."""
+    return row if codec.name == "none" else codec.decode(codec.encode(row, key), row.numel())
+
+
 def _remembers(folder: Path | None, attack: str) -> bool:
     return folder is not None and attack not in ("", "none") and attacks.build(attack, 1).remembers
 
@@ -244,10 +303,12 @@ def _refuse(task: Task, reason: str, author: str = "") -> tuple[Reply, None]:
 
 
 def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
-         attack: str = "", folder: Path | None = None, part: str = "") -> tuple[Reply, np.ndarray | None]:
-    """The signed reply to ``task`` with global weights ``w`` (or a refusal saying why).
-    ``folder`` keeps the node's worker momentum (and a replaying test node's last reply);
-    ``part`` is the part of the data set ``data`` is, declared (and signed) with the update."""
+         attack: str = "", folder: Path | None = None, part: str = "") -> tuple[Reply, np.ndarray | Encoded | None]:
+    """The signed reply to ``task`` with global weights ``w`` (or a refusal saying why), and
+    the update as it travels: the float32 row (codec ``none``) or its encoding.
+    ``folder`` keeps the node's worker momentum, its error-feedback residual (and a replaying
+    test node's last reply); ``part`` is the part of the data set ``data`` is, declared (and
+    signed) with the update."""
 
     if attack == "decline":
         return _refuse(task, faults.DECLINE)
@@ -262,6 +323,18 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
         keeps = Protocol.of(task).keeps_momentum
     except ValueError as err:
         return _refuse(task, f"protocol: {err}")
+    try:
+        codec = codecs.build(task.compression)
+    except ValueError as err:
+        return _refuse(task, f"compression: {err}")
+    d = weights.numel()
+    residual = None
+    if codec.biased:
+        if folder is None:
+            return _refuse(task, f"compression {codec.spec} keeps an error-feedback residual: the node needs a folder")
+        residual = load_residual(folder, task, codec, d)
+        if isinstance(residual, str):
+            return _refuse(task, residual)
     m = None
     if keeps:
         if folder is None:
@@ -281,30 +354,47 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
     remember(folder, task, played, last, weights, delta)
     delta = forge(played, delta, last, task.round)
     row = faults.corrupt_row(attack, delta.numpy())
+    sent, signed = row, row  # codec none: the row itself
+    code_key = (task.seed, task.round, node)
+    if codec.name != "none":
+        sent, signed, after_residual = encode_update(codec, row, code_key, residual, d)
+        if codec.biased:
+            save_residual(folder, task, codec, residual, after_residual)
     count, base = faults.corrupt_fields(attack, len(data.y), task.base)
     reply = Reply(run=task.run, round=task.round, base=base, count=count, signature=b"", seconds=seconds,
                   part=part, profile=profile_of(device))
-    reply = dataclasses.replace(reply, signature=keys.sign(key, reply_payload(reply, sha256(torch.from_numpy(row)))))
+    reply = dataclasses.replace(reply, signature=keys.sign(key, reply_payload(reply, sha256(torch.from_numpy(signed)))))
     if folder is not None:
-        reply, row = faults.corrupt_reply(attack, reply, row, folder)
-    return reply, row
+        reply, again = faults.corrupt_reply(attack, reply, signed, folder)
+        if again is not signed:  # a replayed (decoded) row: sent again as the codec carries it
+            sent = again if codec.name == "none" else encode_update(codec, again, code_key)[0]
+    return reply, sent
 
 
 def check(task: Task, w: np.ndarray, author: str, part: str, data_of: Callable[[str, str], NodeData], key,
-          device: torch.device) -> tuple[Reply, np.ndarray | None]:
+          device: torch.device) -> tuple[Reply, np.ndarray | Encoded | None]:
     """A spot check: node ``author``'s update for ``task`` recomputed as it should have computed
-    it (on its data ``part``, with its batch draws), signed by this node; a refusal saying
-    why if this node cannot (``data_of(dataset, part)`` raises ``ValueError``: data it cannot get)."""
+    it (on its data ``part``, with its batch draws, encoded with the task's codec and the
+    author's key), signed by this node; a refusal saying why if this node cannot
+    (``data_of(dataset, part)`` raises ``ValueError``: data it cannot get; a biased codec,
+    whose error-feedback residual is the author's own state)."""
     weights = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
     if sha256(weights) != task.base:
         return _refuse(task, "the model received does not match its announced SHA-256", author)
     try:
         if Protocol.of(task).keeps_momentum:
             return _refuse(task, "a momentum-protocol update cannot be recomputed from its task", author)
+        codec = codecs.build(task.compression)
+        if codec.biased:
+            return _refuse(task, f"a {codec.spec} update carries its author's error-feedback residual: it cannot "
+                                 "be recomputed from its task", author)
         data = data_of(task.dataset, part)
         row, _ = compute(task, weights, data.x, data.y, data.classes, author, device)
     except ValueError as err:
         return _refuse(task, f"cannot recompute {author[:12]}'s update: {err}", author)
+    sent = signed = row.numpy()
+    if codec.name != "none":
+        sent, signed, _ = encode_update(codec, signed, (task.seed, task.round, author))
     reply = Reply(run=task.run, round=task.round, base=task.base, count=0, signature=b"", part=part,
                   profile=profile_of(device), author=author)
-    return dataclasses.replace(reply, signature=keys.sign(key, reply_payload(reply, sha256(row)))), row.numpy()
+    return dataclasses.replace(reply, signature=keys.sign(key, reply_payload(reply, sha256(torch.from_numpy(signed))))), sent

@@ -1,7 +1,12 @@
 """What crosses the wire between coordinator and volunteer, and the bytes a volunteer signs.
 
 A task carries the global model as one flat float32 array plus the round's settings; a reply
-carries the update row plus ``(run, round, base, count, signature)``. Conversions to and from
+carries the update plus ``(run, round, base, count, signature)``. The update travels as the
+task's codec (``compression``, ``robust.codecs``) encodes it: with ``none`` one float32 array
+``row`` (as before codecs existed); with any other codec, the codec's named arrays (``fp16``:
+``x``; ``int8``: ``q``, ``scale``; ``topk`` / ``randk``: ``idx``, ``val``) in the same
+``update`` record. The signature covers the SHA-256 of the *decoded* row, so the coordinator,
+the log and the audit only ever see decoded float32 rows, whatever the codec. Conversions to and from
 Flower's ``RecordDict`` live here and nowhere else. Decoding a reply raises ``ValueError``
 with the reason for *anything* malformed: the caller turns it into a rejection, never a crash.
 
@@ -9,12 +14,14 @@ A reply's update is checked for what its bytes *are*, not what its labels say: t
 count against a cap derived from the model first, then the ``.npy`` header's dtype and shape,
 and only then one read of the values, as little-endian float32 (a node cannot make the
 coordinator decode, copy or hold more than one model's worth of values, nor change the
-model's dtype or shape).
+model's dtype or shape). An encoded update is checked the same way, array by array, against
+the exact names, dtypes and lengths an honest node sends (``codec.layout(d)``), before the
+codec decodes it (``codec.decode``: a ``ValueError`` with the reason for anything malformed).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 
 import io
 import json
@@ -22,6 +29,8 @@ import math
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+from robust.codecs import Codec, Encoded
 
 MODEL, TASK, UPDATE, REPLY = "model", "task", "update", "reply"
 
@@ -40,6 +49,7 @@ class Task:
     momentum: float
     threads: int        # the compute profile: CPU threads (robust.compute)
     deadline: float     # seconds the coordinator waits for replies this round
+    compression: str = "none"  # robust.codecs spec: how the node encodes its update
 
     @classmethod
     def of(cls, settings, run: str, round: int, base: str) -> Task:
@@ -47,7 +57,7 @@ class Task:
         s = settings
         return cls(run=run, round=round, base=base, seed=s.seed, dataset=s.dataset, model=s.model,
                    protocol=s.protocol, batch_size=s.batch_size, lr=s.lr, momentum=s.momentum, threads=s.threads,
-                   deadline=s.deadline)
+                   deadline=s.deadline, compression=s.compression)
 
 
 @dataclass(frozen=True)
@@ -94,7 +104,8 @@ def read_task(content: RecordDict) -> tuple[Task, np.ndarray, tuple[str, str] | 
     says what is missing (a coordinator of another version)."""
     try:
         config = content.config_records[TASK]
-        task = Task(**{f.name: config[f.name] for f in fields(Task)})
+        task = Task(**{f.name: config[f.name] if f.default is MISSING else config.get(f.name, f.default)
+                       for f in fields(Task)})
         check = content.config_records.get(CHECK)
         check = None if check is None else (str(check["author"]), str(check["part"]))
         return task, content.array_records[MODEL]["w"].numpy(), check
@@ -102,11 +113,25 @@ def read_task(content: RecordDict) -> tuple[Task, np.ndarray, tuple[str, str] | 
         raise ValueError(f"the task lacks {err}: is the coordinator's robust version the same as this node's?") from None
 
 
-def reply_content(reply: Reply, row: np.ndarray | None) -> RecordDict:
+def reply_content(reply: Reply, row: np.ndarray | Encoded | None) -> RecordDict:
+    """A reply; its update a float32 ``row`` (codec ``none``) or a codec's encoding (named arrays)."""
     records: dict = {REPLY: ConfigRecord(asdict(reply))}
-    if row is not None:
+    if isinstance(row, dict):
+        records[UPDATE] = ArrayRecord({name: Array(a) for name, a in row.items()})
+    elif row is not None:
         records[UPDATE] = ArrayRecord({"row": Array(row)})
     return RecordDict(records)
+
+
+def content_bytes(content: RecordDict) -> int:
+    """Bytes of the arrays in a message as they travel (``.npy`` bytes, headers included; the
+    config records' few hundred bytes are not counted). Never raises."""
+    total = 0
+    for record in content.array_records.values():
+        for array in record.values():
+            data = getattr(array, "data", None)
+            total += len(data) if isinstance(data, bytes) else 0
+    return total
 
 
 _TYPES = {"run": str, "round": int, "base": str, "count": int, "signature": bytes, "refused": str, "seconds": float,
@@ -117,9 +142,10 @@ HEADER_CAP = 1024  # bytes: the longest .npy header of a one-dimensional float32
 ROW_DTYPE = np.dtype("<f4")
 
 
-def read_reply(content: RecordDict, d: int) -> tuple[Reply, np.ndarray | None]:
-    """Decode a reply whose update must be ``d`` float32 values; ``ValueError`` says what is
-    malformed. The row is read-only (it views the message's bytes)."""
+def read_reply(content: RecordDict, d: int, codec: Codec | None = None) -> tuple[Reply, np.ndarray | None]:
+    """Decode a reply whose update must be ``d`` float32 values, encoded by ``codec`` (``None``
+    or ``none``: the float32 row itself); ``ValueError`` says what is malformed. With codec
+    ``none`` the row is read-only (it views the message's bytes); otherwise it is the decoded row."""
     try:
         config = content.config_records[REPLY]
     except KeyError:
@@ -137,6 +163,12 @@ def read_reply(content: RecordDict, d: int) -> tuple[Reply, np.ndarray | None]:
     reply = Reply(**values)
     if reply.refused:
         return reply, None
+    if codec is not None and codec.name != "none":
+        try:
+            record = content.array_records[UPDATE]
+        except KeyError:
+            raise ValueError("no update array") from None
+        return reply, read_encoded(record, d, codec)
     try:
         array = content.array_records[UPDATE]["row"]
     except KeyError:
@@ -144,34 +176,54 @@ def read_reply(content: RecordDict, d: int) -> tuple[Reply, np.ndarray | None]:
     return reply, read_row(array, d)
 
 
+def read_encoded(record: ArrayRecord, d: int, codec: Codec) -> np.ndarray:
+    """The ``(d,)`` float32 row ``codec`` decodes from ``record``'s arrays: their names first,
+    then each array's bytes (:func:`read_array`) against ``codec.layout(d)``, then the values."""
+    want = codec.layout(d)
+    names = list(record.keys())
+    if set(names) != set(want):
+        shown = ", ".join(f"{str(n)!r:.40}" for n in names[:4]) + (f", ... {len(names) - 4} more" * (len(names) > 4))
+        raise ValueError(f"update has arrays [{shown}], expected {sorted(want)} (compression {codec.spec})")
+    enc = {name: read_array(record[name], f"update array {name!r}", dtype, length)
+           for name, (dtype, length) in want.items()}
+    return codec.decode(enc, d).numpy()
+
+
 def read_row(array: Array, d: int) -> np.ndarray:
     """The ``(d,)`` float32 values in ``array``'s bytes, checked before they are decoded."""
-    data = array.data
+    return read_array(array, "update", ROW_DTYPE, d, f"a model of {d} float32 values takes")
+
+
+def read_array(array: Array, what: str, dtype: np.dtype, length: int, budget: str = "") -> np.ndarray:
+    """The ``(length,)`` values of ``dtype`` in ``array``'s bytes, checked before they are read:
+    byte count against the cap, then the ``.npy`` header's dtype and shape, then the labels.
+    Read-only (it views the message's bytes). ``what`` names the array in the reasons."""
+    data, size = array.data, length * dtype.itemsize
+    budget = budget or f"({length},) {dtype.name} takes"
     if array.stype != "numpy.ndarray" or not isinstance(data, bytes):
-        raise ValueError(f"update serialised as {str(array.stype)[:40]!r}, expected numpy.ndarray")
-    if len(data) > d * ROW_DTYPE.itemsize + HEADER_CAP:
-        raise ValueError(f"update is {len(data)} bytes, a model of {d} float32 values takes at most "
-                         f"{d * ROW_DTYPE.itemsize + HEADER_CAP}")
+        raise ValueError(f"{what} serialised as {str(array.stype)[:40]!r}, expected numpy.ndarray")
+    if len(data) > size + HEADER_CAP:
+        raise ValueError(f"{what} is {len(data)} bytes, {budget} at most {size + HEADER_CAP}")
     buffer = io.BytesIO(data)
     try:
         read_header = {(1, 0): np.lib.format.read_array_header_1_0,
                        (2, 0): np.lib.format.read_array_header_2_0}[np.lib.format.read_magic(buffer)]
-        shape, _, dtype = read_header(buffer, max_header_size=HEADER_CAP)
+        shape, _, header_dtype = read_header(buffer, max_header_size=HEADER_CAP)
     except Exception as err:  # noqa: BLE001 - untrusted bytes: any parser failure is a rejection
-        raise ValueError(f"update bytes are not a .npy array ({type(err).__name__})") from None
-    if dtype != ROW_DTYPE:
-        raise ValueError(f"update bytes hold {dtype}, labelled {str(array.dtype)[:40]}: expected float32")
-    if tuple(shape) != (d,):
-        raise ValueError(f"update bytes hold shape {tuple(shape)}, expected ({d},)")
+        raise ValueError(f"{what} bytes are not a .npy array ({type(err).__name__})") from None
+    if header_dtype != dtype:
+        raise ValueError(f"{what} bytes hold {header_dtype}, labelled {str(array.dtype)[:40]}: expected {dtype.name}")
+    if tuple(shape) != (length,):
+        raise ValueError(f"{what} bytes hold shape {tuple(shape)}, expected ({length},)")
     try:
         labels = (str(array.dtype), tuple(int(n) for n in array.shape))
     except (TypeError, ValueError):
         labels = None
-    if labels != ("float32", (d,)):
-        raise ValueError(f"update labelled {str(labels)[:80]}, its bytes are float32 ({d},)")
-    if len(data) - buffer.tell() != d * ROW_DTYPE.itemsize:
-        raise ValueError(f"update holds {len(data) - buffer.tell()} value bytes, ({d},) float32 takes {d * ROW_DTYPE.itemsize}")
-    return np.frombuffer(data, dtype=ROW_DTYPE, count=d, offset=buffer.tell())
+    if labels != (dtype.name, (length,)):
+        raise ValueError(f"{what} labelled {str(labels)[:80]}, its bytes are {dtype.name} ({length},)")
+    if len(data) - buffer.tell() != size:
+        raise ValueError(f"{what} holds {len(data) - buffer.tell()} value bytes, ({length},) {dtype.name} takes {size}")
+    return np.frombuffer(data, dtype=dtype, count=length, offset=buffer.tell())
 
 
 # Introductions: a node that Flower did not authenticate (a simulated one) says who it is.

@@ -161,7 +161,7 @@ def play(run: CellRun) -> tuple[list[str], torch.Tensor]:
     """One round of ``run`` (as ``play_round``), returning who was asked and the rows sent."""
     asked = run.engine.select(run.ids)
     X = run.rows(asked)
-    run.records.append(run.engine.step(asked, asked, X))
+    run.add(run.engine.step(asked, asked, X))
     return asked, X
 
 

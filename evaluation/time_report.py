@@ -1,0 +1,119 @@
+"""The report's time and bytes: what slow, vanishing, far-away volunteers cost (issue 11).
+
+Every local cell records its simulated clock (``evaluation.timeline``): the time of each
+round (``times``), the bytes its nodes sent up to then (``bytes``), and in total
+``sim_seconds``, ``bytes_up``, ``bytes_down``. Time to target is computed here, across cells:
+the first simulated second at which a cell's accuracy reaches ``target`` (a scenario key,
+0.95 by default) times the *best* clean final accuracy of any cell with the same aggregator
+and seed, so every round mode, codec and speed is measured against one bar.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from .clock import time_to_target
+from .report import CLEAN, Group, Results, _num, _table
+
+KEYS = ("round", "buffer", "staleness", "compression", "speed", "link", "churn", "deadline")
+
+
+def timed(res: Results) -> bool:
+    """Whether the run has a clock worth reporting: some cell not synchronous, uncompressed,
+    uniform and link-free."""
+    defaults = {"round": "sync", "compression": "none", "speed": "uniform", "link": "none", "churn": "none",
+                "deadline": 0.0}
+    return any("times" in r and any(r["config"].get(k, v) != v for k, v in defaults.items()) for r in res.records)
+
+
+def reference(records: Sequence[dict]) -> dict[tuple[str, int], float]:
+    """(aggregator, seed) -> the best clean final accuracy among the cells."""
+    best: dict[tuple[str, int], float] = {}
+    for r in records:
+        if r["attack"] == CLEAN:
+            key = (r["aggregator"], r["seed"])
+            best[key] = max(best.get(key, 0.0), r["final_accuracy"])
+    return best
+
+
+def record_time_to_target(record: dict, best: dict[tuple[str, int], float]) -> float | None:
+    """Simulated seconds until ``record`` reaches its target (``None``: never, or no clean cell)."""
+    bar = best.get((record["aggregator"], record["seed"]))
+    if bar is None or "times" not in record:
+        return None
+    return time_to_target(record["times"], record["accuracy"], record["config"].get("target", 0.95) * bar)
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    """Mean over seeds; ``None`` if any seed never got there."""
+    return None if not values or any(v is None for v in values) else statistics.fmean(values)
+
+
+def _label(group: Group, varying: Sequence[str]) -> str:
+    """The group's volunteer keys that differ across the run (its round mode, codec, speed...)."""
+    config = dict(group.key.scenario)
+    shown = [f"{k}={config[k].strip(chr(34))}" for k in KEYS if k in config and k in varying]
+    return ", ".join(shown) or "—"
+
+
+def time_section(res: Results) -> list[str]:
+    if not timed(res):
+        return []
+    best = reference(res.records)
+    rows = []
+    for group in sorted(res.grid, key=lambda g: (g.key.aggregator, g.key.attack != CLEAN, g.key.attack)):
+        if "times" not in group.records[0]:
+            continue
+        ttt = _mean([record_time_to_target(r, best) for r in group.records])
+        rows.append([group.key.aggregator, group.key.attack, _label(group, res.varying), f"{100 * group.mean:.1f}",
+                     _num(statistics.fmean(r["sim_seconds"] for r in group.records)),
+                     "never" if ttt is None else _num(ttt),
+                     f"{statistics.fmean(r['bytes_up'] for r in group.records) / 1e6:.2f}",
+                     f"{statistics.fmean(r['bytes_down'] for r in group.records) / 1e6:.2f}"])
+    return [
+        "## Time and bytes", "",
+        "Simulated clock (speed, link, churn; `step-seconds` per local step). Time to target: first simulated "
+        "second at which accuracy reaches `target` x the best clean final accuracy of the same aggregator and "
+        "seed over every cell (mean over seeds; never if a seed never did). Bytes: the encoded replies (up) and "
+        "the float32 models (down), MB, mean over seeds. Asynchronous cells aggregate as many replies as their "
+        "synchronous twin.", "",
+        *_table(["aggregator", "attack", "volunteers", "accuracy (%)", "sim seconds", "time to target",
+                 "MB up", "MB down"], rows),
+        "",
+    ]
+
+
+def accuracy_vs_time(records: Sequence[dict], path: str | Path) -> Path | None:
+    """Per attack, accuracy against simulated time (top) and against bytes sent up (bottom),
+    one line per round mode / codec / volunteers (mean over seeds; asynchronous dashed)."""
+    from .plots import _colours, _figure, _save  # plots imports the report: import it only when drawing
+
+    res = Results(records)
+    if not timed(res):
+        return None
+    attacks = res.attacks()
+    figure = _figure(4.2 * len(attacks) + 2.5, 6.8)
+    axes = figure.subplots(2, len(attacks), squeeze=False)
+    labels = sorted({f"{g.key.aggregator}: {_label(g, res.varying)}" for g in res.grid})
+    colours = _colours(labels)
+    for column, attack in enumerate(attacks):
+        for group in (g for g in res.grid if g.key.attack == attack and "times" in g.records[0]):
+            label = f"{group.key.aggregator}: {_label(group, res.varying)}"
+            times = [statistics.fmean(t) for t in zip(*(r["times"] for r in group.records))]
+            sent = [statistics.fmean(b) / 1e6 for b in zip(*(r["bytes"] for r in group.records))]
+            curve = [100 * a for a in group.curve][: len(times)]
+            style = {"label": label, "color": colours[label],
+                     "linestyle": "--" if '"async"' in dict(group.key.scenario).get("round", "") else "-"}
+            axes[0][column].plot(times[: len(curve)], curve, **style)
+            axes[1][column].plot(sent[: len(curve)], curve, **style)
+        axes[0][column].set(title=attack, xlabel="simulated seconds", ylabel="accuracy (%)" if column == 0 else "")
+        axes[1][column].set(xlabel="MB sent up", xscale="log", ylabel="accuracy (%)" if column == 0 else "")
+        for ax in (axes[0][column], axes[1][column]):
+            ax.grid(alpha=0.3)
+    lines = {line.get_label(): line for ax in axes.flat for line in ax.get_lines()}
+    figure.legend(lines.values(), lines.keys(), title="defence: volunteers", loc="outside right upper",
+                  fontsize="small")
+    figure.suptitle("Accuracy against simulated time and bytes, mean over seeds")
+    return _save(figure, path)

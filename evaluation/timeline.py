@@ -1,0 +1,75 @@
+"""A bench cell in simulated time: what each reply costs on the wire and when it arrives.
+
+The bench computes every row in-process; :class:`Timeline` adds what a deployment would
+see. Each reply is encoded with the run's codec (``compression``; ``robust.codecs``) and
+decoded again, as the coordinator does, with the node's error-feedback residual for a biased
+codec (top-k), so the rows the engine aggregates are the decoded ones; its bytes are counted
+(up: the encoded arrays; down: the float32 model each task carries). A reply sent at
+``start`` arrives at ``start + download + compute(steps, speed) + upload`` on the node's
+link (``evaluation.clock.Volunteers``: ``speed``, ``link``, ``churn``). Everything is a
+function of the scenario, the seed and the rows: the same cell gives the same times and bits.
+
+``step-seconds`` (simulated seconds of one local step) is given, or measured once per cell
+on this machine when 0: then the times (and an asynchronous run's schedule) are this
+machine's; give it to compare machines bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from robust import codecs
+
+from .clock import Traffic, Volunteers, measure_step_seconds
+
+F32 = 4  # bytes per float32 coordinate
+
+
+class Timeline:
+    def __init__(self, config: dict, ids: list[str], seed: int, settings, steps: int, d: int) -> None:
+        self.volunteers = Volunteers.of(ids, seed, speed=config.get("speed", "uniform"),
+                                        link=config.get("link", "none"), churn=config.get("churn", "none"))
+        self.codec = codecs.build(settings.compression)
+        self.seed, self.steps, self.d = seed, steps, d
+        self.deadline = float(config.get("deadline", 0.0))
+        self.step_seconds = float(config.get("step-seconds", 0.0))
+        self.residual: dict[str, torch.Tensor | None] = {}
+        self.traffic = Traffic()
+        self.now = 0.0
+
+    def measure(self, step) -> None:
+        """Set ``step_seconds`` from one timed local step, unless the scenario gave it."""
+        if not self.step_seconds:
+            self.step_seconds = measure_step_seconds(step)
+
+    def send(self, node: str, task_round: int, row: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """``(the row the coordinator decodes, bytes sent)`` for ``node``'s reply to the task
+        of round ``task_round``."""
+        if self.codec.name == "none":
+            return row, F32 * self.d
+        key = (self.seed, task_round, node)
+        if self.codec.biased:
+            enc, self.residual[node] = codecs.error_feedback(self.codec, row, self.residual.get(node), key)
+        else:
+            enc = self.codec.encode(row, key)
+        return self.codec.decode(enc, self.d), codecs.nbytes(enc)
+
+    def transmit(self, rows: torch.Tensor, task_round: int, ids: list[str]) -> torch.Tensor:
+        """Crafted rows as the coordinator decodes them (an omniscient attacker crafts in the
+        decoded space and encodes like everyone; no residual; a non-finite row travels as is,
+        to be rejected)."""
+        if self.codec.name == "none":
+            return rows
+        out = rows.clone()
+        for k, node in enumerate(ids):
+            if bool(torch.isfinite(rows[k]).all()):
+                out[k] = self.codec.decode(self.codec.encode(rows[k].float(), (self.seed, task_round, node)), self.d)
+        return out
+
+    def arrival(self, node: str, start: float, up: int) -> float:
+        """When ``node``'s reply of ``up`` bytes to a task sent at ``start`` arrives."""
+        self.traffic.add(node, up=up, down=F32 * self.d)
+        return self.volunteers.arrival(node, start, self.steps, self.step_seconds, up, F32 * self.d)
+
+    def record(self) -> dict:
+        return {"sim_seconds": self.now, "step_seconds": self.step_seconds, **self.traffic.record()}

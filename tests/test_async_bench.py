@@ -1,0 +1,112 @@
+"""Simulated time in the bench: synchronous rounds on a clock, buffered asynchronous rounds
+(FedBuff) through the one engine, compressed replies, churn, and their report."""
+
+import math
+
+import pytest
+import torch
+
+from evaluation.cell import Cell
+from evaluation.local import CellRun, run_cell
+from evaluation.report import Results
+from evaluation.time_report import record_time_to_target, reference, time_section
+from nodes.settings import Settings
+from nodes.staleness import weight_of
+
+BASE = {"dataset": "digits", "model": "mlp", "nodes": 10, "byzantine": 2, "rounds": 6, "partition": "iid",
+        "alpha": 1.0, "protocol": "momentum", "step-seconds": 0.01}
+SLOW = "slow:fraction=0.2,factor=10"
+
+
+def test_staleness_weights_and_their_errors():
+    assert weight_of("constant")(7) == 1.0
+    assert weight_of("sqrt")(3) == 0.5
+    assert weight_of("poly:a=1")(3) == 0.25
+    for bad, message in [("linear", "write constant, sqrt or poly"), ("sqrt:a=1", "no parameters"),
+                         ("poly:a=-1", "a must be a number in")]:
+        with pytest.raises(ValueError, match=message):
+            weight_of(bad)
+    with pytest.raises(ValueError, match="buffer=3 is below what the aggregator needs"):
+        Settings(aggregator="trimmed-mean", tolerate=2, round="async", buffer=3)
+
+
+def test_the_engine_weighs_rows_by_staleness_and_rejects_the_stale():
+    settings = Settings(aggregator="mean", tolerate=0, round="async", staleness="sqrt", max_staleness=4,
+                        dataset="digits", model="mlp")
+    run = CellRun(Cell({**BASE, "byzantine": 0}, "mean", "none", 0))
+    run.engine.settings = settings
+    run.engine.weight = weight_of(settings.staleness)
+    ids = run.ids[:3]
+    X = torch.ones(3, run.engine.w.numel())
+    w = run.engine.w.clone()
+    record = run.engine.step(ids, ids, X, staleness={ids[0]: 0, ids[1]: 3, ids[2]: 5})
+    assert record["staleness"] == {ids[0]: 0, ids[1]: 3}
+    assert record["rejected"] == {ids[2]: "stale: 5 versions behind, max-staleness is 4"}
+    # mean of 1 and 1/sqrt(4), one momentum step of lr 0.05 from w
+    assert torch.allclose(run.engine.w, w - 0.05 * 0.75)
+    assert torch.equal(X, torch.ones(3, run.engine.w.numel()))  # the caller's rows untouched
+
+
+def test_synchronous_rounds_on_the_clock_wait_for_the_slowest_or_the_deadline():
+    fast = run_cell(Cell(BASE, "trimmed-mean", "none", 0))
+    assert math.isclose(fast["sim_seconds"], 6 * 0.01) and fast["times"][0] == pytest.approx(0.01)
+    assert fast["bytes_up"] == 6 * 10 * 4 * len(CellRun(Cell(BASE, "trimmed-mean", "none", 0)).engine.w)
+    slow = run_cell(Cell({**BASE, "speed": SLOW}, "trimmed-mean", "none", 0))
+    assert math.isclose(slow["sim_seconds"], 6 * 0.1) and slow["model_sha256"] == fast["model_sha256"]
+    run = CellRun(Cell({**BASE, "speed": SLOW, "deadline": 0.05}, "trimmed-mean", "none", 0))
+    record = run.play_round()
+    late = record["failed"]
+    assert len(late) == 2 and all(reason.startswith("late: arrived 0.1 s") for reason in late.values())
+    assert record["accepted"] == 8 and record["time"] == pytest.approx(0.05)
+
+
+def test_asynchronous_rounds_keep_fast_nodes_busy_and_give_the_same_bits():
+    cell = Cell({**BASE, "speed": SLOW, "round": "async", "rounds": 3}, "trimmed-mean", "alie", 0)
+    run = CellRun(cell)
+    assert run.engine.settings.rounds == 3 * math.ceil(10 / 5)  # buffers of 5: as many replies as sync
+    records = [run.play_round() for _ in range(run.engine.settings.rounds)]
+    assert all(len(r["ids"]) == len(set(r["ids"])) == 5 for r in records)
+    assert any(tau > 0 for r in records for tau in r["staleness"].values())
+    times = [r["time"] for r in records]
+    assert times == sorted(times) and times[-1] < 3 * 0.1  # sync waiting for the slow nodes: 0.1 s a round
+    again = run_cell(cell)
+    assert again["model_sha256"] == records[-1]["model_sha256"] and again["times"] == times
+
+
+def test_compressed_replies_cost_fewer_bytes_and_crafted_rows_travel_encoded():
+    plain = run_cell(Cell(BASE, "trimmed-mean", "alie", 0))
+    int8 = run_cell(Cell({**BASE, "compression": "int8"}, "trimmed-mean", "alie", 0))
+    topk = run_cell(Cell({**BASE, "compression": "topk:k=0.01"}, "trimmed-mean", "alie", 0))
+    assert plain["bytes_up"] / int8["bytes_up"] >= 3.9 and plain["bytes_up"] / topk["bytes_up"] >= 20
+    assert int8["bytes_down"] == plain["bytes_down"]
+    assert int8["model_sha256"] != plain["model_sha256"]
+    run = CellRun(Cell({**BASE, "compression": "topk:k=0.01"}, "trimmed-mean", "alie", 0))
+    X = torch.randn(len(run.ids), run.engine.w.numel())
+    crafted = run.threat.rows(run.engine, 1, run.ids, X)
+    byz = run.threat._mask(run.ids)
+    kept = run.timeline.codec.count(X.shape[1])
+    assert all(int((row != 0).sum()) <= kept for row in crafted[byz])
+
+
+def test_churn_leaves_nodes_out_and_runs_still_finish():
+    churn = {**BASE, "churn": "leave:p=0.3,back=0.3", "rounds": 8}
+    run = CellRun(Cell(churn, "trimmed-mean", "none", 0))
+    asked = [run.play_round()["asked"] for _ in range(8)]
+    assert min(asked) < 10
+    assert run_cell(Cell({**churn, "round": "async"}, "trimmed-mean", "none", 0))["final_accuracy"] > 0.5
+
+
+def test_the_report_gives_time_to_target_against_the_best_clean_run():
+    records = [run_cell(Cell({**BASE, "speed": SLOW, "round": mode}, "trimmed-mean", attack, 0))
+               for mode in ("sync", "async") for attack in ("none", "sign-flip")]
+    best = reference(records)
+    assert best[("trimmed-mean", 0)] == max(r["final_accuracy"] for r in records if r["attack"] == "none")
+    ttt = [record_time_to_target(r, best) for r in records]
+    for r, t in zip(records, ttt):
+        if t is not None:
+            bar = 0.95 * best[("trimmed-mean", 0)]
+            first = next(i for i, a in enumerate(r["accuracy"]) if a >= bar)
+            assert t == r["times"][first]
+    lines = "\n".join(time_section(Results(records)))
+    assert "## Time and bytes" in lines and "round=async" in lines and "round=sync" in lines
+    assert time_section(Results([run_cell(Cell(BASE, "trimmed-mean", "none", 0))])) == []
