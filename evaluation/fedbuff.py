@@ -10,7 +10,8 @@ many aggregations happened since its task was sent), which the engine turns into
 Byzantine rows of each buffer through the engine's hook, as in synchronous rounds.
 
 A node that leaves (``churn``) while its task runs never replies; it asks for work again when
-it is back. Quarantined nodes get no more tasks. The schedule is a function of the seed,
+it is back. Quarantined nodes get no more tasks; once fewer nodes than a buffer are left,
+the run ends there (its record says how many buffers it made). The schedule is a function of the seed,
 the scenario and the rows (ties in time go to the lower node id): the same cell gives the
 same bits, each round's record keeps its ``staleness`` (the schedule).
 
@@ -68,7 +69,10 @@ class FedBuff:
         self.queue.push(arrival, node, (decoded, self.engine.round))
 
     def play_round(self) -> dict | None:
-        """Run events until the next buffer is aggregated; ``None`` if no node can reply."""
+        """Run events until the next buffer is aggregated; ``None`` if no node can reply, or
+        fewer nodes than a buffer holds are left unquarantined (no buffer could ever fill)."""
+        if len(set(self.run.ids) - set(self.engine.flags.quarantined)) < self.size:
+            return None
         while len(self.buffer) < self.size:
             self._take_waiting()
             if len(self.buffer) >= self.size:

@@ -13,6 +13,13 @@ verdicts, comparing the recomputed record (aggregate and model SHA-256, accuracy
 bit for bit. The replay is exact on the machine that ran the round (or one with the same
 CPU and software stack: aggregation rules use BLAS products).
 
+Asynchronous runs (``round = async``): each round is a buffer; its record's ``staleness`` (how
+many versions behind each update's base model was) is the schedule the engine replays, and
+each update entry also names the task it answered and its base model (``task``, ``base``),
+which its signature covers and which must be the logged model of the version its staleness
+names. ``robust coordinator replay DIR`` runs the same recomputation without the chain and
+signature checks (:func:`replay_main`).
+
 Compressed runs (``compression``) need nothing more: a node signs the SHA-256 of its *decoded*
 row, and the coordinator stores and logs that decoded float32 row, so the audit checks the
 signatures over, and replays the aggregation from, exactly the rows the rounds used; it never
@@ -43,7 +50,7 @@ from .wire import signed_payload
 
 UPDATES = "updates"
 COMPARED = ("ids", "rejected", "failed", "missing", "flagged", "quarantined", "skipped", "accuracy",
-            "model_sha256", "aggregate_sha256", "spot", "convicted", "scores")
+            "model_sha256", "aggregate_sha256", "spot", "convicted", "scores", "staleness")
 
 
 def genesis(run_id: str) -> str:
@@ -77,6 +84,8 @@ def store(folder: Path, keep: str, record: dict, inbox) -> dict:
             keep_row(folder, inbox.rows[fp], sha)
         out[fp] = {"sha256": sha, "signature": reply.signature.hex(), "count": reply.count, "part": reply.part,
                    "profile": reply.profile}
+        if fp in inbox.versions:  # async: the task it answered and the (older) model it was computed from
+            out[fp].update(task=reply.round, base=reply.base)
     return out
 
 
@@ -91,10 +100,18 @@ def _row(folder: Path, sha: str) -> torch.Tensor | str:
     return row if sha256(row) == sha else f"{path.relative_to(folder)} does not match its SHA-256 (changed)"
 
 
-def verify(folder: str | Path) -> tuple[list[str], int, bool]:
-    """``(problems, rounds checked, aggregation recomputed)`` for the run in ``folder``."""
+def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]:
+    """``(problems, rounds checked, aggregation recomputed)`` for the run in ``folder``.
+
+    ``full`` (``robust audit verify``): the hash chain, its last link against the checkpoint,
+    every signature, then the recomputation. Without (``robust coordinator replay``): the
+    recomputation alone. Either way, the same replay: every round (an asynchronous run's
+    buffer) through the round engine from the stored updates, with each record's
+    ``staleness`` (an async round's schedule: each update's recorded base must be the model
+    of the version its staleness names), compared with the log bit for bit."""
     folder = Path(folder)
     settings = Settings.read(folder)
+    word = "buffer" if settings.round == "async" else "round"
     run_id = (folder / "run-id").read_text().strip()
     raw = (folder / checkpoint.ROUNDS).read_bytes().splitlines() if (folder / checkpoint.ROUNDS).exists() else []
     problems: list[str] = []
@@ -104,54 +121,71 @@ def verify(folder: str | Path) -> tuple[list[str], int, bool]:
         try:
             record = json.loads(line)
         except ValueError:
-            return [f"round {k}: line {k} of {checkpoint.ROUNDS} is not JSON (changed)"], k - 1, False
-        if record.get("prev") != tip:
-            problems.append(f"round {k - 1 if k > 1 else k}: the record does not hash to what round {k} chains to "
+            return [f"{word} {k}: line {k} of {checkpoint.ROUNDS} is not JSON (changed)"], k - 1, False
+        if full and record.get("prev") != tip:
+            problems.append(f"{word} {k - 1 if k > 1 else k}: the record does not hash to what {word} {k} chains to "
                             f"({checkpoint.ROUNDS} line {k - 1 if k > 1 else k} changed)")
         tip = hashlib.sha256(line).hexdigest()
         records.append(record)
-    state = checkpoint.load(folder) if records else None
+    state = checkpoint.load(folder) if records and full else None
     if state is not None and line_hash(state["record"]) != tip:
-        problems.append(f"round {len(records)}: its record differs from the checkpoint's ({checkpoint.ROUNDS} "
+        problems.append(f"{word} {len(records)}: its record differs from the checkpoint's ({checkpoint.ROUNDS} "
                         f"line {len(records)} changed)")
     data = load(settings.dataset, root=settings.data_root or None, seed=0)
     spot = {r["round"]: r.get("spot", []) for r in records}
     engine = Engine(settings, build_model(settings.model, data.shape, data.classes, settings.seed), data.x_test,
                     data.y_test, verifier=recorded(spot) if settings.spot_check else None, root=Root.of(settings, data))
-    signers = known_keys(folder)
-    replay, base = True, engine.base
+    signers = known_keys(folder) if full else {}
+    replay, base, models = True, engine.base, [engine.base]  # models[v]: the logged model of version v
     for r in records:
         t, updates = r["round"], r.get("updates", {})
+        staleness = r.get("staleness")
         for fp, u in updates.items():
-            payload = signed_payload(run_id, t, base, u["sha256"], u["count"], u["part"], u["profile"])
+            if "base" in u:  # async: computed from an older model, which the schedule names
+                tau = (staleness or {}).get(fp)
+                v = None if tau is None else t - 1 - tau
+                if v is None or not 0 <= v < len(models) or models[v] != u["base"]:
+                    problems.append(f"{word} {t}: {fp[:12]}'s update is based on model {str(u['base'])[:12]}, "
+                                    f"not the model of the version its staleness {tau} names ({checkpoint.ROUNDS} "
+                                    f"line {t} changed)")
+            if not full:
+                continue
+            payload = signed_payload(run_id, u.get("task", t), u.get("base", base), u["sha256"], u["count"], u["part"],
+                                     u["profile"])
             if fp not in signers or not keys.verify(signers[fp], bytes.fromhex(u["signature"]), payload):
-                problems.append(f"round {t}: the signature of {fp[:12]}'s update does not verify")
-        for v in r.get("spot", []):
+                problems.append(f"{word} {t}: the signature of {fp[:12]}'s update does not verify")
+        for v in r.get("spot", []) if full else []:
             c = v.get("check") or {}
             author = updates.get(v["author"], {})
             payload = signed_payload(run_id, t, base, c.get("sha256"), 0, author.get("part", ""), c.get("profile"),
                                      v["author"])
             if c and (v["verifier"] not in signers
                       or not keys.verify(signers[v["verifier"]], bytes.fromhex(c["signature"]), payload)):
-                problems.append(f"round {t}: the signature of {v['verifier'][:12]}'s check does not verify")
+                problems.append(f"{word} {t}: the signature of {v['verifier'][:12]}'s check does not verify")
         base = r.get("model_sha256")  # what the next round's updates were computed from
+        models.append(base)
         rows = {fp: _row(folder, u["sha256"]) for fp, u in updates.items()}
         bad = {fp: why for fp, why in rows.items() if isinstance(why, str)}
         if bad:
             if settings.keep_updates == "all" or any("missing" not in why for why in bad.values()):
-                problems.extend(f"round {t}: {why}" for why in bad.values())
+                problems.extend(f"{word} {t}: {why}" for why in bad.values())
             replay = False
         if not replay:
             continue
         ids = sorted(rows)
+        if staleness is not None and not set(ids) <= set(staleness):
+            problems.append(f"{word} {t}: the record gives no staleness for "
+                            f"{', '.join(fp[:12] for fp in sorted(set(ids) - set(staleness)))} ({checkpoint.ROUNDS} "
+                            f"line {t} changed)")
+            staleness = {fp: int(staleness.get(fp, 0)) for fp in ids}
         X = torch.stack([rows[fp] for fp in ids]) if ids else torch.empty(0, engine.w.numel())
         convicted = set(r["convicted"])
         rejected = {fp: why for fp, why in r["rejected"].items() if fp not in convicted}
         asked = sorted(set(ids) | set(r["rejected"]) | set(r["failed"]) | set(r["missing"]))
-        again = checkpoint.finite(engine.step(asked, ids, X, rejected, r["failed"]))
-        changed = [key for key in COMPARED if again[key] != r.get(key)]
+        again = checkpoint.finite(engine.step(asked, ids, X, rejected, r["failed"], staleness=staleness))
+        changed = [key for key in COMPARED if again.get(key) != r.get(key)]
         if changed:
-            problems.append(f"round {t}: recomputed {', '.join(changed)} differ(s) from the log "
+            problems.append(f"{word} {t}: recomputed {', '.join(changed)} differ(s) from the log "
                             f"({checkpoint.ROUNDS} line {t} or its updates changed)")
     return problems, len(records), replay
 
@@ -167,4 +201,21 @@ def main(folder: str) -> int:
     print(f"{rounds} rounds verified: chain, signatures"
           + (", every aggregation recomputed bit for bit" if replayed else
              "; aggregation not recomputed (updates not kept: keep-updates)"))
+    return 0
+
+
+def replay_main(folder: str) -> int:
+    """``robust coordinator replay DIR``: :func:`verify`'s recomputation alone (no chain, no
+    signatures: ``robust audit verify`` checks those too); 0 when every model SHA-256 matches."""
+    problems, rounds, replayed = verify(folder, full=False)
+    word = "buffers" if Settings.read(folder).round == "async" else "rounds"
+    for problem in problems:
+        print(f"MISMATCH {problem}")
+    if not replayed and not problems:
+        problems = [f"the updates are not kept (keep-updates): nothing to replay"]
+        print(f"MISMATCH {problems[0]}")
+    if problems:
+        print(f"{len(problems)} problem(s) in {rounds} {word} of {folder}")
+        return 1
+    print(f"{rounds} {word} replayed: every model SHA-256 matches")
     return 0

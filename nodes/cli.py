@@ -35,6 +35,10 @@ def run(args: argparse.Namespace) -> int:
             from .status import main
 
             return main(folder, args.json)
+        if args.action == "replay":
+            from .audit import replay_main
+
+            return replay_main(str(folder))
         return commands.coordinator_start(folder, _overrides(args))
     if args.action == "keygen":
         commands.node_keygen(folder)

@@ -59,7 +59,8 @@ def _describe(record: dict, rounds: int) -> str:
     def names(ids) -> str:
         return " ".join(short(fp) for fp in ids)
 
-    parts = [f"round {record['round']}/{rounds}", f"accepted {record['accepted']}/{record['asked']}"]
+    what = "buffer" if "staleness" in record else "round"
+    parts = [f"{what} {record['round']}/{rounds}", f"accepted {record['accepted']}/{record['asked']}"]
     if record["rejected"]:
         parts.append("rejected " + ", ".join(f"{short(k)}: {v}" for k, v in record["rejected"].items()))
     if record["failed"]:
@@ -70,6 +71,8 @@ def _describe(record: dict, rounds: int) -> str:
         parts.append("flagged " + names(record["flagged"]))
     if record.get("rested"):
         parts.append("rested " + names(record["rested"]))
+    if record.get("staleness"):
+        parts.append("staleness " + " ".join(f"{short(k)}:{v}" for k, v in record["staleness"].items()))
     if record["skipped"]:
         parts.append(record["skipped"])
     parts.append(f"accuracy {record['accuracy']:.3f}")
@@ -109,8 +112,14 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
         if on_ready is not None:
             on_ready()
         run_id = launch.submit_run(folder)
-        print(f"run {run_id} submitted: {settings.rounds} rounds of {settings.aggregator} (f={settings.tolerate}), "
-              f"quorum {settings.quorum_needed}, deadline {settings.deadline:g} s", flush=True)
+        if settings.round == "async":  # `rounds` counts buffers
+            print(f"run {run_id} submitted: {settings.rounds} asynchronous buffers of "
+                  f"{settings.buffer or settings.quorum_needed} replies, {settings.aggregator} (f={settings.tolerate}), "
+                  f"staleness {settings.staleness}" + (f", max-staleness {settings.max_staleness}"
+                                                       if settings.max_staleness else ""), flush=True)
+        else:
+            print(f"run {run_id} submitted: {settings.rounds} rounds of {settings.aggregator} (f={settings.tolerate}), "
+                  f"quorum {settings.quorum_needed}, deadline {settings.deadline:g} s", flush=True)
         return _follow(folder, run_id, settings, superlink)
     except KeyboardInterrupt:
         if run_id:

@@ -15,6 +15,21 @@ is that node's rejection with the reason; the decoded row, which is what the nod
 goes through the same checks as an uncompressed one. Every round record counts the bytes that
 travelled: ``bytes_up`` (the replies' arrays), ``bytes_down`` (the tasks' model arrays), and
 ``bytes_per_node`` (short id -> ``[up, down]``); spot-check traffic is not counted.
+
+Asynchronous rounds (``round = async``, FedBuff; the loop is ``nodes.server_app.serve_async``):
+each node gets its own task (:meth:`send`), numbered by the run's task count (``DIR/tasks-sent``,
+so a resumed run never reuses a number a volunteer has seen), with the current model. A reply
+(:meth:`receive`) is checked as in a synchronous round except that it must answer a task this
+node has outstanding and its base may be an older model version: one of the last
+``max-staleness + 1`` versions (the last ``STALE_VERSIONS`` with no limit), kept as SHA-256 ->
+version (:attr:`versions`, in the checkpoint); an older or unknown base is a rejection with
+its reason. Valid replies fill a buffer, one per node (a node's next reply waits for the
+following buffer); every ``buffer`` of them :meth:`finish_round` runs the engine with each
+row's staleness (versions behind). A *round* is a buffer: ``rounds`` counts buffers. Its record
+keeps the schedule: ``ids`` (which replies), ``staleness`` (from which base version), ``held``
+(replies of nodes already in it, waiting for the next buffer), and, for each update, the task
+it answered and its base (``updates``: ``task``, ``base``), which ``robust coordinator replay``
+and ``robust audit verify`` check.
 """
 
 from __future__ import annotations
@@ -46,7 +61,9 @@ from .wire import Reply, Task, content_bytes, read_reply, reply_payload, task_co
 log = logging.getLogger("robust.coordinator")
 RUN_ID = "run-id"
 # Settings a resumed run must share with its checkpoint (rounds, deadline... may change).
-FIXED = ("seed", "dataset", "model", "aggregator", "tolerate", "protocol", "batch_size", "lr", "momentum", "threads")
+STALE_VERSIONS = 64  # model versions kept for stale replies when max-staleness = 0 (no limit)
+TASKS_SENT = "tasks-sent"  # async: the run's task count, written before each task leaves
+FIXED = ("round", "seed", "dataset", "model", "aggregator", "tolerate", "protocol", "batch_size", "lr", "momentum", "threads")
 
 
 def short(fp: str) -> str:
@@ -65,6 +82,13 @@ class Inbox:
     replies: dict[str, Reply] = field(default_factory=dict)  # what each accepted reply signed
     hashes: dict[str, str] = field(default_factory=dict)  # each accepted update's SHA-256
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of each node's reply arrays
+    versions: dict[str, int] = field(default_factory=dict)  # async: the model version each accepted row is based on
+    started: float = field(default_factory=time.monotonic)  # async: when the buffer began to fill
+
+    def merge(self, other: Inbox) -> None:
+        """File ``other``'s entries (one node's reply) here."""
+        for name in ("rows", "rejected", "failed", "seconds", "replies", "hashes", "sizes", "versions"):
+            getattr(self, name).update(getattr(other, name))
 
     def __contains__(self, fp: str) -> bool:
         return fp in self.rows or fp in self.rejected or fp in self.failed
@@ -86,7 +110,15 @@ class Coordinator:
         self.attendance = Attendance(s.rest_after)
         self.rejected: dict[str, str] = {}  # node -> its latest rejection's reason
         self._tip = audit.genesis(self.run_id)
+        # asynchronous rounds (see the module's docstring)
+        self.versions: dict[str, int] = {}  # SHA-256 of a recent model -> its version (rounds done when it was current)
+        self.outstanding: dict[str, dict[int, tuple[int, str]]] = {}  # node -> task number -> (version, base)
+        self.buffer, self.waiting = Inbox(), []  # the buffer being filled; replies of nodes already in it
+        self._held: list[str] = []
         self._resume()
+        self._know(self.engine.base, self.round)
+        path = self.folder / TASKS_SENT
+        self.sent = int(path.read_text().strip() or 0) if path.exists() else 0
 
     def _admitted(self) -> dict:
         """The admitted keys; a bad file in the list is skipped with one warning naming it."""
@@ -110,7 +142,7 @@ class Coordinator:
             return
         path = self.folder / checkpoint.CHECKPOINT
         saved = state["settings"]
-        changed = [k for k in FIXED if saved.get(k) != getattr(self.settings, k)]
+        changed = [k for k in FIXED if saved.get(k, "sync" if k == "round" else None) != getattr(self.settings, k)]
         if changed:
             raise ValueError(
                 f"{self.folder} holds a checkpoint made with different {', '.join(changed)} "
@@ -129,6 +161,7 @@ class Coordinator:
             self.attendance.load_state(state["attendance"])
             self.rejected = dict(state["rejected"])
             self._tip = audit.line_hash(state["record"])
+            self.versions = {str(k): int(v) for k, v in state.get("versions", {}).items()}
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{path} does not fit this run ({type(err).__name__}: {str(err)[:120]}): restore it "
                              "from a backup, or start over in a new folder") from None
@@ -137,7 +170,8 @@ class Coordinator:
     def save(self, record: dict) -> None:
         checkpoint.save(self.folder, {"settings": {k: getattr(self.settings, k) for k in FIXED},
                                       "engine": self.engine.state(), "attendance": self.attendance.state(),
-                                      "rejected": self.rejected, "record": record})
+                                      "rejected": self.rejected, "record": record,
+                                      **({"versions": self.versions} if self.asynchronous else {})})
 
     def select(self, online: list[str]) -> list[str]:
         """The nodes asked this round (``Engine.select`` of the admitted online ones that are not
@@ -151,6 +185,84 @@ class Coordinator:
 
     def task(self) -> tuple[Task, np.ndarray]:
         return Task.of(self.settings, self.run_id, self.round + 1, self.engine.base), self.engine.w.numpy()
+
+    # -- asynchronous rounds ---------------------------------------------------------------
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.settings.round == "async"
+
+    @property
+    def buffer_size(self) -> int:
+        """Valid replies per aggregation: ``buffer``, or if 0 the fewest the aggregator serves."""
+        return self.settings.buffer or self.settings.quorum_needed
+
+    @property
+    def kept_versions(self) -> int:
+        """How many recent model versions a reply may be based on (async)."""
+        return self.settings.max_staleness + 1 if self.settings.max_staleness else STALE_VERSIONS
+
+    def _know(self, base: str, version: int) -> None:
+        """Remember model ``base`` as ``version`` (a round with no step keeps its model: the
+        newest version names it); forget versions too old to be used."""
+        self.versions[base] = version
+        self.versions = {sha: v for sha, v in self.versions.items() if v > version - self.kept_versions}
+
+    def free(self, online: list[str]) -> list[str]:
+        """The online admitted nodes that may get a task now (async): not quarantined, not
+        convicted, and without a task outstanding; in canonical order."""
+        self.keys = self._admitted()
+        flags = self.engine.flags
+        return sorted(fp for fp in set(online) if fp in self.keys and fp not in flags.quarantined
+                      and fp not in flags.convicted and not self.outstanding.get(fp))
+
+    def send(self, nodes: list[str]) -> tuple[dict[str, Task], np.ndarray]:
+        """A task for each of ``nodes`` with the current model (async), each its own number;
+        the task count is on disk before any task leaves."""
+        tasks = {}
+        for fp in nodes:
+            self.sent += 1
+            tasks[fp] = Task.of(self.settings, self.run_id, self.sent, self.engine.base)
+            self.outstanding.setdefault(fp, {})[self.sent] = (self.round, self.engine.base)
+        if tasks:
+            checkpoint.write_atomic(self.folder / TASKS_SENT, lambda out: out.write(f"{self.sent}\n".encode()))
+        return tasks, self.engine.w.numpy()
+
+    def forget(self, fp: str, number: int) -> None:
+        """Task ``number`` of ``fp`` will not be answered (it expired): the node is free again."""
+        self.outstanding.get(fp, {}).pop(number, None)
+
+    def receive(self, fp: str, number: int, content: RecordDict | None, error: str = "") -> list[dict]:
+        """Node ``fp``'s answer to its task ``number`` (async): its reply ``content`` as it came
+        off the wire, or the transport's ``error``; filed in the buffer (or, if the node is
+        already in it, held for the next). Returns the records of the buffers this completed
+        (the engine ran on them). Never raises on what a node sent."""
+        if fp in self.engine.flags.quarantined or fp in self.engine.flags.convicted:
+            self.forget(fp, number)
+            return []  # as in the bench: a quarantined node's reply is not read
+        single = Inbox()
+        if content is None:
+            single.failed[fp] = f"node error: {error[:200]}"
+        else:
+            self.take(fp, content, single)
+        self.forget(fp, number)
+        (self.waiting.append(single) if fp in self.buffer else self.buffer.merge(single))
+        return self.aggregate_ready()
+
+    def aggregate_ready(self) -> list[dict]:
+        """Run the engine on every full buffer (async); the held replies fill the next one,
+        oldest first, one per node."""
+        records = []
+        while len(self.buffer.rows) >= self.buffer_size and not self.done:
+            full, self.buffer, held = self.buffer, Inbox(), self.waiting
+            self.waiting, self._held = [], sorted(fp for single in held for fp in single.rows)
+            for single in held:
+                fp = next(iter(single.rows.keys() | single.rejected.keys() | single.failed.keys()))
+                (self.waiting.append(single) if fp in self.buffer or len(self.buffer.rows) >= self.buffer_size
+                 else self.buffer.merge(single))
+            asked = sorted(full.rows.keys() | full.rejected.keys() | full.failed.keys())
+            records.append(self.finish_round(asked, full, full.started))
+        return records
 
     def take(self, fp: str, content: RecordDict, inbox: Inbox) -> None:
         """File node ``fp``'s reply, as it came off the wire, in ``inbox``. Never raises: a
@@ -181,15 +293,26 @@ class Coordinator:
         else:
             inbox.rows[fp], inbox.hashes[fp] = result
             inbox.replies[fp] = reply
+            if self.asynchronous:
+                inbox.versions[fp] = self.outstanding[fp][reply.round][0]
 
     def check(self, fp: str, reply: Reply, row: np.ndarray | None) -> tuple[torch.Tensor, str] | str:
         """The update of a reply that did not decline, as ``(row, its SHA-256)``, or why it is
         rejected."""
         if reply.run != self.run_id:
             return f"signed for run {reply.run!r}, this is run {self.run_id!r}"
-        if reply.round != self.round + 1:
+        if self.asynchronous:
+            task = self.outstanding.get(fp, {}).get(reply.round)
+            if task is None:
+                return f"signed for task {reply.round}, which this node does not have outstanding (a replay?)"
+            if reply.base not in self.versions:
+                return (f"trained on base model {reply.base[:12]}, not one of the last {self.kept_versions} model "
+                        f"versions (staler than max-staleness={self.settings.max_staleness}, or never sent)")
+            if reply.base != task[1]:
+                return f"trained on base model {reply.base[:12]}, its task {reply.round} sent {task[1][:12]}"
+        elif reply.round != self.round + 1:
             return f"signed for round {reply.round}, this is round {self.round + 1} (a replay?)"
-        if reply.base != self.engine.base:
+        elif reply.base != self.engine.base:
             return f"trained on base model {reply.base[:12]}, not the current {self.engine.base[:12]} (stale)"
         tensor = torch.from_numpy(np.array(row, dtype=np.float32)) if row is not None else None
         reason = rejection_reason(tensor, self.engine.w.numel(), self.settings.max_norm)
@@ -215,7 +338,12 @@ class Coordinator:
         if self._task_bytes is None:  # the model array's bytes: the same every round
             self._task_bytes = content_bytes(task_content(*self.task()))
         self.checks.begin(inbox.replies, checkers)
-        record = self.engine.step(asked, ids, X, inbox.rejected, inbox.failed)
+        staleness = {fp: self.round - inbox.versions[fp] for fp in ids} if self.asynchronous else None
+        record = self.engine.step(asked, ids, X, inbox.rejected, inbox.failed, staleness=staleness)
+        if self.asynchronous:
+            self._know(self.engine.base, self.round)
+            record["buffer"] = self.buffer_size
+            record["held"] = self._held  # valid replies of this buffer's nodes, left for the next buffer
         record["prev"] = self._tip  # the SHA-256 of the last record's log line
         record["updates"] = audit.store(self.folder, self.settings.keep_updates, record, inbox)
         traffic = {short(fp): [inbox.sizes.get(fp, 0), self._task_bytes] for fp in sorted(asked)}

@@ -24,6 +24,17 @@ So in a resumed run (only a stopped run leaves such replies behind), at half the
 every node that has not replied is sent a no-op ``query`` message: pulling it makes the
 SuperNode push the reply it holds. A node that is merely slow runs one more no-op after its
 real work; a fresh run never nudges.
+
+Asynchronous rounds (``round = async``, FedBuff: :func:`serve_async`). No round waits for
+anyone: every online, admitted, non-quarantined node without a task gets one with the current
+model (at start, when it comes online, and right after its reply is read); replies are read
+as they arrive and filed by :meth:`Coordinator.receive`, which runs the engine on every
+``buffer`` valid replies (one per node: a node's next reply waits for the following buffer),
+with each reply's staleness. ``rounds`` counts buffers. A task not answered within
+``deadline`` (+30 s, its TTL) is given up and the node, if online, gets a fresh one; a node
+that never replies holds up nobody. A resumed run starts an empty buffer and sends every node
+a new task (replies to the stopped run's tasks are not read); in-flight tasks older than half
+the deadline are nudged once, as in synchronous rounds.
 """
 
 from __future__ import annotations
@@ -183,16 +194,83 @@ def nudge(grid: Grid, silent: dict[int, str], deadline: float) -> None:
     log.info("no reply yet from %s: nudged", ", ".join(short(fp) for fp in sorted(silent.values())))
 
 
+LOOK_EVERY = 2.0  # seconds between looks at who is online (async): each is a call to the SuperLink
+
+
+def serve_async(roster: Roster, coord: Coordinator) -> None:
+    """Play ``coord``'s buffers (``round = async``) until its run is done (see the module's
+    docstring)."""
+    grid, s = roster.grid, coord.settings
+    inflight: dict[str, tuple[str, int, int, float]] = {}  # message id -> (node, task number, Flower id, sent at)
+    nudged: set[str] = set()
+    nudging = coord.round > 0  # resumed: nodes may hold the stopped run's replies
+    nodes: dict[int, str] = {}
+    last_look, alone_since = -LOOK_EVERY, time.monotonic()
+    possible = len(coord.free(list(coord.keys)))
+    if possible < coord.buffer_size:
+        log.warning("only %d admitted node(s) are not quarantined, a buffer takes %d: no buffer can fill; "
+                    "admit nodes (robust coordinator admit) or lower buffer", possible, coord.buffer_size)
+    while not coord.done:
+        now = time.monotonic()
+        if now - last_look >= LOOK_EVERY:
+            nodes, last_look = roster.online(), now
+        node_of = {fp: nid for nid, fp in nodes.items()}
+        free = coord.free(list(node_of))
+        if free:
+            tasks, w = coord.send(free)
+            messages = [Message(task_content(task, w), dst_node_id=node_of[fp], message_type="train",
+                                ttl=s.deadline + 30) for fp, task in tasks.items()]
+            for (fp, task), mid in zip(tasks.items(), grid.push_messages(messages)):
+                if mid:
+                    inflight[mid] = (fp, task.round, node_of[fp], time.monotonic())
+                else:
+                    coord.forget(fp, task.round)
+        if inflight:
+            alone_since = time.monotonic()
+        elif time.monotonic() - alone_since > s.wait_nodes:
+            raise RuntimeError(
+                f"buffer {coord.round + 1}: no admitted volunteer is online after waiting {s.wait_nodes:g} s "
+                "(wait-nodes): start volunteers with `robust node join` (its output says why one cannot connect), "
+                "or admit more if all are quarantined; the run resumes from this buffer")
+        for reply in grid.pull_messages(list(inflight)) if inflight else []:
+            sent = inflight.pop(reply.metadata.reply_to_message_id, None)
+            if sent is None or reply.metadata.src_node_id != sent[2]:
+                continue
+            fp, number = sent[0], sent[1]
+            error = str(reply.error.reason) if reply.has_error() else ""
+            for record in coord.receive(fp, number, None if error else reply.content, error):
+                log_record(record)
+            if coord.done:
+                break
+        now = time.monotonic()
+        for mid, (fp, number, nid, at) in list(inflight.items()):
+            if now - at > s.deadline + 30:
+                log.warning("task %d: no reply from %s within %g s: given up", number, short(fp), s.deadline + 30)
+                del inflight[mid]
+                coord.forget(fp, number)
+            elif nudging and mid not in nudged and now - at > s.deadline / 2:
+                nudged.add(mid)
+                nudge(grid, {nid: fp}, at + s.deadline)
+        time.sleep(roster.poll)
+
+
+def log_record(record: dict) -> None:
+    log.info("round %d: accepted %d/%d, accuracy %.3f, flagged %s, rejected %s", record["round"],
+             record["accepted"], record["asked"], record["accuracy"], [short(fp) for fp in record["flagged"]],
+             {short(fp): r for fp, r in record["rejected"].items()})
+
+
 def serve(grid: Grid, coord: Coordinator, poll: float = POLL, introductions: bool = False) -> None:
-    """Play ``coord``'s rounds until its run is done."""
+    """Play ``coord``'s rounds (or, with ``round = async``, its buffers) until its run is done."""
     roster = Roster(grid, coord, introductions, poll)
+    if coord.asynchronous:
+        serve_async(roster, coord)
+        return
     first, nudging = True, coord.round > 0  # resumed: nodes may hold the stopped run's replies
     while not coord.done:
         record = play_round(roster, coord, first, nudging)
         first = False
-        log.info("round %d: accepted %d/%d, accuracy %.3f, flagged %s, rejected %s", record["round"],
-                 record["accepted"], record["asked"], record["accuracy"], [short(fp) for fp in record["flagged"]],
-                 {short(fp): r for fp, r in record["rejected"].items()})
+        log_record(record)
 
 
 @app.main()

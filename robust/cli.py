@@ -55,7 +55,7 @@ _NODE_BEHAVIOURS = ("label-flip, backdoor:..., neurotoxin:k=5,stop_after=R, cons
 
 
 def _federation_parsers(sub: argparse._SubParsersAction) -> None:
-    coord = sub.add_parser("coordinator", help="run a coordinator: init, admit, start, status")
+    coord = sub.add_parser("coordinator", help="run a coordinator: init, admit, start, status, replay")
     csub = coord.add_subparsers(dest="action", metavar="ACTION", required=True)
     init = csub.add_parser("init", help="make DIR: CA and server certificate, settings, empty admission list")
     init.add_argument("dir", metavar="DIR")
@@ -72,6 +72,10 @@ def _federation_parsers(sub: argparse._SubParsersAction) -> None:
                              "(while it runs, or after)")
     status.add_argument("dir", metavar="DIR")
     status.add_argument("--json", action="store_true", help="print one JSON object instead")
+    replay = csub.add_parser("replay", help="recompute every round (async: every buffer, with its recorded staleness) "
+                             "from DIR's round log and stored updates; exit 1 unless every model SHA-256 matches "
+                             "(`robust audit verify` also checks the chain and signatures)")
+    replay.add_argument("dir", metavar="DIR")
     node = sub.add_parser("node", help="be a volunteer: keygen, join")
     nsub = node.add_subparsers(dest="action", metavar="ACTION", required=True)
     keygen = nsub.add_parser("keygen", help="make a volunteer identity (DIR/node.key, DIR/node.pub)")

@@ -22,7 +22,6 @@ from nodes.wire import Task
 from robust import keys
 from robust.models import build_model
 from robust.params import flat_params, sha256, unflatten
-from tests.test_drivers import bench, shas
 
 CPU = torch.device("cpu")
 SPEC = "delta:steps=4"
@@ -214,19 +213,3 @@ def test_a_digits_cell_reports_the_backdoor_at_the_stop_round_and_at_the_end(tmp
     assert line == (f"| neurotoxin:stop_after=2 | mean | {100 * record['final_accuracy']:.1f} | "
                     f"{100 * record['backdoor_asr_at_stop']:.1f} | 2 | 2 | {100 * record['backdoor_asr']:.1f} |")
     assert f"| backdoor | mean | {100 * never['final_accuracy']:.1f} | — | — | — | {100 * never['backdoor_asr']:.1f} |" in section
-
-
-def test_volunteers_in_a_flower_federation_give_the_per_node_bits(tmp_path):
-    """Each simulated volunteer keeps its memory in its own folder (neurotoxin's last model, a
-    mask in round 2, honest in round 3): the bits of the per-node bench driver, which keeps it
-    in memory."""
-    scenario = ["rounds=3", "nodes=4", "byzantine=1", "dataset=digits", "model=mlp", "seeds=[0]",
-                'aggregators=["mean"]', 'attacks=["neurotoxin:k=5,stop_after=2", "constrain-scale:alpha=0.5,norm=2"]']
-    per_node = bench(tmp_path / "per-node", scenario, "--no-vectorize", home=tmp_path / "home")
-    assert per_node.returncode == 0, per_node.stderr[-3000:]
-    flower = bench(tmp_path / "flower", scenario, "--engine", "flower", home=tmp_path / "home")
-    assert flower.returncode == 0, flower.stderr[-3000:]
-    want, _ = shas(tmp_path / "per-node")
-    got, rows = shas(tmp_path / "flower")
-    assert got == want and len(set(want.values())) == 2
-    assert all(r["backdoor_asr_at_stop"] is None for r in rows)  # the flower driver keeps only the final model

@@ -1,7 +1,7 @@
 """Compressed updates on the wire (issue 11): volunteers encode with the run's codec, the
 coordinator checks each encoded array before it decodes, and everything after (signatures,
 validation, the engine, spot checks, the audit) works on the decoded rows. In-process
-(``federation_kit``), plus one loopback deployment that must give the in-process bits."""
+(``federation_kit``), the loopback deployment with int8 is tests/test_federation_deploy.py's resume test."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from flwr.app import RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 
-from nodes import audit, checkpoint, launch
+from nodes import audit, checkpoint
 from nodes.client_app import content as wire_content
 from nodes.coordinator import Coordinator, Inbox
 from nodes.settings import Settings
@@ -299,33 +299,3 @@ def test_the_audit_verifies_a_topk_run(tmp_path):
     update = next((coord_dir / audit.UPDATES).glob("*.npy"))
     stored = np.load(update)
     assert stored.dtype == np.float32 and np.count_nonzero(stored) <= 49  # the decoded rows are what is kept
-
-
-def test_a_loopback_federation_with_int8_gives_the_in_process_bits(tmp_path):
-    """SuperLink and three SuperNodes as processes: the int8 encodings cross real Flower
-    messages and the model is bit for bit the in-process federation's."""
-    from .test_federation_deploy import join, robust, rounds_done, wait_until
-
-    port = launch.free_port()
-    settings = Settings(**(BASE | dict(compression="int8", quorum=3, deadline=45.0, port=port)))
-    coord, nodes = make_federation(tmp_path / "deployed", 3, settings)
-    procs = [robust("coordinator", "start", str(coord), log=tmp_path / "coordinator.log")]
-    logs = [tmp_path / "coordinator.log", coord / "logs" / "superlink.log", *(n / "join.log" for n in nodes)]
-    try:
-        wait_until(lambda: "submitted" in (tmp_path / "coordinator.log").read_text(), 120, "the run", logs)
-        procs.extend(join(node, coord, port) for node in nodes)
-        wait_until(lambda: (coord / checkpoint.RESULT).exists(), 240, "the run to finish", logs)
-        assert procs[0].wait(30) == 0
-    finally:
-        for proc in procs:
-            launch.stop(proc, grace=5)
-    ref_dir, ref_nodes = make_federation(tmp_path / "reference", 3, settings)
-    ref = Coordinator(ref_dir)
-    while not ref.done:
-        play(ref, ref_nodes)
-    deployed = json.loads((coord / checkpoint.RESULT).read_text())
-    assert deployed["model_sha256"] == json.loads((ref_dir / checkpoint.RESULT).read_text())["model_sha256"]
-    records = rounds_done(coord)
-    assert [r["accepted"] for r in records] == [3, 3]
-    assert all(3.5 < r["bytes_down"] / r["bytes_up"] < 4 for r in records)
-    assert audit.verify(coord) == ([], 2, True)

@@ -1,6 +1,8 @@
 """One engine, three drivers: a bench cell computed node by node in-process, through Flower's
 simulation engine (the coordinator's own ServerApp and ClientApp) and through real
-SuperLink/SuperNode processes on loopback ends with the same model bits."""
+SuperLink/SuperNode processes on loopback ends with the same model bits. Neurotoxin's nodes
+keep the model they were last sent in their folders (its mask in round 2): the per-node
+driver's memory, bit for bit."""
 
 import json
 import os
@@ -12,7 +14,7 @@ from pathlib import Path
 # every one of its cells, leaving 2 nodes where the quorum is 3 (the round skips at once)
 BASE = ["rounds=2", "nodes=3", "byzantine=1", "dataset=digits", "model=mlp", "protocol=momentum", "quarantine-after=1"]
 GRID = BASE + ["seeds=[0, 1]", 'aggregators=["trimmed-mean", "bucketing:s=2+centered-clipping:tau=10,iters=3"]',
-               'attacks=["none", "alie:z=1", "label-flip", "inf"]']
+               'attacks=["none", "alie:z=1", "label-flip", "inf", "neurotoxin:k=5"]']
 NODE_SIDE = BASE + ["seeds=[0]", 'aggregators=["trimmed-mean"]', 'attacks=["none", "label-flip"]']
 
 
@@ -36,7 +38,7 @@ def test_per_node_flower_and_deploy_give_the_same_bits(tmp_path):
     assert per_node.returncode == 0, per_node.stderr[-3000:]
     want, reference = shas(tmp_path / "per-node")
     trained = [v for k, v in want.items() if k[1] != "inf"]
-    assert len(trained) == 12 and len(set(trained)) == 12  # every cell trained a different model
+    assert len(trained) == 16 and len(set(trained)) == 16  # every cell trained a different model
     for r in reference:
         if r["attack"] == "inf":  # rejected and quarantined in round 1; trimmed mean needs 3 rows: no step
             assert list(r["rounds_to_quarantine"].values()) == [0]
@@ -48,7 +50,7 @@ def test_per_node_flower_and_deploy_give_the_same_bits(tmp_path):
     assert got == want
     assert all(r["engine"] == "flower" and len(r["accuracy"]) == 2 and len(r["kappa"]) == 2 for r in rows)
     again = bench(tmp_path / "flower", GRID, "--engine", "flower", home=home)
-    assert again.returncode == 0 and "16 cells (16 already in" in again.stderr  # nothing runs twice
+    assert again.returncode == 0 and "20 cells (20 already in" in again.stderr  # nothing runs twice
 
     # the real thing, started as a pipx or systemd user would: by absolute path, no venv on
     # PATH, and with another thread count than the reference

@@ -93,6 +93,7 @@ def test_killed_coordinator_resumes_and_slow_nodes_give_the_same_bits(tmp_path, 
     port = launch.free_port()
     settings = Settings(rounds=4, aggregator="trimmed-mean", tolerate=1, quorum=3, deadline=90.0, port=port,
                         protocol="momentum",  # volunteers keep their momentum in their folders across the kill
+                        compression="int8",  # encodings cross real Flower messages
                         bind="0.0.0.0")  # as for volunteers on other machines
     coord, nodes = make_federation(tmp_path / "deployed", 3, settings)
     start = lambda: robust("coordinator", "start", str(coord), log=tmp_path / "coordinator.log")  # noqa: E731
@@ -113,3 +114,4 @@ def test_killed_coordinator_resumes_and_slow_nodes_give_the_same_bits(tmp_path, 
     deployed = json.loads((coord / checkpoint.RESULT).read_text())
     assert deployed["model_sha256"] == json.loads((ref_dir / checkpoint.RESULT).read_text())["model_sha256"]
     assert [r["round"] for r in rounds_done(coord)][-1] == 4
+    assert all(3.5 < r["bytes_down"] / r["bytes_up"] < 4 for r in rounds_done(coord) if r["bytes_up"])

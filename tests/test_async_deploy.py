@@ -1,0 +1,225 @@
+"""Asynchronous rounds in the deployment (``round = async``, FedBuff) and ``robust coordinator
+replay``. In-process: the coordinator's own methods (``send``/``receive``) and the ServerApp's
+loop (``serve``) on a fake grid whose volunteers run the real ``nodes.volunteer.work``; one
+loopback federation with a slow volunteer for real."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from cryptography.hazmat.primitives import serialization
+
+from nodes import audit, checkpoint, faults, launch
+from nodes.coordinator import Coordinator
+from nodes.server_app import serve
+from nodes.settings import Settings
+from nodes.volunteer import NodeData, work
+from nodes.wire import read_task
+from robust import keys
+
+from .federation_kit import fingerprint, make_federation
+
+SETTINGS = Settings(rounds=4, round="async", buffer=3, aggregator="trimmed-mean", tolerate=1,
+                    protocol="delta:steps=2", batch_size=16, compression="int8")
+pytestmark = pytest.mark.filterwarnings("ignore:Field flwr.proto.Array.shape:DeprecationWarning")
+
+
+def answer(node: Path, task, w: np.ndarray, attack: str = ""):
+    """``node``'s reply to ``task`` as it goes on the wire."""
+    part = next(node.glob("data-*.pt"))
+    index, total = part.stem.rsplit("-", 1)[1].split("of")
+    reply, row = work(task, w, NodeData.load(part), keys.load_private(node), torch.device("cpu"), attack, node,
+                      f"{index}/{total}")
+    return faults.content(attack, reply, row)
+
+
+class FakeGrid:
+    """Flower's ``Grid`` as the ServerApp uses it: node ``i`` answers its task ``pulls[i]`` pulls
+    after it was sent (a node not in ``pulls`` never does)."""
+
+    def __init__(self, nodes: list[Path], pulls: dict[int, int]) -> None:
+        self.nodes, self.pulls, self.ids, self.count = nodes, pulls, itertools.count(1), 0
+        self.pending: dict[str, tuple[int, object]] = {}
+
+    def get_nodes(self):
+        for nid, node in enumerate(self.nodes, start=1):
+            pem = keys.load_private(node).public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+            yield SimpleNamespace(node_id=nid, status="online", public_key=pem)
+
+    def push_messages(self, messages) -> list[str]:
+        out = []
+        for m in messages:
+            mid, nid = str(next(self.ids)), m.metadata.dst_node_id
+            if m.metadata.message_type == "train" and nid in self.pulls:
+                task, w, _ = read_task(m.content)
+                content = answer(self.nodes[nid - 1], task, w)
+                self.pending[mid] = (self.count + self.pulls[nid], SimpleNamespace(
+                    metadata=SimpleNamespace(reply_to_message_id=mid, src_node_id=nid), content=content,
+                    has_error=lambda: False))
+            out.append(mid)
+        return out
+
+    def pull_messages(self, ids):
+        self.count += 1
+        ready = [mid for mid in ids if mid in self.pending and self.pending[mid][0] <= self.count]
+        return [self.pending.pop(mid)[1] for mid in ready]
+
+
+def records(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / checkpoint.ROUNDS).read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """An async run served on a fake grid: 5 volunteers, node1 twice as fast as nodes 2-4, node5 never answers."""
+    from flwr.supercore.task_identity import TaskIdentity  # a ServerApp's messages name their run
+
+    root = tmp_path_factory.mktemp("served")
+    coord_dir, nodes = make_federation(root, 5, SETTINGS)
+    saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    try:
+        serve(FakeGrid(nodes, {1: 1, 2: 2, 3: 2, 4: 2}), Coordinator(coord_dir), poll=0.0)
+    finally:
+        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+    return coord_dir, nodes
+
+
+def test_the_loop_fills_buffers_of_distinct_nodes_without_waiting_for_a_silent_one(served):
+    coord_dir, nodes = served
+    log = records(coord_dir)
+    slow, fast = fingerprint(nodes[4]), {fingerprint(n) for n in nodes[:4]}
+    assert [r["round"] for r in log] == [1, 2, 3, 4]
+    for r in log:
+        assert len(r["ids"]) == len(set(r["ids"])) == 3 and set(r["ids"]) <= fast and not r["skipped"]
+        assert sorted(r["staleness"]) == r["ids"] and r["buffer"] == 3
+        assert set(r["updates"]) == set(r["ids"]) and all(u["base"] and u["task"] for u in r["updates"].values())
+    assert all(slow not in r["ids"] for r in log)
+    # four fast nodes answer together: a reply of a node already in the buffer waits for the next one
+    k = next(k for k, r in enumerate(log[:-1]) if r["held"])
+    assert log[k]["held"][0] in log[k + 1]["ids"] and log[k]["held"][0] in log[k]["ids"]
+    assert max(max(r["staleness"].values()) for r in log) >= 1
+    tasks = [u["task"] for r in log for u in r["updates"].values()]
+    assert len(tasks) == len(set(tasks))  # every task has its own number (it keys the node's batches)
+    assert json.loads((coord_dir / checkpoint.RESULT).read_text())["rounds"] == 4
+
+
+def test_replay_and_audit_verify_an_async_run_bit_for_bit(served, capsys):
+    coord_dir, _ = served
+    assert audit.replay_main(str(coord_dir)) == 0
+    assert capsys.readouterr().out.strip() == "4 buffers replayed: every model SHA-256 matches"
+    assert audit.main(str(coord_dir)) == 0  # signatures over each update's own task and base
+    assert "4 rounds verified" in capsys.readouterr().out
+
+
+def test_replay_detects_a_tampered_update_and_a_tampered_schedule(served, tmp_path, capsys):
+    from robust.cli import main
+
+    coord_dir, _ = served
+    changed = shutil.copytree(coord_dir, tmp_path / "update")
+    sha = records(changed)[1]["updates"][records(changed)[1]["ids"][0]]["sha256"]
+    row = np.load(changed / audit.UPDATES / f"{sha}.npy")
+    np.save(changed / audit.UPDATES / f"{sha}.npy", row * 1.01)
+    assert main(["coordinator", "replay", str(changed)]) == 1
+    out = capsys.readouterr().out
+    assert f"MISMATCH buffer 2: updates/{sha}.npy does not match its SHA-256 (changed)" in out
+    assert re.search(r"problem\(s\) in 4 buffers", out)
+
+    changed = shutil.copytree(coord_dir, tmp_path / "schedule")
+    lines = (changed / checkpoint.ROUNDS).read_text().splitlines()
+    record = json.loads(lines[1])
+    held = next(fp for fp, tau in record["staleness"].items() if tau == 1)
+    record["staleness"][held] = 0  # claim the held reply was fresh: it would weigh more
+    lines[1] = checkpoint.line(record)
+    (changed / checkpoint.ROUNDS).write_text("\n".join(lines) + "\n")
+    assert main(["coordinator", "replay", str(changed)]) == 1
+    out = capsys.readouterr().out
+    assert f"MISMATCH buffer 2: {held[:12]}'s update is based on model" in out
+    assert "MISMATCH buffer 2: recomputed" in out and "model_sha256" in out
+
+
+def test_stale_and_unknown_bases_are_rejected_with_their_reason(tmp_path):
+    settings = dataclasses.replace(SETTINGS, max_staleness=1, rounds=10, compression="none")
+    coord_dir, nodes = make_federation(tmp_path, 4, settings)
+    coord = Coordinator(coord_dir)
+    a, b, c, d = (fingerprint(n) for n in nodes)
+    node = dict(zip((a, b, c, d), nodes))
+
+    def reply(fp, attack=""):
+        tasks, w = coord.send([fp])
+        return tasks[fp].round, answer(node[fp], tasks[fp], w, attack)
+
+    (number_d, content_d), _ = reply(d), None  # sent at version 0, answered late
+    for _ in range(3):  # a fast node: three replies before the others' first
+        assert coord.receive(a, *reply(a)) == []
+    assert [len(s.rows) for s in coord.waiting] == [1, 1]
+    first = coord.receive(b, *reply(b)) + coord.receive(c, *reply(c))
+    assert [r["round"] for r in first] == [1] and first[0]["staleness"] == {a: 0, b: 0, c: 0} and first[0]["held"] == [a, a]
+    second = coord.receive(b, *reply(b)) + coord.receive(c, *reply(c))  # with a's second reply (version 0)
+    assert second[0]["staleness"] == {a: 1, b: 0, c: 0}
+    third = coord.receive(b, *reply(b)) + coord.receive(c, *reply(c))  # with a's third (version 0): 2 behind
+    assert third[0]["rejected"] == {a: "stale: 2 versions behind, max-staleness is 1"}
+    assert third[0]["ids"] == sorted([b, c]) and "quorum is 3" in third[0]["skipped"]
+    coord.receive(d, number_d, content_d)  # version 0 is no longer kept: rejected when read
+    assert coord.buffer.rejected[d].startswith("trained on base model") and "not one of the last 2 model versions" \
+        in coord.buffer.rejected[d]
+    number, content = reply(a, "stale-base")  # signs for a base model it was never sent
+    coord.receive(a, number, content)
+    assert "not one of the last 2 model versions (staler than max-staleness=1, or never sent)" in coord.buffer.rejected[a]
+    number, content = reply(b)
+    coord.receive(b, number, content)
+    coord.receive(b, number, content)  # the same reply again: not a task b has outstanding
+    assert "does not have outstanding (a replay?)" in coord.waiting[-1].rejected[b]
+    # a restarted coordinator keeps the versions and never reuses a task number
+    again = Coordinator(coord_dir)
+    assert again.round == 3 and again.versions == coord.versions and again.sent == coord.sent
+    assert again.buffer.rows == {} and again.outstanding == {}
+
+
+def test_async_settings_fail_early():
+    with pytest.raises(ValueError, match=re.escape("spot-check=0.5 cannot run with round=async")):
+        dataclasses.replace(SETTINGS, spot_check=0.5, compression="none")
+    from evaluation.scenario import load_scenario
+
+    with pytest.raises(ValueError, match="round=async runs with --engine local only"):
+        load_scenario(None, ["round=async", "nodes=5", "byzantine=1"], engine="flower")
+    load_scenario(None, ["round=async", "nodes=5", "byzantine=1"], engine="local")
+
+
+def test_a_deployed_async_run_does_not_wait_for_a_slow_volunteer(tmp_path):
+    """node4 answers each task 5 s before its 60 s deadline (``slow-drip``: a deterministic slow
+    node; ``--slow`` waits a random time): three fast nodes fill the buffers meanwhile."""
+    from .test_federation_deploy import join, robust, wait_until
+
+    port = launch.free_port()
+    settings = dataclasses.replace(SETTINGS, rounds=2, deadline=60.0, port=port)
+    coord, nodes = make_federation(tmp_path, 4, settings)
+    procs = [robust("coordinator", "start", str(coord), log=tmp_path / "coordinator.log")]
+    try:  # volunteers keep trying until the coordinator is up
+        procs.extend(join(node, coord, port, *(["--attack", "slow-drip"] if i == 4 else []))
+                     for i, node in enumerate(nodes, 1))
+        logs = [tmp_path / "coordinator.log", coord / "logs" / "superlink.log", *(n / "join.log" for n in nodes)]
+        wait_until(lambda: (coord / checkpoint.RESULT).exists(), 240, "the run to finish", logs)
+        assert procs[0].wait(30) == 0
+    finally:  # all at once: each volunteer stops its SuperNode first
+        with ThreadPoolExecutor(len(procs)) as pool:
+            list(pool.map(lambda proc: launch.stop(proc, grace=5), procs))
+    log = records(coord)
+    slow, fast = fingerprint(nodes[3]), [fingerprint(n) for n in nodes[:3]]
+    assert [r["round"] for r in log] == [1, 2] and all(len(set(r["ids"])) == 3 for r in log)
+    count = {fp: sum(fp in r["ids"] for r in log) for fp in [*fast, slow]}
+    assert count[slow] == 0 and all(count[fp] == 2 for fp in fast), count  # the fast nodes filled the buffers
+    assert max(log[1]["staleness"].values()) <= 1
+    assert "2 asynchronous buffers of 3 replies" in (tmp_path / "coordinator.log").read_text()
+    assert audit.replay_main(str(coord)) == 0
