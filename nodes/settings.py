@@ -64,7 +64,7 @@ RUN = table(
     Param("data-root", Text(), "", "folder of local files for mnist / fashion-mnist / cifar10 / hf-disk"),
     Param("model", OneOf(_models, "make"), "mlp", "the model, or your factory package.module:make (called as make(shape, classes))"),
     Param("code", Folder(), "", "a folder put first on the import path for your model and dataset; shipped to volunteers"),
-    Param("rounds", Interval(int, 1, None), 5, "rounds to train"),
+    Param("rounds", Interval(int, 1, None), 5, "rounds to train (round = async: buffers aggregated)"),
     Param("aggregator", Spec(_aggregator, "an aggregator spec"), "trimmed-mean",
           "robust aggregator spec, e.g. nnm+trimmed-mean"),
     Param("tolerate", Interval(int, 0, None), 1, "f: Byzantine rows per round the aggregator must survive"),
