@@ -50,9 +50,7 @@ class FedBuff:
         if node in self.engine.flags.quarantined:
             return
         if not line.volunteers.online_at(node, now):
-            back = line.volunteers.back_at(node, now)
-            if back != float("inf"):
-                self.queue.push(back, node, None)  # it asks again when back
+            self._back(node, now)
             return
         self.sent += 1
         task = Task.of(self.run.setup.settings, "bench", self.sent, self.engine.base)
@@ -61,12 +59,16 @@ class FedBuff:
         self.run.training += time.perf_counter() - start
         decoded, up = line.send(node, task.round, row)
         arrival = line.arrival(node, now, up)
-        if line.volunteers.leaves_during(node, now, arrival):  # never replies; asks again when back
-            back = line.volunteers.back_at(node, arrival)
-            if back != float("inf"):
-                self.queue.push(back, node, None)
+        if line.volunteers.leaves_during(node, now, arrival):  # never replies
+            self._back(node, arrival)
             return
         self.queue.push(arrival, node, (decoded, self.engine.round))
+
+    def _back(self, node: str, t: float) -> None:
+        """``node``, offline at ``t``, asks for work again when it is back (if ever)."""
+        back = self.line.volunteers.back_at(node, t)
+        if back != float("inf"):
+            self.queue.push(back, node, None)
 
     def play_round(self) -> dict | None:
         """Run events until the next buffer is aggregated; ``None`` if no node can reply, or

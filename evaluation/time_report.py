@@ -10,12 +10,13 @@ and seed, so every round mode, codec and speed is measured against one bar.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
 from .clock import time_to_target
-from .report import CLEAN, Group, Results, _num, _table
+from .report import CLEAN, Group, Results, _num, _show, _table
 
 KEYS = ("round", "buffer", "staleness", "compression", "speed", "link", "churn", "deadline")
 
@@ -54,7 +55,7 @@ def _mean(values: Sequence[float | None]) -> float | None:
 def _label(group: Group, varying: Sequence[str]) -> str:
     """The group's volunteer keys that differ across the run (its round mode, codec, speed...)."""
     config = dict(group.key.scenario)
-    shown = [f"{k}={config[k].strip(chr(34))}" for k in KEYS if k in config and k in varying]
+    shown = [f"{k}={_show(json.loads(config[k]))}" for k in KEYS if k in config and k in varying]
     return ", ".join(shown) or "—"
 
 

@@ -246,7 +246,10 @@ class Coordinator:
         else:
             self.take(fp, content, single)
         self.forget(fp, number)
-        (self.waiting.append(single) if fp in self.buffer else self.buffer.merge(single))
+        if fp in self.buffer:
+            self.waiting.append(single)
+        else:
+            self.buffer.merge(single)
         return self.aggregate_ready()
 
     def aggregate_ready(self) -> list[dict]:
@@ -258,8 +261,10 @@ class Coordinator:
             self.waiting, self._held = [], sorted(fp for single in held for fp in single.rows)
             for single in held:
                 fp = next(iter(single.rows.keys() | single.rejected.keys() | single.failed.keys()))
-                (self.waiting.append(single) if fp in self.buffer or len(self.buffer.rows) >= self.buffer_size
-                 else self.buffer.merge(single))
+                if fp in self.buffer or len(self.buffer.rows) >= self.buffer_size:
+                    self.waiting.append(single)
+                else:
+                    self.buffer.merge(single)
             asked = sorted(full.rows.keys() | full.rejected.keys() | full.failed.keys())
             records.append(self.finish_round(asked, full, full.started))
         return records
