@@ -2,11 +2,13 @@
 
 Every online node is kept busy: it gets a task with the current model as soon as it has
 replied (or comes back after leaving), and its reply arrives at the time the cell's
-:class:`~evaluation.timeline.Timeline` gives (speed, link, codec bytes). Replies go into a
-buffer, one per node (a fast node's next reply waits for the following buffer); every
-``buffer`` replies the round engine plays one round on them, with each row's staleness (how
-many aggregations happened since its task was sent), which the engine turns into the
-``staleness`` weight and the ``max-staleness`` rejection. Omniscient attacks craft the
+:class:`~evaluation.timeline.Timeline` gives (speed, link, codec bytes). Which reply goes into
+which buffer is the deployment's schedule, ``nodes.buffers``: one reply per node (a fast
+node's next reply waits for a later buffer), and a buffer is full when it holds ``buffer``
+*valid* replies, checked on arrival as the coordinator checks them (the row's validity, and
+staleness within ``max-staleness``). Then the round engine plays one round on it, with each
+row's staleness (how many aggregations happened since its task was sent), which the engine
+turns into the ``staleness`` weight. Omniscient attacks craft the
 Byzantine rows of each buffer through the engine's hook, as in synchronous rounds.
 
 A node that leaves (``churn``) while its task runs never replies; it asks for work again when
@@ -24,23 +26,34 @@ node never draw the same batches.
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import torch
 
+from nodes.buffers import Buffers, Full
+from nodes.rows import rejection_reason
+from nodes.staleness import stale_reason
 from nodes.wire import Task
 
 from .clock import EventQueue
+
+
+class Reply(NamedTuple):
+    """A reply as it arrived: its decoded row, the version of its base, why it is rejected (if)."""
+
+    row: torch.Tensor
+    version: int
+    reason: str | None
 
 
 class FedBuff:
     def __init__(self, run) -> None:
         self.run, self.line, self.engine = run, run.timeline, run.engine
         settings = run.setup.settings
-        self.size = settings.buffer or settings.quorum_needed
+        self.buffers: Buffers[Reply] = Buffers(settings.buffer or settings.quorum_needed)
+        self.ready: list[Full[Reply]] = []  # buffers filled but not yet aggregated
         self.queue = EventQueue()
         self.sent = 0  # tasks sent so far
-        self.buffer: dict[str, tuple[torch.Tensor, int]] = {}  # node -> (decoded row, version of its base)
-        self.waiting: list[tuple[str, torch.Tensor, int]] = []  # replies of nodes already in the buffer
         for node in run.ids:
             self._ask(node, 0.0)
 
@@ -73,46 +86,33 @@ class FedBuff:
     def play_round(self) -> dict | None:
         """Run events until the next buffer is aggregated; ``None`` if no node can reply, or
         fewer nodes than a buffer holds are left unquarantined (no buffer could ever fill)."""
-        if len(set(self.run.ids) - set(self.engine.flags.quarantined)) < self.size:
+        if self.ready:  # a reply filled two buffers at once: the second goes now
+            return self._aggregate(self.ready.pop(0))
+        if len(set(self.run.ids) - set(self.engine.flags.quarantined)) < self.buffers.size:
             return None
-        while len(self.buffer) < self.size:
-            self._take_waiting()
-            if len(self.buffer) >= self.size:
-                break
-            if not len(self.queue):
-                return None
+        while len(self.queue):
             event = self.queue.pop()
             self.line.now = event.time
             if event.node in self.engine.flags.quarantined:
                 continue  # its reply is not read, and it gets no more tasks
             if event.payload is not None:
                 row, version = event.payload
-                if event.node in self.buffer:
-                    self.waiting.append((event.node, row, version))
-                else:
-                    self.buffer[event.node] = (row, version)
-            if len(self.buffer) < self.size:
-                self._ask(event.node, event.time)
-            else:
-                self._aggregate()
-                self._ask(event.node, event.time)
-                return self.run.records[-1]
-        self._aggregate()
-        return self.run.records[-1]
+                reason = rejection_reason(row, row.numel(), self.run.setup.settings.max_norm) or \
+                    stale_reason(self.engine.round - version, self.run.setup.settings.max_staleness)
+                self.ready += self.buffers.add(event.node, Reply(row, version, reason), reason is None)
+            record = self._aggregate(self.ready.pop(0)) if self.ready else None
+            self._ask(event.node, event.time)  # after the step: its next task carries the new model
+            if record is not None:
+                return record
+        return None
 
-    def _take_waiting(self) -> None:
-        """Move waiting replies of nodes no longer in the buffer into it, oldest first."""
-        keep = []
-        for node, row, version in self.waiting:
-            if node not in self.buffer and len(self.buffer) < self.size:
-                self.buffer[node] = (row, version)
-            else:
-                keep.append((node, row, version))
-        self.waiting = keep
-
-    def _aggregate(self) -> None:
-        ids = sorted(self.buffer)
-        X = torch.stack([self.buffer[i][0] for i in ids])
-        staleness = {i: self.engine.round - self.buffer[i][1] for i in ids}
-        self.buffer = {}
-        self.run.add(self.engine.step(ids, ids, X, staleness=staleness))
+    def _aggregate(self, full: Full[Reply]) -> dict:
+        """The engine's step on a full buffer: its valid rows, with their staleness; the rest rejected."""
+        ids = sorted(node for node, reply in full.replies.items() if reply.reason is None)
+        rejected = {node: reply.reason for node, reply in full.replies.items() if reply.reason is not None}
+        X = torch.stack([full.replies[i].row for i in ids]) if ids else torch.empty(0, self.engine.w.numel())
+        staleness = {i: self.engine.round - full.replies[i].version for i in ids}
+        record = self.engine.step(sorted(full.replies), ids, X, rejected, staleness=staleness)
+        record["held"] = full.held
+        self.run.add(record)
+        return record

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,7 @@ from robust.params import sha256, unflatten
 from . import admission, audit, checkpoint
 from .admission import scan
 from .attendance import Attendance
+from .buffers import Buffers
 from .engine import Engine, ThreatHook
 from .root import Root
 from .rows import canonical, rejection_reason
@@ -83,12 +85,15 @@ class Inbox:
     hashes: dict[str, str] = field(default_factory=dict)  # each accepted update's SHA-256
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of each node's reply arrays
     versions: dict[str, int] = field(default_factory=dict)  # async: the model version each accepted row is based on
-    started: float = field(default_factory=time.monotonic)  # async: when the buffer began to fill
 
-    def merge(self, other: Inbox) -> None:
-        """File ``other``'s entries (one node's reply) here."""
-        for name in ("rows", "rejected", "failed", "seconds", "replies", "hashes", "sizes", "versions"):
-            getattr(self, name).update(getattr(other, name))
+    @classmethod
+    def of(cls, singles: Iterable[Inbox]) -> Inbox:
+        """One inbox filing the entries of ``singles`` (each one node's reply)."""
+        inbox = cls()
+        for single in singles:
+            for name in ("rows", "rejected", "failed", "seconds", "replies", "hashes", "sizes", "versions"):
+                getattr(inbox, name).update(getattr(single, name))
+        return inbox
 
     def __contains__(self, fp: str) -> bool:
         return fp in self.rows or fp in self.rejected or fp in self.failed
@@ -113,8 +118,8 @@ class Coordinator:
         # asynchronous rounds (see the module's docstring)
         self.versions: dict[str, int] = {}  # SHA-256 of a recent model -> its version (rounds done when it was current)
         self.outstanding: dict[str, dict[int, tuple[int, str]]] = {}  # node -> task number -> (version, base)
-        self.buffer, self.waiting = Inbox(), []  # the buffer being filled; replies of nodes already in it
-        self._held: list[str] = []
+        self.buffers: Buffers[Inbox] = Buffers(self.buffer_size)  # each reply: a one-node Inbox
+        self.started = time.monotonic()  # when the buffer being filled began
         self._resume()
         self._know(self.engine.base, self.round)
         path = self.folder / TASKS_SENT
@@ -236,7 +241,7 @@ class Coordinator:
         """Node ``fp``'s answer to its task ``number`` (async): its reply ``content`` as it came
         off the wire, or the transport's ``error``; filed in the buffer (or, if the node is
         already in it, held for the next). Returns the records of the buffers this completed
-        (the engine ran on them). Never raises on what a node sent."""
+        (the engine ran on them; ``nodes.buffers`` is the schedule). Never raises on what a node sent."""
         if fp in self.engine.flags.quarantined or fp in self.engine.flags.convicted:
             self.forget(fp, number)
             return []  # as in the bench: a quarantined node's reply is not read
@@ -246,27 +251,12 @@ class Coordinator:
         else:
             self.take(fp, content, single)
         self.forget(fp, number)
-        if fp in self.buffer:
-            self.waiting.append(single)
-        else:
-            self.buffer.merge(single)
-        return self.aggregate_ready()
-
-    def aggregate_ready(self) -> list[dict]:
-        """Run the engine on every full buffer (async); the held replies fill the next one,
-        oldest first, one per node."""
         records = []
-        while len(self.buffer.rows) >= self.buffer_size and not self.done:
-            full, self.buffer, held = self.buffer, Inbox(), self.waiting
-            self.waiting, self._held = [], sorted(fp for single in held for fp in single.rows)
-            for single in held:
-                fp = next(iter(single.rows.keys() | single.rejected.keys() | single.failed.keys()))
-                if fp in self.buffer or len(self.buffer.rows) >= self.buffer_size:
-                    self.waiting.append(single)
-                else:
-                    self.buffer.merge(single)
-            asked = sorted(full.rows.keys() | full.rejected.keys() | full.failed.keys())
-            records.append(self.finish_round(asked, full, full.started))
+        for full in self.buffers.add(fp, single, fp in single.rows):
+            if self.done:
+                break
+            inbox, started, self.started = Inbox.of(full.replies.values()), self.started, time.monotonic()
+            records.append(self.finish_round(sorted(full.replies), inbox, started, held=full.held))
         return records
 
     def take(self, fp: str, content: RecordDict, inbox: Inbox) -> None:
@@ -332,7 +322,8 @@ class Coordinator:
             return f"sample count {reply.count} outside [1, {self.settings.max_count}]"
         return tensor, sha
 
-    def finish_round(self, asked: list[str], inbox: Inbox, started: float, checkers: Checkers | None = None) -> dict:
+    def finish_round(self, asked: list[str], inbox: Inbox, started: float, checkers: Checkers | None = None,
+                     held: list[str] | None = None) -> dict:
         """The engine's round on the accepted rows, then checkpoint and log; the round's record.
 
         Rejected replies (bad content) count as flags; failed ones (a transport error, or a
@@ -348,7 +339,7 @@ class Coordinator:
         if self.asynchronous:
             self._know(self.engine.base, self.round)
             record["buffer"] = self.buffer_size
-            record["held"] = self._held  # valid replies of this buffer's nodes, left for the next buffer
+            record["held"] = held or []  # valid replies of this buffer's nodes, left for the next buffer
         record["prev"] = self._tip  # the SHA-256 of the last record's log line
         record["updates"] = audit.store(self.folder, self.settings.keep_updates, record, inbox)
         traffic = {short(fp): [inbox.sizes.get(fp, 0), self._task_bytes] for fp in sorted(asked)}

@@ -52,7 +52,7 @@ from .protocol import Protocol
 from .root import Root
 from .rows import rejected_rows
 from .spotcheck import Verifier, draw, round_seed
-from .staleness import weight_of
+from .staleness import stale_reason, weight_of
 
 
 class ThreatHook(Interface):
@@ -214,9 +214,9 @@ class Engine:
     def _weigh(self, ids: list[str], X: torch.Tensor, staleness: dict[str, int], rejected: dict[str, str]
                ) -> tuple[list[str], torch.Tensor]:
         """The rows no staler than ``max-staleness``, each scaled by its staleness weight."""
-        limit = self.settings.max_staleness
-        stale = {i: staleness[i] for i in ids if limit and staleness[i] > limit}
-        rejected.update({i: f"stale: {tau} versions behind, max-staleness is {limit}" for i, tau in stale.items()})
+        reasons = {i: stale_reason(staleness[i], self.settings.max_staleness) for i in ids}
+        stale = {i: reason for i, reason in reasons.items() if reason}
+        rejected.update(stale)
         keep = [k for k, i in enumerate(ids) if i not in stale]
         ids = [ids[k] for k in keep]
         weights = torch.tensor([self.weight(staleness[i]) for i in ids], dtype=X.dtype)

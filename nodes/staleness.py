@@ -41,3 +41,9 @@ def weight_of(spec: str) -> Callable[[int], float]:
     if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a <= 10:
         raise ValueError(f"staleness {spec!r}: a must be a number in [0, 10] (got a={a!r})")
     return lambda tau: (1.0 + tau) ** -float(a)
+
+
+def stale_reason(tau: int, limit: int) -> str | None:
+    """Why a reply ``tau`` versions behind is rejected under ``max-staleness = limit`` (0: no
+    limit), or ``None``."""
+    return f"stale: {tau} versions behind, max-staleness is {limit}" if limit and tau > limit else None

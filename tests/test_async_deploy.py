@@ -163,7 +163,7 @@ def test_stale_and_unknown_bases_are_rejected_with_their_reason(tmp_path):
     (number_d, content_d), _ = reply(d), None  # sent at version 0, answered late
     for _ in range(3):  # a fast node: three replies before the others' first
         assert coord.receive(a, *reply(a)) == []
-    assert [len(s.rows) for s in coord.waiting] == [1, 1]
+    assert [(fp, valid) for fp, _, valid in coord.buffers.held] == [(a, True), (a, True)]
     first = coord.receive(b, *reply(b)) + coord.receive(c, *reply(c))
     assert [r["round"] for r in first] == [1] and first[0]["staleness"] == {a: 0, b: 0, c: 0} and first[0]["held"] == [a, a]
     second = coord.receive(b, *reply(b)) + coord.receive(c, *reply(c))  # with a's second reply (version 0)
@@ -172,19 +172,19 @@ def test_stale_and_unknown_bases_are_rejected_with_their_reason(tmp_path):
     assert third[0]["rejected"] == {a: "stale: 2 versions behind, max-staleness is 1"}
     assert third[0]["ids"] == sorted([b, c]) and "quorum is 3" in third[0]["skipped"]
     coord.receive(d, number_d, content_d)  # version 0 is no longer kept: rejected when read
-    assert coord.buffer.rejected[d].startswith("trained on base model") and "not one of the last 2 model versions" \
-        in coord.buffer.rejected[d]
+    assert coord.buffers.filling[d][0].rejected[d].startswith("trained on base model") \
+        and "not one of the last 2 model versions" in coord.buffers.filling[d][0].rejected[d]
     number, content = reply(a, "stale-base")  # signs for a base model it was never sent
     coord.receive(a, number, content)
-    assert "not one of the last 2 model versions (staler than max-staleness=1, or never sent)" in coord.buffer.rejected[a]
+    assert "not one of the last 2 model versions (staler than max-staleness=1, or never sent)" in coord.buffers.filling[a][0].rejected[a]
     number, content = reply(b)
     coord.receive(b, number, content)
     coord.receive(b, number, content)  # the same reply again: not a task b has outstanding
-    assert "does not have outstanding (a replay?)" in coord.waiting[-1].rejected[b]
+    assert "does not have outstanding (a replay?)" in coord.buffers.held[-1][1].rejected[b]
     # a restarted coordinator keeps the versions and never reuses a task number
     again = Coordinator(coord_dir)
     assert again.round == 3 and again.versions == coord.versions and again.sent == coord.sent
-    assert again.buffer.rows == {} and again.outstanding == {}
+    assert again.buffers.filling == {} and again.outstanding == {}
 
 
 def test_async_settings_fail_early():
