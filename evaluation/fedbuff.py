@@ -66,9 +66,10 @@ class FedBuff:
             self._back(node, now)
             return
         self.sent += 1
-        task = Task.of(self.run.setup.settings, "bench", self.sent, self.engine.base)
+        w, base = self.engine.task_model()
+        task = Task.of(self.run.setup.settings, "bench", self.sent, base)
         start = time.perf_counter()
-        row = self.run.row(node, task)
+        row = self.run.row(node, task, w)
         self.run.training += time.perf_counter() - start
         decoded, up = line.send(node, task.round, row)
         arrival = line.arrival(node, now, up)

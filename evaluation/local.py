@@ -114,8 +114,9 @@ class CellRun:
             self._local[i] = data.x_train[part].clone(), data.y_train[part].clone()
         return self._local[i]
 
-    def _forge(self, idx: list[int], rows: torch.Tensor, t: int) -> torch.Tensor:
-        """The rows the asked nodes ``idx`` send: a node-side attacker's ``forge`` of its own."""
+    def _forge(self, idx: list[int], rows: torch.Tensor, t: int, w: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows the asked nodes ``idx`` send, computed from ``w`` (the global model if
+        ``None``): a node-side attacker's ``forge`` of its own."""
         attack = self.setup.attack
         byz = [j for j, i in enumerate(idx) if self.setup.attack_of(self.ids[i])]
         if not isinstance(attack, NodeAttack) or not byz:
@@ -126,7 +127,7 @@ class CellRun:
             if attack.active(t):
                 rows[j] = attack.forge(honest, None if last is None else last.row)
             if attack.remembers:
-                self.last[idx[j]] = Memory(t, self.engine.w, honest)
+                self.last[idx[j]] = Memory(t, self.engine.w if w is None else w, honest)
         return rows
 
     def _poisoned(self, parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
@@ -177,17 +178,19 @@ class CellRun:
         rows[alone] = self._per_node([i for i, a in zip(idx, alone.tolist()) if a], task)
         return self._forge(idx, rows, task.round)
 
-    def row(self, node: str, task: Task) -> torch.Tensor:
-        """One node's row for ``task`` (an asynchronous driver's), as a volunteer computes it."""
+    def row(self, node: str, task: Task, w: torch.Tensor) -> torch.Tensor:
+        """One node's row for ``task`` carrying model ``w`` (an asynchronous driver's), as a
+        volunteer computes it."""
         i = self.index[node]
-        return self._forge([i], self._per_node([i], task), task.round)[0]
+        return self._forge([i], self._per_node([i], task, w), task.round, w)[0]
 
-    def _per_node(self, idx: list[int], task: Task) -> torch.Tensor:
-        """Nodes ``idx``'s rows for ``task``, each by a volunteer's own function; their momenta advance."""
-        outs = []
+    def _per_node(self, idx: list[int], task: Task, w: torch.Tensor | None = None) -> torch.Tensor:
+        """Nodes ``idx``'s rows for ``task`` from model ``w`` (the global model if ``None``), each
+        by a volunteer's own function; their momenta advance."""
+        outs, w = [], self.engine.w if w is None else w
         for i in idx:
             x, y = self.local(i)
-            outs.append(compute(task, self.engine.w, x, y, self.setup.data.classes, self.ids[i], torch.device("cpu"),
+            outs.append(compute(task, w, x, y, self.setup.data.classes, self.ids[i], torch.device("cpu"),
                                 self.setup.attack_of(self.ids[i]), self.momenta[i], self.last.get(i)))
         self.momenta[idx] = torch.stack([m for _, m in outs])
         return torch.stack([row for row, _ in outs])

@@ -50,7 +50,7 @@ from .wire import signed_payload
 
 UPDATES = "updates"
 COMPARED = ("ids", "rejected", "failed", "missing", "flagged", "quarantined", "skipped", "accuracy",
-            "model_sha256", "aggregate_sha256", "spot", "convicted", "scores", "staleness")
+            "model_sha256", "aggregate_sha256", "spot", "convicted", "scores", "staleness", "task_sha256")
 
 
 def genesis(run_id: str) -> str:
@@ -136,7 +136,8 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
     engine = Engine(settings, build_model(settings.model, data.shape, data.classes, settings.seed), data.x_test,
                     data.y_test, verifier=recorded(spot) if settings.spot_check else None, root=Root.of(settings, data))
     signers = known_keys(folder) if full else {}
-    replay, base, models = True, engine.base, [engine.base]  # models[v]: the logged model of version v
+    # models[v]: the logged model the tasks of version v carried (with lookahead, extrapolated)
+    replay, base, models = True, engine.base, [engine.task_model()[1]]
     for r in records:
         t, updates = r["round"], r.get("updates", {})
         staleness = r.get("staleness")
@@ -163,7 +164,7 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
                       or not keys.verify(signers[v["verifier"]], bytes.fromhex(c["signature"]), payload)):
                 problems.append(f"{word} {t}: the signature of {v['verifier'][:12]}'s check does not verify")
         base = r.get("model_sha256")  # what the next round's updates were computed from
-        models.append(base)
+        models.append(r.get("task_sha256", base))
         rows = {fp: _row(folder, u["sha256"]) for fp, u in updates.items()}
         bad = {fp: why for fp, why in rows.items() if isinstance(why, str)}
         if bad:

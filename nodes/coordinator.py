@@ -121,7 +121,7 @@ class Coordinator:
         self.buffers: Buffers[Inbox] = Buffers(self.buffer_size)  # each reply: a one-node Inbox
         self.started = time.monotonic()  # when the buffer being filled began
         self._resume()
-        self._know(self.engine.base, self.round)
+        self._know(self.engine.task_model()[1], self.round)
         path = self.folder / TASKS_SENT
         self.sent = int(path.read_text().strip() or 0) if path.exists() else 0
 
@@ -224,14 +224,14 @@ class Coordinator:
     def send(self, nodes: list[str]) -> tuple[dict[str, Task], np.ndarray]:
         """A task for each of ``nodes`` with the current model (async), each its own number;
         the task count is on disk before any task leaves."""
-        tasks = {}
+        tasks, (w, base) = {}, self.engine.task_model()
         for fp in nodes:
             self.sent += 1
-            tasks[fp] = Task.of(self.settings, self.run_id, self.sent, self.engine.base)
-            self.outstanding.setdefault(fp, {})[self.sent] = (self.round, self.engine.base)
+            tasks[fp] = Task.of(self.settings, self.run_id, self.sent, base)
+            self.outstanding.setdefault(fp, {})[self.sent] = (self.round, base)
         if tasks:
             checkpoint.write_atomic(self.folder / TASKS_SENT, lambda out: out.write(f"{self.sent}\n".encode()))
-        return tasks, self.engine.w.numpy()
+        return tasks, w.numpy()
 
     def forget(self, fp: str, number: int) -> None:
         """Task ``number`` of ``fp`` will not be answered (it expired): the node is free again."""
@@ -337,7 +337,7 @@ class Coordinator:
         staleness = {fp: self.round - inbox.versions[fp] for fp in ids} if self.asynchronous else None
         record = self.engine.step(asked, ids, X, inbox.rejected, inbox.failed, staleness=staleness)
         if self.asynchronous:
-            self._know(self.engine.base, self.round)
+            self._know(self.engine.task_model()[1], self.round)
             record["buffer"] = self.buffer_size
             record["held"] = held or []  # valid replies of this buffer's nodes, left for the next buffer
         record["prev"] = self._tip  # the SHA-256 of the last record's log line

@@ -25,7 +25,9 @@ Asynchronous rounds (``round = async``, FedBuff): a round is one buffer of valid
 computed from an older model version; the driver passes each row's ``staleness`` (versions
 behind), the engine rejects rows staler than ``max-staleness`` and scales the others by the
 ``staleness`` weight (``nodes.staleness``) before the threat hook and the rule. The record keeps
-each row's staleness: with the rows, the schedule that makes a round a pure function.
+each row's staleness: with the rows, the schedule that makes a round a pure function. With
+``lookahead``, tasks carry :meth:`Engine.task_model` (``nodes.lookahead``: the model
+extrapolated by the expected staleness), whose SHA-256 the record keeps as ``task_sha256``.
 
 Spot checks (``spot-check = p``, ``nodes.spotcheck``): the committed rows' hashes seed a draw
 of the rows to recompute; the engine's ``verifier`` (the coordinator's, the bench's, or a
@@ -48,6 +50,7 @@ from robust.seeds import generator
 
 from .detectors import score_round
 from .flags import FlagPolicy
+from .lookahead import Lookahead
 from .protocol import Protocol
 from .root import Root
 from .rows import rejected_rows
@@ -104,6 +107,8 @@ class Engine:
         self.quorum = s.quorum_needed
         self.weight = weight_of(s.staleness)
         self.buffer: torch.Tensor | None = None  # the protocol's outer momentum
+        self.lookahead = Lookahead() if s.lookahead else None
+        self._sent: tuple[int, torch.Tensor, str] | None = None  # (round, model, SHA-256) of the lookahead
         self.round = 0  # rounds finished
 
     @property
@@ -115,6 +120,16 @@ class Engine:
     @w.setter
     def w(self, value: torch.Tensor) -> None:
         self._w, self.base = value, sha256(value)
+
+    def task_model(self) -> tuple[torch.Tensor, str]:
+        """The model a task sent now carries, and its SHA-256: :attr:`w` (:attr:`base`), or with
+        ``lookahead`` the model extrapolated by the expected staleness (``nodes.lookahead``)."""
+        if self.lookahead is None:
+            return self.w, self.base
+        if self._sent is None or self._sent[0] != self.round:
+            w = self.lookahead.predict(self.w)
+            self._sent = (self.round, w, sha256(w))
+        return self._sent[1], self._sent[2]
 
     @property
     def done(self) -> bool:
@@ -162,7 +177,10 @@ class Engine:
             inputs = None if skipped or not self.chain.needs else self.inputs(ids)
             aggregate, scores, flagged = judge(self.chain, self.flags, t, ids, X, rejected, not skipped, inputs)
             if aggregate is not None:
+                w_old = self.w
                 self.w, self.buffer = self.protocol.apply(self.w, aggregate, self.buffer)
+                if self.lookahead is not None:
+                    self.lookahead.observe(w_old, self.w, [staleness[i] for i in ids] if staleness else [])
             if self.hook is not None:
                 self.hook.observe(ids, X, aggregate)
             self.round = t
@@ -174,6 +192,7 @@ class Engine:
             "missing": missing, "flagged": flagged, "quarantined": sorted(self.flags.quarantined),
             "skipped": skipped, "accuracy": acc, "model_sha256": self.base,
             "aggregate_sha256": None if aggregate is None else sha256(aggregate),
+            **({"task_sha256": self.task_model()[1]} if self.lookahead is not None else {}),
             "spot": [v.record() for v in verdicts], "convicted": convicted,
             **({"staleness": {i: int(staleness[i]) for i in ids}} if staleness is not None else {}),
             "scores": {name: s.tolist() for name, s in scores.items()},
@@ -238,6 +257,8 @@ class Engine:
             state["buffer"] = self.buffer
         if self.root is not None:
             state["root"] = self.root.state()
+        if self.lookahead is not None:
+            state["lookahead"] = self.lookahead.state()
         return state
 
     def load_state(self, state: dict) -> None:
@@ -247,3 +268,6 @@ class Engine:
         self.buffer = state.get("buffer")
         if self.root is not None:
             self.root.load_state(state.get("root", {}))
+        if self.lookahead is not None:
+            self.lookahead.load_state(state.get("lookahead", {}))
+        self._sent = None

@@ -16,7 +16,7 @@ import dataclasses
 import tomllib
 from pathlib import Path
 
-from robust.constraints import Folder, Host, Interval, OneOf, Param, Spec, Text, table, unknown
+from robust.constraints import Flag, Folder, Host, Interval, OneOf, Param, Spec, Text, table, unknown
 
 SETTINGS_FILE = "coordinator.toml"
 
@@ -95,6 +95,8 @@ RUN = table(
     Param("staleness", Spec(_staleness, "a staleness spec"), "sqrt",
           "async: a reply's weight by its staleness tau: constant, sqrt (1/sqrt(1+tau)) or poly:a=0.5"),
     Param("max-staleness", Interval(int, 0, None), 0, "async: replies staler than this are rejected (0: no limit)"),
+    Param("lookahead", Flag(), False,
+          "async: send each task the model extrapolated by the expected staleness (DANA) instead of the current one"),
     Param("compression", Spec(_codec, "a codec spec"), "none",
           "how updates travel: none, fp16, int8 (per-block scale), topk:k=0.01 (error feedback), randk:k=0.01"),
     Param("threads", Interval(int, 1, 1024), 1,
@@ -157,6 +159,9 @@ class _Checked:
         if self.round == "async" and self.spot_check:
             raise ValueError(f"spot-check={self.spot_check:g} cannot run with round=async (a verifier would need the "
                              "older model each checked update started from): use round=sync, or spot-check=0")
+        if self.lookahead and self.round != "async":
+            raise ValueError("lookahead extrapolates the model by the staleness a task will have: it needs round=async "
+                             "(a synchronous task is never stale): set round=async, or lookahead=false")
         if self.round == "async" and self.buffer and self.buffer < self.quorum_needed:
             raise ValueError(f"buffer={self.buffer} is below what the aggregator needs ({self.quorum_needed} rows): "
                              "raise buffer, or lower tolerate")
@@ -181,7 +186,10 @@ class _Checked:
         lines = ["# robust coordinator settings: edit, or override with `robust coordinator start` options"]
         for p in PARAMS.values():
             value = getattr(self, p.attr)
-            text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' if isinstance(value, str) else repr(value)
+            if isinstance(value, str):
+                text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            else:
+                text = str(value).lower() if isinstance(value, bool) else repr(value)
             lines.append(f"{p.key} = {text}")
         return "\n".join(lines) + "\n"
 

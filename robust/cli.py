@@ -45,7 +45,11 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
 
     for param in PARAMS.values():
         names = [f"--{param.key}", *(["--path"] if param.key == "code" else [])]
-        p.add_argument(*names, type=param.kind, default=None, help=f"{param.help} (default {param.default!r})")
+        help = f"{param.help} (default {param.default!r})"
+        if param.kind is bool:
+            p.add_argument(*names, action=argparse.BooleanOptionalAction, default=None, help=help)
+        else:
+            p.add_argument(*names, type=param.kind, default=None, help=help)
 
 
 # What `--attack` accepts (nodes.faults.PROTOCOL_FAULTS and the node-side attacks): kept here,

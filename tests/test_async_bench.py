@@ -110,3 +110,22 @@ def test_the_report_gives_time_to_target_against_the_best_clean_run():
     lines = "\n".join(time_section(Results(records)))
     assert "## Time and bytes" in lines and "round=async" in lines and "round=sync" in lines
     assert time_section(Results([run_cell(Cell(BASE, "trimmed-mean", "none", 0))])) == []
+
+
+def test_lookahead_sends_the_model_extrapolated_by_the_expected_staleness_and_resumes_to_the_same_bits():
+    with pytest.raises(ValueError, match="lookahead .* needs round=async"):
+        Settings(lookahead=True)
+    cell = Cell({**BASE, "speed": SLOW, "round": "async", "rounds": 3, "lookahead": True}, "trimmed-mean", "none", 0)
+    run = CellRun(cell)
+    records = [run.play_round() for _ in range(4)]
+    engine = run.engine
+    la = engine.lookahead
+    w, base = engine.task_model()
+    assert la.tau == sum(records[-1]["staleness"].values()) / len(records[-1]["staleness"]) > 0
+    assert torch.equal(w, engine.w + la.tau * la.velocity) and records[-1]["task_sha256"] == base != engine.base
+    twin = CellRun(cell)  # a resumed engine: the same extrapolation, to the bit
+    twin.engine.load_state(engine.state())
+    assert twin.engine.task_model()[1] == base
+    plain = run_cell(Cell({**BASE, "speed": SLOW, "round": "async", "rounds": 3}, "trimmed-mean", "none", 0))
+    ahead = run_cell(cell)
+    assert ahead["model_sha256"] == run_cell(cell)["model_sha256"] != plain["model_sha256"]

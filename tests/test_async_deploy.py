@@ -80,13 +80,11 @@ def records(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / checkpoint.ROUNDS).read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def serve_fake(root: Path, settings: Settings) -> tuple[Path, list[Path]]:
     """An async run served on a fake grid: 5 volunteers, node1 twice as fast as nodes 2-4, node5 never answers."""
     from flwr.supercore.task_identity import TaskIdentity  # a ServerApp's messages name their run
 
-    root = tmp_path_factory.mktemp("served")
-    coord_dir, nodes = make_federation(root, 5, SETTINGS)
+    coord_dir, nodes = make_federation(root, 5, settings)
     saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     try:
@@ -94,6 +92,11 @@ def served(tmp_path_factory):
     finally:
         TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
     return coord_dir, nodes
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    return serve_fake(tmp_path_factory.mktemp("served"), SETTINGS)
 
 
 def test_the_loop_fills_buffers_of_distinct_nodes_without_waiting_for_a_silent_one(served):
@@ -121,6 +124,25 @@ def test_replay_and_audit_verify_an_async_run_bit_for_bit(served, capsys):
     assert capsys.readouterr().out.strip() == "4 buffers replayed: every model SHA-256 matches"
     assert audit.main(str(coord_dir)) == 0  # signatures over each update's own task and base
     assert "4 rounds verified" in capsys.readouterr().out
+
+
+def test_lookahead_tasks_carry_the_logged_extrapolated_model_which_replay_recomputes(tmp_path, capsys):
+    coord_dir, _ = serve_fake(tmp_path / "run", dataclasses.replace(SETTINGS, lookahead=True, rounds=5))
+    log = records(coord_dir)
+    [first] = {u["base"] for u in log[0]["updates"].values()}  # the first tasks carry the initial model
+    sent = [first] + [r["task_sha256"] for r in log]
+    assert any(r["task_sha256"] != r["model_sha256"] for r in log)
+    for t, r in enumerate(log, start=1):
+        assert all(u["base"] == sent[t - 1 - r["staleness"][fp]] for fp, u in r["updates"].items())
+    assert audit.replay_main(str(coord_dir)) == 0
+    capsys.readouterr()
+    lines = (coord_dir / checkpoint.ROUNDS).read_text().splitlines()
+    record = json.loads(lines[-1])
+    record["task_sha256"] = record["model_sha256"]  # claim the last tasks carried the plain model
+    lines[-1] = checkpoint.line(record)
+    (coord_dir / checkpoint.ROUNDS).write_text("\n".join(lines) + "\n")
+    assert audit.replay_main(str(coord_dir)) == 1
+    assert "task_sha256" in capsys.readouterr().out
 
 
 def test_replay_detects_a_tampered_update_and_a_tampered_schedule(served, tmp_path, capsys):
