@@ -107,7 +107,7 @@ class Engine:
         self.quorum = s.quorum_needed
         self.weight = weight_of(s.staleness)
         self.buffer: torch.Tensor | None = None  # the protocol's outer momentum
-        self.lookahead = Lookahead() if s.lookahead else None
+        self.lookahead = Lookahead() if s.lookahead and s.round == "async" else None
         self._sent: tuple[int, torch.Tensor, str] | None = None  # (round, model, SHA-256) of the lookahead
         self.round = 0  # rounds finished
 

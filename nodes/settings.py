@@ -96,7 +96,8 @@ RUN = table(
           "async: a reply's weight by its staleness tau: constant, sqrt (1/sqrt(1+tau)) or poly:a=0.5"),
     Param("max-staleness", Interval(int, 0, None), 0, "async: replies staler than this are rejected (0: no limit)"),
     Param("lookahead", Flag(), False,
-          "async: send each task the model extrapolated by the expected staleness (DANA) instead of the current one"),
+          "async: send each task the model extrapolated by the expected staleness (DANA) instead of the current one "
+          "(no effect on sync rounds: their tasks are never stale)"),
     Param("compression", Spec(_codec, "a codec spec"), "none",
           "how updates travel: none, fp16, int8 (per-block scale), topk:k=0.01 (error feedback), randk:k=0.01"),
     Param("threads", Interval(int, 1, 1024), 1,
@@ -159,9 +160,6 @@ class _Checked:
         if self.round == "async" and self.spot_check:
             raise ValueError(f"spot-check={self.spot_check:g} cannot run with round=async (a verifier would need the "
                              "older model each checked update started from): use round=sync, or spot-check=0")
-        if self.lookahead and self.round != "async":
-            raise ValueError("lookahead extrapolates the model by the staleness a task will have: it needs round=async "
-                             "(a synchronous task is never stale): set round=async, or lookahead=false")
         if self.round == "async" and self.buffer and self.buffer < self.quorum_needed:
             raise ValueError(f"buffer={self.buffer} is below what the aggregator needs ({self.quorum_needed} rows): "
                              "raise buffer, or lower tolerate")
