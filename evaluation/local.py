@@ -103,7 +103,7 @@ class CellRun:
         self.timeline = Timeline(cell.config, self.ids, cell.seed, setup.settings, self.protocol.steps,
                                  self.engine.w.numel())
         self.threat.timeline = self.timeline
-        self.timeline.measure(lambda: compute(self.task(), self.engine.w, *self.local(0), setup.data.classes,
+        self.timeline.measure(lambda: compute(self.task(), self.sent, *self.local(0), setup.data.classes,
                                               self.ids[0], torch.device("cpu")))
         self.fedbuff = FedBuff(self) if setup.settings.round == "async" else None
 
@@ -116,7 +116,7 @@ class CellRun:
 
     def _forge(self, idx: list[int], rows: torch.Tensor, t: int, w: torch.Tensor | None = None) -> torch.Tensor:
         """The rows the asked nodes ``idx`` send, computed from ``w`` (the global model if
-        ``None``): a node-side attacker's ``forge`` of its own."""
+        ``None``: the round's task model): a node-side attacker's ``forge`` of its own."""
         attack = self.setup.attack
         byz = [j for j, i in enumerate(idx) if self.setup.attack_of(self.ids[i])]
         if not isinstance(attack, NodeAttack) or not byz:
@@ -127,7 +127,7 @@ class CellRun:
             if attack.active(t):
                 rows[j] = attack.forge(honest, None if last is None else last.row)
             if attack.remembers:
-                self.last[idx[j]] = Memory(t, self.engine.w if w is None else w, honest)
+                self.last[idx[j]] = Memory(t, self.sent if w is None else w, honest)
         return rows
 
     def _poisoned(self, parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
@@ -159,7 +159,13 @@ class CellRun:
         return verdicts
 
     def task(self) -> Task:
-        return Task.of(self.setup.settings, "bench", self.engine.round + 1, self.engine.base)
+        return Task.of(self.setup.settings, "bench", self.engine.round + 1, self.engine.task_model()[1])
+
+    @property
+    def sent(self) -> torch.Tensor:
+        """The model this round's tasks carry (``Engine.task_model``: the global model, or as the
+        ``downlink`` rounds it)."""
+        return self.engine.task_model()[0]
 
     def rows(self, asked: list[str]) -> torch.Tensor:
         """The rows of the ``asked`` nodes (canonical order) this round; their momenta advance."""
@@ -185,9 +191,9 @@ class CellRun:
         return self._forge([i], self._per_node([i], task, w), task.round, w)[0]
 
     def _per_node(self, idx: list[int], task: Task, w: torch.Tensor | None = None) -> torch.Tensor:
-        """Nodes ``idx``'s rows for ``task`` from model ``w`` (the global model if ``None``), each
+        """Nodes ``idx``'s rows for ``task`` from model ``w`` (the round's task model if ``None``), each
         by a volunteer's own function; their momenta advance."""
-        outs, w = [], self.engine.w if w is None else w
+        outs, w = [], self.sent if w is None else w
         for i in idx:
             x, y = self.local(i)
             outs.append(compute(task, w, x, y, self.setup.data.classes, self.ids[i], torch.device("cpu"),
@@ -205,12 +211,12 @@ class CellRun:
             if self.net is not None:  # flat samples by index_select: 3x faster than indexing by a 3-d idx
                 x = self.xs.flatten(1).index_select(0, pos.flatten()).view(*pos.shape, -1)
                 y = self.ys.index_select(0, pos.flatten()).view(pos.shape)
-                rows, m = local_updates(self.net, self.protocol, self.engine.w, x, y, m)
+                rows, m = local_updates(self.net, self.protocol, self.sent, x, y, m)
             else:
                 model = self.engine.model
                 batched = vmap(partial(self.protocol.node_update, model), in_dims=(None, 0, 0, 0))
                 try:
-                    rows, m = batched(unflatten(self.engine.w, model), self.xs[pos], self.ys[pos], m)
+                    rows, m = batched(unflatten(self.sent, model), self.xs[pos], self.ys[pos], m)
                 except RuntimeError as err:
                     if "random" not in str(err):
                         raise

@@ -4,7 +4,7 @@ The bench computes every row in-process; :class:`Timeline` adds what a deploymen
 see. Each reply is encoded with the run's codec (``compression``; ``robust.codecs``) and
 decoded again, as the coordinator does, with the node's error-feedback residual for a biased
 codec (top-k), so the rows the engine aggregates are the decoded ones; its bytes are counted
-(up: the encoded arrays; down: the float32 model each task carries). A reply sent at
+(up: the encoded arrays; down: the model each task carries, float32 or as ``downlink`` sends it). A reply sent at
 ``start`` arrives at ``start + download + compute(steps, speed) + upload`` on the node's
 link (``evaluation.clock.Volunteers``: ``speed``, ``link``, ``churn``). Everything is a
 function of the scenario, the seed and the rows: the same cell gives the same times and bits.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from nodes.wire import DOWNLINK_BYTES
 from robust import codecs
 
 from .clock import Traffic, Volunteers, measure_step_seconds
@@ -31,6 +32,7 @@ class Timeline:
                                         link=config.get("link", "none"), churn=config.get("churn", "none"))
         self.codec = codecs.build(settings.compression)
         self.seed, self.steps, self.d = seed, steps, d
+        self.down = DOWNLINK_BYTES[settings.downlink] * d  # bytes of the model each task carries
         self.deadline = float(config.get("deadline", 0.0))
         self.step_seconds = float(config.get("step-seconds", 0.0))
         self.residual: dict[str, torch.Tensor | None] = {}
@@ -68,8 +70,8 @@ class Timeline:
 
     def arrival(self, node: str, start: float, up: int) -> float:
         """When ``node``'s reply of ``up`` bytes to a task sent at ``start`` arrives."""
-        self.traffic.add(node, up=up, down=F32 * self.d)
-        return self.volunteers.arrival(node, start, self.steps, self.step_seconds, up, F32 * self.d)
+        self.traffic.add(node, up=up, down=self.down)
+        return self.volunteers.arrival(node, start, self.steps, self.step_seconds, up, self.down)
 
     def record(self) -> dict:
         return {"sim_seconds": self.now, "step_seconds": self.step_seconds, **self.traffic.record()}

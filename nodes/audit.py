@@ -136,8 +136,10 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
     engine = Engine(settings, build_model(settings.model, data.shape, data.classes, settings.seed), data.x_test,
                     data.y_test, verifier=recorded(spot) if settings.spot_check else None, root=Root.of(settings, data))
     signers = known_keys(folder) if full else {}
-    # models[v]: the logged model the tasks of version v carried (with lookahead, extrapolated)
-    replay, base, models = True, engine.base, [engine.task_model()[1]]
+    # models[v]: the logged model the tasks of version v carried (extrapolated by lookahead,
+    # rounded by the downlink): what the updates of the next round (or buffers) were computed from
+    replay, base = True, engine.task_model()[1]
+    models = [base]
     for r in records:
         t, updates = r["round"], r.get("updates", {})
         staleness = r.get("staleness")
@@ -163,8 +165,8 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
             if c and (v["verifier"] not in signers
                       or not keys.verify(signers[v["verifier"]], bytes.fromhex(c["signature"]), payload)):
                 problems.append(f"{word} {t}: the signature of {v['verifier'][:12]}'s check does not verify")
-        base = r.get("model_sha256")  # what the next round's updates were computed from
-        models.append(r.get("task_sha256", base))
+        base = r.get("task_sha256", r.get("model_sha256"))  # what the next round's updates were computed from
+        models.append(base)
         rows = {fp: _row(folder, u["sha256"]) for fp, u in updates.items()}
         bad = {fp: why for fp, why in rows.items() if isinstance(why, str)}
         if bad:

@@ -14,7 +14,9 @@ codec's layout and decoded as they are read (``nodes.wire.read_reply``): a malfo
 is that node's rejection with the reason; the decoded row, which is what the node signed, then
 goes through the same checks as an uncompressed one. Every round record counts the bytes that
 travelled: ``bytes_up`` (the replies' arrays), ``bytes_down`` (the tasks' model arrays), and
-``bytes_per_node`` (short id -> ``[up, down]``); spot-check traffic is not counted.
+``bytes_per_node`` (short id -> ``[up, down]``); spot-check traffic is not counted. With
+``downlink = fp16`` tasks carry the model in half precision (``Engine.task_model``): half the
+bytes down, and each task names the SHA-256 of the rounded model the nodes train from.
 
 Asynchronous rounds (``round = async``, FedBuff; the loop is ``nodes.server_app.serve_async``):
 each node gets its own task (:meth:`send`), numbered by the run's task count (``DIR/tasks-sent``,
@@ -58,7 +60,7 @@ from .root import Root
 from .rows import canonical, rejection_reason
 from .settings import Settings
 from .verifier import Checkers, SpotChecks
-from .wire import Reply, Task, content_bytes, read_reply, reply_payload, task_content
+from .wire import Reply, Task, content_bytes, model_array, read_reply, reply_payload, task_content
 
 log = logging.getLogger("robust.coordinator")
 RUN_ID = "run-id"
@@ -189,7 +191,9 @@ class Coordinator:
         return chosen if len(chosen) >= self.engine.quorum or not rested else self.engine.select(online)
 
     def task(self) -> tuple[Task, np.ndarray]:
-        return Task.of(self.settings, self.run_id, self.round + 1, self.engine.base), self.engine.w.numpy()
+        """The next round's task and the model array it carries (``downlink``: as it travels)."""
+        w, base = self.engine.task_model()
+        return Task.of(self.settings, self.run_id, self.round + 1, base), model_array(w.numpy(), self.settings.downlink)
 
     # -- asynchronous rounds ---------------------------------------------------------------
 
@@ -231,7 +235,7 @@ class Coordinator:
             self.outstanding.setdefault(fp, {})[self.sent] = (self.round, base)
         if tasks:
             checkpoint.write_atomic(self.folder / TASKS_SENT, lambda out: out.write(f"{self.sent}\n".encode()))
-        return tasks, w.numpy()
+        return tasks, model_array(w.numpy(), self.settings.downlink)
 
     def forget(self, fp: str, number: int) -> None:
         """Task ``number`` of ``fp`` will not be answered (it expired): the node is free again."""
@@ -307,8 +311,8 @@ class Coordinator:
                 return f"trained on base model {reply.base[:12]}, its task {reply.round} sent {task[1][:12]}"
         elif reply.round != self.round + 1:
             return f"signed for round {reply.round}, this is round {self.round + 1} (a replay?)"
-        elif reply.base != self.engine.base:
-            return f"trained on base model {reply.base[:12]}, not the current {self.engine.base[:12]} (stale)"
+        elif reply.base != self.engine.task_model()[1]:
+            return f"trained on base model {reply.base[:12]}, not the current {self.engine.task_model()[1][:12]} (stale)"
         tensor = torch.from_numpy(np.array(row, dtype=np.float32)) if row is not None else None
         reason = rejection_reason(tensor, self.engine.w.numel(), self.settings.max_norm)
         if reason:

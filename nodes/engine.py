@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 import aggregators
+from robust import codecs
 from robust.compute import profile
 from robust.models import accuracy
 from robust.params import flat_params, sha256, unflatten
@@ -108,7 +109,8 @@ class Engine:
         self.weight = weight_of(s.staleness)
         self.buffer: torch.Tensor | None = None  # the protocol's outer momentum
         self.lookahead = Lookahead() if s.lookahead and s.round == "async" else None
-        self._sent: tuple[int, torch.Tensor, str] | None = None  # (round, model, SHA-256) of the lookahead
+        self.downlink = None if s.downlink == "none" else codecs.build(s.downlink)
+        self._sent: tuple[int, torch.Tensor, str] | None = None  # (round, model, SHA-256) tasks carry
         self.round = 0  # rounds finished
 
     @property
@@ -122,12 +124,16 @@ class Engine:
         self._w, self.base = value, sha256(value)
 
     def task_model(self) -> tuple[torch.Tensor, str]:
-        """The model a task sent now carries, and its SHA-256: :attr:`w` (:attr:`base`), or with
-        ``lookahead`` the model extrapolated by the expected staleness (``nodes.lookahead``)."""
-        if self.lookahead is None:
+        """The model a task sent now carries (float32), and its SHA-256: :attr:`w` (:attr:`base`);
+        with ``lookahead`` the model extrapolated by the expected staleness (``nodes.lookahead``);
+        with ``downlink = fp16`` rounded to half precision (``fp16``'s codec: saturating, round to
+        nearest even), as it travels."""
+        if self.lookahead is None and self.downlink is None:
             return self.w, self.base
         if self._sent is None or self._sent[0] != self.round:
-            w = self.lookahead.predict(self.w)
+            w = self.w if self.lookahead is None else self.lookahead.predict(self.w)
+            if self.downlink is not None:
+                w = self.downlink.decode(self.downlink.encode(w, ()), w.numel())
             self._sent = (self.round, w, sha256(w))
         return self._sent[1], self._sent[2]
 
@@ -192,7 +198,7 @@ class Engine:
             "missing": missing, "flagged": flagged, "quarantined": sorted(self.flags.quarantined),
             "skipped": skipped, "accuracy": acc, "model_sha256": self.base,
             "aggregate_sha256": None if aggregate is None else sha256(aggregate),
-            **({"task_sha256": self.task_model()[1]} if self.lookahead is not None else {}),
+            **({"task_sha256": self.task_model()[1]} if self.lookahead is not None or self.downlink is not None else {}),
             "spot": [v.record() for v in verdicts], "convicted": convicted,
             **({"staleness": {i: int(staleness[i]) for i in ids}} if staleness is not None else {}),
             "scores": {name: s.tolist() for name, s in scores.items()},
@@ -207,7 +213,7 @@ class Engine:
         if not drawn:
             return ids, X, [], []
         index = {fp: i for i, fp in enumerate(ids)}
-        verdicts = self.verifier(t, self.w, {fp: X[index[fp]] for fp in drawn})
+        verdicts = self.verifier(t, self.task_model()[0], {fp: X[index[fp]] for fp in drawn})
         convicted = sorted({fp for v in verdicts for fp in v.guilty})
         for v in verdicts:
             for fp in v.guilty:

@@ -98,6 +98,9 @@ RUN = table(
     Param("lookahead", Flag(), False,
           "async: send each task the model extrapolated by the expected staleness (DANA) instead of the current one "
           "(no effect on sync rounds: their tasks are never stale)"),
+    Param("downlink", OneOf(("none", "fp16")), "none",
+          "how the model travels to volunteers: none (float32), fp16 (half the bytes: nodes train from the model "
+          "rounded to half precision, whose SHA-256 each task names)"),
     Param("compression", Spec(_codec, "a codec spec"), "none",
           "how updates travel: none, fp16, int8 (per-block scale), topk:k=0.01 (error feedback), randk:k=0.01"),
     Param("threads", Interval(int, 1, 1024), 1,

@@ -91,6 +91,16 @@ def reply_payload(reply: Reply, update_sha: str) -> bytes:
 CHECK = "check"  # a spot check: recompute the task of node `author` on its data `part`
 
 
+DOWNLINK_BYTES = {"none": 4, "fp16": 2}  # bytes per coordinate of the model a task carries
+
+
+def model_array(w: np.ndarray, downlink: str) -> np.ndarray:
+    """The model as a task carries it: float32, or with ``downlink = fp16`` the half-precision
+    values of ``w`` (``w`` must already be rounded to them, ``Engine.task_model``: the cast
+    is then exact, and the volunteer's float32 copy is ``w`` bit for bit)."""
+    return w.astype(np.float16) if downlink == "fp16" else w
+
+
 def task_content(task: Task, w: np.ndarray, check: tuple[str, str] | None = None) -> RecordDict:
     """A task; with ``check = (author, part)``, the task of a spot check of ``author``'s update."""
     records = {MODEL: ArrayRecord({"w": Array(w)}), TASK: ConfigRecord(asdict(task))}

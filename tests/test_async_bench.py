@@ -129,3 +129,13 @@ def test_lookahead_sends_the_model_extrapolated_by_the_expected_staleness_and_re
     plain = run_cell(Cell({**BASE, "speed": SLOW, "round": "async", "rounds": 3}, "trimmed-mean", "none", 0))
     ahead = run_cell(cell)
     assert ahead["model_sha256"] == run_cell(cell)["model_sha256"] != plain["model_sha256"]
+
+
+def test_an_fp16_downlink_halves_the_bytes_down_and_nodes_train_from_the_rounded_model():
+    plain = run_cell(Cell(BASE, "trimmed-mean", "alie", 0))
+    run = CellRun(Cell({**BASE, "downlink": "fp16"}, "trimmed-mean", "alie", 0))
+    w, base = run.engine.task_model()
+    assert torch.equal(w, run.engine.w.half().float()) and base != run.engine.base
+    half = run_cell(Cell({**BASE, "downlink": "fp16"}, "trimmed-mean", "alie", 0))
+    assert plain["bytes_down"] == 2 * half["bytes_down"] and plain["bytes_up"] == half["bytes_up"]
+    assert half["model_sha256"] != plain["model_sha256"] and abs(half["final_accuracy"] - plain["final_accuracy"]) < 0.05

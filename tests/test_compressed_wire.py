@@ -299,3 +299,18 @@ def test_the_audit_verifies_a_topk_run(tmp_path):
     update = next((coord_dir / audit.UPDATES).glob("*.npy"))
     stored = np.load(update)
     assert stored.dtype == np.float32 and np.count_nonzero(stored) <= 49  # the decoded rows are what is kept
+
+
+def test_an_fp16_downlink_halves_the_bytes_down_and_nodes_checks_and_audit_follow_the_rounded_model(tmp_path):
+    coord_dir, nodes = _federation(tmp_path, downlink="fp16", spot_check=1.0, verifier="nodes", rounds=2)
+    coord = Coordinator(coord_dir)
+    task, w = coord.task()
+    sent = read_task(_proto(task_content(task, w)))[1]
+    assert sent.dtype == np.float16 and torch.equal(torch.from_numpy(sent).float(), coord.engine.w.half().float())
+    assert sha256(torch.from_numpy(sent.astype(np.float32))) == task.base != coord.engine.base
+    forger = fingerprint(nodes[3])
+    first = play(coord, nodes, {4: "forge:scale=0.9"}, checkers=_checkers(nodes))
+    assert first["convicted"] == [forger] and first["accepted"] == 3  # honest checks agree on the rounded model
+    assert first["bytes_down"] == 4 * (2 * 4810 + 128) and first["task_sha256"] == coord.task()[0].base
+    play(coord, nodes, checkers=_checkers(nodes))
+    assert audit.verify(coord_dir) == ([], 2, True)
