@@ -3,9 +3,9 @@
 A patient attacker stays under any per-round threshold; what gives it away is that it is a
 little suspicious *every* round. Each round, each accepted node's ``median-cosine`` score
 (``nodes.detectors``: how far its update's direction is from the round's coordinate median,
-two-sided) becomes a robust z-score relative to the round's spread,
+two-sided, in cosine units) becomes a robust z-score relative to the round's spread,
 
-    z_i = (s_i - median_j s_j) / (1.4826 * MAD_j s_j),     clipped to [-CAP, CAP],
+    z_i = (s_i - median_j s_j) / max(1.4826 * MAD_j s_j, FLOOR),     clipped to [-CAP, CAP],
 
 and accumulates into the node's one-sided CUSUM
 
@@ -16,17 +16,33 @@ attacker must keep up to be caught (honest heterogeneity rarely stays above it).
 bounds one round's evidence, and ``h >= CAP - K``, so one extreme round alone never
 quarantines.
 
+``FLOOR`` (0.1, in cosine units) is the smallest spread the z is taken relative to. The
+scores are cosines, already on an absolute scale, and a round's MAD can collapse far below
+any honest heterogeneity: late in training, or when colluders sit on the median (``mimic``
+sends five copies of one honest row) and so shrink the MAD of everyone else's gap. Without
+the floor such a round turns an honest gap of 0.27 into z = 10.8 (quick scenario, MAD 0.02):
+the attacker would frame honest nodes. With it, a gap counts as atypical only if it is
+several times 0.1 above the typical one; a sign-flipped or IPM row's gap is about 1 (its
+cosine to the median is negative while honest rows' is about 0.3), z about 8-11.
+
+``K = 6``: on non-IID data honest directions are persistent outliers. On the quick scenario
+(no quarantine) an honest node's z, floored, reaches about 7 for several consecutive rounds
+(under Krum late in training an honest node points against the median for 20 rounds). With a
+reference of 6 such a node gains little and rarely two rounds running, while a row pointing
+against the median (floored z 8-12) gains 2-6 per round, so crosses ``h`` in two to four.
+
 ``h`` comes from the target ``false_alarm``: the probability that an honest node is ever
 quarantined over ``rounds`` rounds. It is the ``1 - false_alarm`` quantile of ``max_t S_t``
 over ``PATHS`` simulated honest paths (seeded: the same ``h`` everywhere) under a null that
 is heavy-tailed and persistent, as honest scores are: ``z`` is an AR(1) process,
 ``z_t = rho z_{t-1} + sqrt(1 - rho^2) e_t``, its innovations ``e`` a Student-t with 3 degrees
-of freedom scaled by its MAD. A node's direction is persistent (non-IID data, the momentum
-protocol): on the quick scenario the honest z's lag-1 correlation is 0.79-0.96, and their
-tails reach 7.6 in 22,000 node-rounds. ``rho`` is measured on the run itself: the pooled
-lag-1 correlation of every node's z from one round to the next (Byzantine nodes included,
-whose persistence only raises ``h``), rounded up to a multiple of 0.05; until ``MIN_PAIRS``
-pairs are seen it is ``RHO_PRIOR``. ``h`` is recomputed when that value changes.
+of freedom scaled by its MAD (the floor only shrinks z, so the null is conservative). A
+node's direction is persistent (non-IID data, the momentum protocol): on the quick scenario
+the honest z's lag-1 correlation is 0.79-0.96. ``rho`` is measured on the run itself: the
+pooled lag-1 correlation of every node's z from one round to the next (Byzantine nodes
+included, whose persistence only raises ``h``), rounded up to a multiple of 0.05; until
+``MIN_PAIRS`` pairs are seen it is ``RHO_PRIOR``. ``h`` is recomputed when that value changes.
+For a stricter target (0.001) the quantile, not the one-round bound, sets ``h``.
 """
 
 from __future__ import annotations
@@ -37,19 +53,20 @@ from functools import lru_cache
 import torch
 
 SCORE = "median-cosine"
-K = 4.0
+K = 6.0
 CAP = 2 * K
 PATHS = 10_000
 T3_MAD = 0.7649  # the median absolute deviation of a Student-t with 3 degrees of freedom
 RHO_PRIOR, RHO_STEP, MIN_PAIRS = 0.95, 0.05, 30
+FLOOR = 0.1  # the smallest spread of the cosine gaps a z is taken relative to (see the module)
 
 
 def robust_z(scores: torch.Tensor) -> torch.Tensor:
-    """``(s - median) / (1.4826 MAD)`` clipped to ``[-CAP, CAP]`` (zeros when MAD is 0 and
-    every score is the median; ``CAP`` for a score above a zero MAD)."""
+    """``(s - median) / max(1.4826 MAD, FLOOR)`` clipped to ``[-CAP, CAP]`` (with a zero
+    ``FLOOR``: zeros when MAD is 0 and every score is the median, ``CAP`` for a score above)."""
     s = scores.to(torch.float64)
     med = s.median()
-    mad = 1.4826 * (s - med).abs().median()
+    mad = torch.clamp_min(1.4826 * (s - med).abs().median(), FLOOR)
     if mad == 0:
         return torch.where(s > med, CAP, torch.where(s < med, -CAP, 0.0)).to(torch.float64)
     return ((s - med) / mad).clamp(-CAP, CAP)

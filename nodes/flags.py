@@ -39,6 +39,7 @@ class FlagPolicy:
         self.flags: dict[str, int] = {}
         self.quarantined: dict[str, int] = {}  # node -> the round it was quarantined in
         self.convicted: dict[str, dict] = {}  # node -> {round, author, distance}: proved to lie
+        self.why: dict[str, str] = {}  # node -> what quarantined it: "flags", "evidence" or "convicted"
 
     def update(self, round: int, ids: list[str], scores: Mapping[str, torch.Tensor],
                rejected: Iterable[str]) -> list[str]:
@@ -50,10 +51,11 @@ class FlagPolicy:
         for node in flagged:
             self.flags[node] = self.flags.get(node, 0) + 1
             if self.flags[node] >= self.after and node not in self.quarantined:
-                self.quarantined[node] = round
+                self.quarantined[node], self.why[node] = round, "flags"
         if self.evidence is not None and ids:
             for node in self.evidence.update(ids, scores[EVIDENCE]):
-                self.quarantined.setdefault(node, round)
+                if node not in self.quarantined:
+                    self.quarantined[node], self.why[node] = round, "evidence"
         return sorted(flagged)
 
     def flags_rows(self, scores: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -63,10 +65,12 @@ class FlagPolicy:
     def convict(self, node: str, round: int, evidence: dict) -> None:
         """Ban ``node`` from round ``round`` on: a spot check proved it lied."""
         self.convicted.setdefault(node, {"round": round, **evidence})
-        self.quarantined.setdefault(node, round)
+        if node not in self.quarantined:
+            self.quarantined[node], self.why[node] = round, "convicted"
 
     def state(self) -> dict:
-        state = {"flags": dict(self.flags), "quarantined": dict(self.quarantined), "convicted": dict(self.convicted)}
+        state = {"flags": dict(self.flags), "quarantined": dict(self.quarantined), "convicted": dict(self.convicted),
+                 "why": dict(self.why)}
         if self.evidence is not None:
             state["evidence"] = self.evidence.state()
         return state
@@ -77,3 +81,4 @@ class FlagPolicy:
         self.flags = {str(k): int(v) for k, v in state["flags"].items()}
         self.quarantined = {str(k): int(v) for k, v in state["quarantined"].items()}
         self.convicted = {str(k): dict(v) for k, v in state.get("convicted", {}).items()}
+        self.why = {str(k): str(v) for k, v in state.get("why", {}).items()}  # older checkpoints: none

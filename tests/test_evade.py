@@ -7,9 +7,11 @@ import pytest
 import torch
 
 import attacks
-from attacks.evade import DIRECTIONS
+from attacks.base import honest_std, unit
+from attacks.evade import DIRECTIONS, bend, grad_rows
 from evaluation.cell import Cell
 from evaluation.local import CellRun, run_cell
+from evaluation.metrics import roc_auc
 from evaluation.scenario import grid, load_scenario
 from nodes.detectors import DETECTORS, score_round
 from nodes.flags import FlagPolicy
@@ -19,10 +21,10 @@ F, RATIO, MAX, STEPS, Q = 3, 1.5, 10.0, 12, 0.95
 TARGETS = tuple(d for d in DETECTORS if d != "discarded")  # what evade:detector=all hides from
 
 
-def honest_rows(h: int = 12, d: int = 400) -> torch.Tensor:
+def honest_rows(h: int = 12, d: int = 400, seed: int = 0) -> torch.Tensor:
     """Honest-looking rows: a shared mean, a low-rank common part and row-specific noise levels
     (so that the honest scores spread and there is room to hide in)."""
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
     mu = 0.5 * torch.randn(d, generator=g, dtype=F64)
     scale = torch.linspace(0.6, 1.4, h, dtype=F64)[:, None]
     low = torch.randn(h, 3, generator=g, dtype=F64) @ torch.randn(3, d, generator=g, dtype=F64)
@@ -125,8 +127,13 @@ def test_parameter_errors():
         attacks.build("evade:detector=discarded", 1)
     with pytest.raises(ValueError, match="evade detector must be one of distance-ratio, krum-score, .*policy or all \\(got detector='nope'"):
         attacks.build("evade:detector=nope", F)(H, ctx())  # checked against the deployment's detectors
-    with pytest.raises(ValueError, match="evade dir must be one of alie, ipm, sign \\(got dir='up'\\)"):
+    with pytest.raises(ValueError, match="evade dir must be one of alie, ipm, sign, grad \\(got dir='up'\\)"):
         attacks.build("evade:dir=up", 1)
+    with pytest.raises(ValueError, match="evade jitter must be one of gauss, own, typical \\(got jitter='noise'\\)"):
+        attacks.build("evade:jitter=noise", 1)
+    for a in ("0", "1.5"):
+        with pytest.raises(ValueError, match="evade auc must be in \\(0, 1\\]: the round AUC each chosen"):
+            attacks.build(f"evade:auc={a}", 1)
     with pytest.raises(ValueError, match="evade steps must be >= 1"):
         attacks.build("evade:steps=0", 1)
     with pytest.raises(ValueError, match="evade max must be > 0"):
@@ -147,6 +154,104 @@ def test_what_the_context_must_carry():
         attacks.build("evade:detector=norm", F)(H, ctx(own=None))
     rows = attacks.build("evade:detector=norm", F)(H, ctx(flagged=None))  # a detector alone needs no policy
     assert rows.shape == (F, H.shape[1])
+
+
+BEFORE = honest_rows(seed=7)  # the previous round's honest rows (dir=grad remembers their mean)
+
+
+def after_a_round(spec: str) -> attacks.Attack:
+    """The attack of ``spec`` once it has crafted round 1 on ``BEFORE`` (the tests then play round 2 on ``H``)."""
+    attack = attacks.build(spec, F)
+    attack(BEFORE, ctx(round=1))
+    return attack
+
+
+def typical_bases(h: torch.Tensor) -> torch.Tensor:
+    """The ``F`` rows of ``h`` whose highest rank over every detector's score of ``h`` is lowest."""
+    scores = score_round(h, F)
+    worst = [max(sorted(range(len(h)), key=lambda i: (float(scores[k][i]), i)).index(i) for k in scores)
+             for i in range(len(h))]
+    return h[sorted(range(len(h)), key=lambda i: (worst[i], i))[:F]]
+
+
+def test_grad_pushes_orthogonally_to_the_honest_mean_toward_the_previous_one():
+    row = grad_rows(H, BEFORE.mean(dim=0))
+    mean, u = H.mean(dim=0), unit(H.mean(dim=0))
+    push = row(0.7) - mean
+    before = BEFORE.mean(dim=0)
+    expected = unit(before - (before @ u) * u)
+    assert torch.allclose(push, 0.7 * honest_std(H).norm() * expected)
+    assert abs(float(push @ u)) < 1e-9 * float(push.norm())
+    assert torch.equal(grad_rows(H, None)(5.0), mean)  # no previous round: no push
+
+
+def test_grad_remembers_the_previous_round_only():
+    attack = attacks.build("evade:detector=all,dir=grad,jitter=own", F)
+    first = attack(H, ctx(round=2))
+    assert torch.allclose(first, OWN)  # no round 1 seen: no push, the colluders' own rows (to rounding)
+    pushed = after_a_round("evade:detector=all,dir=grad,jitter=own")
+    a, b = pushed(H, ctx(round=2)), pushed(H, ctx(round=2))  # a call again in the same round
+    assert torch.equal(a, b) and not torch.allclose(a, OWN) and pushed.last_strength > 0
+    assert torch.equal(a, after_a_round("evade:detector=all,dir=grad,jitter=own")(H, ctx(round=2)))  # seeded
+    assert torch.allclose(pushed(H, ctx(round=4)), OWN)  # round 3 unseen: no push again
+
+
+@pytest.mark.parametrize("jitter", ["own", "typical"])
+def test_a_bent_row_keeps_its_distance_to_the_mean_and_its_part_along_it(jitter):
+    attack = after_a_round(f"evade:detector=all,dir=grad,jitter={jitter},quantile=1")
+    H0 = H.clone()
+    rows = attack(H, ctx(round=2))
+    assert torch.equal(H, H0)  # the honest rows are not touched
+    bases = OWN if jitter == "own" else typical_bases(H)
+    mean, u = H.mean(dim=0), unit(H.mean(dim=0))
+    assert attack.last_strength is not None and attack.last_strength > 0
+    assert torch.allclose((rows - mean).norm(dim=1), (bases - mean).norm(dim=1))
+    assert torch.allclose((rows - mean) @ u, (bases - mean) @ u)
+    assert torch.allclose(rows.norm(dim=1), bases.norm(dim=1))
+
+
+def test_bend_shrinks_the_rest_and_stops_at_zero():
+    mean = torch.tensor([1.0, 0.0, 0.0], dtype=F64)
+    D = torch.tensor([[0.5, 0.0, 2.0]], dtype=F64)
+    row = bend(mean, D, torch.tensor([0.0, 1.2, 0.0], dtype=F64))
+    assert torch.allclose(row, torch.tensor([[1.5, 1.2, 1.6]], dtype=F64))  # lam = 0.8: ||(1.2, 1.6)|| = 2
+    row = bend(mean, D, torch.tensor([0.0, 3.0, 0.0], dtype=F64))  # longer than D: lam = 0
+    assert torch.allclose(row, torch.tensor([[1.5, 3.0, 0.0]], dtype=F64))
+    assert torch.equal(bend(mean, D, torch.zeros(3, dtype=F64)), mean + D)
+
+
+@pytest.mark.parametrize("direction", [*DIRECTIONS, "grad"])
+@pytest.mark.parametrize("jitter", ["own", "typical"])
+def test_bent_rows_pass_the_auc_bound_and_one_step_more_does_not(direction, jitter):
+    auc = 0.7
+    attack = after_a_round(f"evade:detector=all,dir={direction},jitter={jitter},auc={auc},quantile=1")
+    rows = attack(H, ctx(round=2))
+    s, h = attack.last_strength, H.shape[0]
+    if s is None:
+        assert torch.equal(rows, OWN)
+        return
+    mean = H.mean(dim=0)
+    bases = OWN if jitter == "own" else typical_bases(H)
+    row = grad_rows(H, BEFORE.mean(dim=0)) if direction == "grad" else DIRECTIONS[direction](H)
+    sent = lambda t: bend(mean, bases - mean, row(t) - mean)  # noqa: E731
+    assert torch.equal(rows, sent(s))
+    byz = torch.arange(h + F) >= h
+
+    def hidden(B: torch.Tensor) -> bool:
+        scores = score_round(torch.cat([H, B]), F)
+        return (not crossing(B, "all", q=1.0)
+                and all(roc_auc(scores[name], byz) <= auc for name in TARGETS))
+
+    assert hidden(rows)
+    assert s == MAX or not hidden(sent(s + MAX / 2**STEPS))
+
+
+def test_a_tighter_auc_pushes_less():
+    tight = after_a_round("evade:detector=all,dir=grad,jitter=typical,auc=0.65,quantile=1")
+    tight(H, ctx(round=2))
+    loose = after_a_round("evade:detector=all,dir=grad,jitter=typical,quantile=1")
+    loose(H, ctx(round=2))
+    assert 0 < tight.last_strength < loose.last_strength
 
 
 SMALL = ['aggregators=["mean"]', "nodes=10", "byzantine=2", "rounds=15", "seeds=[0]"]
@@ -177,3 +282,27 @@ def test_in_a_bench_cell_it_damages_mean_while_every_detector_misses_it():
     # at the bench's 5% false-positive operating point the detectors catch nothing but the colluders'
     # own updates in the rounds they lie low
     assert all(d["tpr_at_5fpr"] <= 0.1 for d in detect.values())
+
+
+def test_in_a_bench_cell_grad_bends_typical_rows_under_the_auc_bound_every_round():
+    cfg = grid(load_scenario("evaluation/scenarios/quick.toml", SMALL))[0]
+    clean = run_cell(Cell(cfg, "mean", "none", 0))
+    spec, auc = "evade:detector=all,dir=grad,jitter=typical,auc=0.7,quantile=1", 0.7
+    run = CellRun(Cell(cfg, "mean", spec, 0))
+    pushed = 0
+    while not run.engine.done:
+        r = run.play_round()
+        attack = run.threat.coalitions[2]
+        byz = torch.tensor([i in run.setup.byzantine for i in r["ids"]])
+        assert not set(r["flagged"]) & run.setup.byzantine
+        if attack.last_strength is None:  # lay low: honest rows, nothing to check
+            continue
+        pushed += attack.last_strength > 0
+        for name in TARGETS:  # the rows the engine scored are the rows the attack checked
+            s = torch.tensor(r["scores"][name], dtype=F64)
+            assert roc_auc(s, byz) <= auc + 1e-9, (r["round"], name)
+            assert float(s[byz].max()) <= float(s[~byz].max()) * (1 + 1e-9) + 1e-12, (r["round"], name)
+    record = run.record(1.0)
+    assert pushed >= 10
+    assert record["final_accuracy"] < clean["final_accuracy"] - 0.08  # 15 pp on this cell
+    assert max(d["auc"] for d in record["detect"].values()) <= 0.65  # 0.56 on this cell
