@@ -106,6 +106,7 @@ class CellRun:
         self.timeline.measure(lambda: compute(self.task(), self.sent, *self.local(0), setup.data.classes,
                                               self.ids[0], torch.device("cpu")))
         self.fedbuff = FedBuff(self) if setup.settings.round == "async" else None
+        self.carried: dict[str, tuple[float, torch.Tensor, int]] = {}  # late = carry: node -> (arrival, row, round)
 
     def local(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Node ``i``'s own copy of its data, as a volunteer holds it (the per-node driver)."""
@@ -234,28 +235,40 @@ class CellRun:
         """One round: a buffer of asynchronous replies (``round = async``, :mod:`evaluation.fedbuff`;
         ``None`` when no node can reply any more), or a synchronous round: the online nodes are
         asked; their replies, decoded as the coordinator decodes them, count if they arrive by
-        the deadline (every one without)."""
+        the deadline (every one without). With ``late = carry`` a late reply is kept and counts
+        in the round it arrives in, with its staleness (rounds since its task); its node, busy
+        meanwhile, is not asked; a node quarantined meanwhile is not read."""
         if self.fedbuff is not None:
             return self.fedbuff.play_round()
         t, line = self.engine.round + 1, self.timeline
-        asked = self.engine.select([i for i in self.ids if line.volunteers.online(i, t)])
+        carry = self.setup.settings.late == "carry"
+        asked = self.engine.select([i for i in self.ids if line.volunteers.online(i, t) and i not in self.carried])
         start = time.perf_counter()
         X = self.rows(asked)
         self.training += time.perf_counter() - start
-        arrivals, rows = {}, []
+        arrivals, rows = {}, {}
         for node, row in zip(asked, X):
-            decoded, up = line.send(node, t, row)
+            rows[node], up = line.send(node, t, row)
             arrivals[node] = line.arrival(node, line.now, up)
-            rows.append(decoded)
-        end = max(arrivals.values(), default=line.now)
+        end = max(arrivals.values(), default=line.now + line.deadline)
         if line.deadline:
             end = min(end, line.now + line.deadline)
-        on_time = [k for k, node in enumerate(asked) if arrivals[node] <= end]
         late = {node: f"late: arrived {arrivals[node] - line.now:.3g} s after the task, deadline {line.deadline:g} s"
-                for node in asked if arrivals[node] > end}
-        X = torch.stack([rows[k] for k in on_time]) if on_time else X[:0]
+                + ("; carried to the round it arrives in" if carry else "") for node in asked if arrivals[node] > end}
+        ids = [node for node in asked if node not in late]
+        staleness = dict.fromkeys(ids, 0)
+        for node, (at, row, sent) in sorted(self.carried.items()):
+            if at <= end:
+                del self.carried[node]
+                if node not in self.engine.flags.quarantined:
+                    ids.append(node)
+                    rows[node], staleness[node] = row, t - sent
+        if carry:
+            self.carried.update({node: (arrivals[node], rows[node], t) for node in late})
+        X = torch.stack([rows[node] for node in ids]) if ids else X[:0]
         line.now = end
-        self.add(self.engine.step(asked, [asked[k] for k in on_time], X, failed=late))
+        self.add(self.engine.step(sorted(set(asked) | set(ids)), ids, X, failed=late,
+                                  staleness=staleness if carry else None))
         return self.records[-1]
 
     def add(self, record: dict) -> None:

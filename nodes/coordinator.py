@@ -18,6 +18,12 @@ travelled: ``bytes_up`` (the replies' arrays), ``bytes_down`` (the tasks' model 
 ``downlink = fp16`` tasks carry the model in half precision (``Engine.task_model``): half the
 bytes down, and each task names the SHA-256 of the rounded model the nodes train from.
 
+Late replies (``late = carry``, synchronous rounds): a node that has not answered by the
+deadline is *carried* (:meth:`carry`): it is not asked again until its reply arrives, and that
+reply, which must answer its own round's task and base, counts in the round it arrives in,
+with its staleness (rounds since its task), which the engine weighs as in asynchronous rounds;
+its record entry names the task and base (``updates``: ``task``, ``base``) for the audit.
+
 Asynchronous rounds (``round = async``, FedBuff; the loop is ``nodes.server_app.serve_async``):
 each node gets its own task (:meth:`send`), numbered by the run's task count (``DIR/tasks-sent``,
 so a resumed run never reuses a number a volunteer has seen), with the current model. A reply
@@ -122,6 +128,7 @@ class Coordinator:
         self.outstanding: dict[str, dict[int, tuple[int, str]]] = {}  # node -> task number -> (version, base)
         self.buffers: Buffers[Inbox] = Buffers(self.buffer_size)  # each reply: a one-node Inbox
         self.started = time.monotonic()  # when the buffer being filled began
+        self.late: dict[str, tuple[int, str]] = {}  # late = carry: node -> (round, base) of its task, still out
         self._resume()
         self._know(self.engine.task_model()[1], self.round)
         path = self.folder / TASKS_SENT
@@ -185,7 +192,7 @@ class Coordinator:
         resting; resting ones too if a quorum needs them). The admission list is re-read, so a
         key admitted while the run goes on is used from the next round."""
         self.keys = self._admitted()
-        online = [fp for fp in online if fp in self.keys]
+        online = [fp for fp in online if fp in self.keys and fp not in self.late]  # a carried task: busy
         rested = self.attendance.rested(self.round + 1)
         chosen = self.engine.select([fp for fp in online if fp not in rested])
         return chosen if len(chosen) >= self.engine.quorum or not rested else self.engine.select(online)
@@ -194,6 +201,11 @@ class Coordinator:
         """The next round's task and the model array it carries (``downlink``: as it travels)."""
         w, base = self.engine.task_model()
         return Task.of(self.settings, self.run_id, self.round + 1, base), model_array(w.numpy(), self.settings.downlink)
+
+    def carry(self, fp: str, task: Task) -> None:
+        """``late = carry``: ``fp`` did not answer ``task`` within its round; its reply will count
+        in the round it arrives in (:meth:`check`), and the node gets no task meanwhile."""
+        self.late[fp] = (task.round, task.base)
 
     # -- asynchronous rounds ---------------------------------------------------------------
 
@@ -294,6 +306,8 @@ class Coordinator:
             inbox.replies[fp] = reply
             if self.asynchronous:
                 inbox.versions[fp] = self.outstanding[fp][reply.round][0]
+            elif reply.round != self.round + 1:  # a carried task's reply: computed from round reply.round's model
+                inbox.versions[fp] = reply.round - 1
 
     def check(self, fp: str, reply: Reply, row: np.ndarray | None) -> tuple[torch.Tensor, str] | str:
         """The update of a reply that did not decline, as ``(row, its SHA-256)``, or why it is
@@ -310,7 +324,11 @@ class Coordinator:
             if reply.base != task[1]:
                 return f"trained on base model {reply.base[:12]}, its task {reply.round} sent {task[1][:12]}"
         elif reply.round != self.round + 1:
-            return f"signed for round {reply.round}, this is round {self.round + 1} (a replay?)"
+            carried = self.late.get(fp)
+            if carried is None or carried[0] != reply.round:
+                return f"signed for round {reply.round}, this is round {self.round + 1} (a replay?)"
+            if reply.base != carried[1]:
+                return f"trained on base model {reply.base[:12]}, its round {reply.round} task sent {carried[1][:12]}"
         elif reply.base != self.engine.task_model()[1]:
             return f"trained on base model {reply.base[:12]}, not the current {self.engine.task_model()[1][:12]} (stale)"
         tensor = torch.from_numpy(np.array(row, dtype=np.float32)) if row is not None else None
@@ -338,7 +356,9 @@ class Coordinator:
         if self._task_bytes is None:  # the model array's bytes: the same every round
             self._task_bytes = content_bytes(task_content(*self.task()))
         self.checks.begin(inbox.replies, checkers)
-        staleness = {fp: self.round - inbox.versions[fp] for fp in ids} if self.asynchronous else None
+        staleness = None
+        if self.asynchronous or self.settings.late == "carry":  # fresh sync replies: from the current model
+            staleness = {fp: self.round - inbox.versions.get(fp, self.round) for fp in ids}
         record = self.engine.step(asked, ids, X, inbox.rejected, inbox.failed, staleness=staleness)
         if self.asynchronous:
             self._know(self.engine.task_model()[1], self.round)

@@ -25,6 +25,10 @@ every node that has not replied is sent a no-op ``query`` message: pulling it ma
 SuperNode push the reply it holds. A node that is merely slow runs one more no-op after its
 real work; a fresh run never nudges.
 
+Late replies (``late = carry``): the tasks a round leaves unanswered are carried; their
+replies are pulled with the next rounds' and filed in the round they arrive in
+(:meth:`Coordinator.carry`), until their TTL (``deadline`` + 30 s) expires.
+
 Asynchronous rounds (``round = async``, FedBuff: :func:`serve_async`). No round waits for
 anyone: every online, admitted, non-quarantined node without a task gets one with the current
 model (at start, when it comes online, and right after its reply is read); replies are read
@@ -127,8 +131,12 @@ def wait_for_nodes(roster: Roster, coord: Coordinator, everyone: bool) -> dict[i
         time.sleep(roster.poll)
 
 
-def play_round(roster: Roster, coord: Coordinator, first: bool, nudging: bool) -> dict:
-    grid = roster.grid
+def play_round(roster: Roster, coord: Coordinator, first: bool, nudging: bool,
+               carried: dict[str, tuple[str, int, float]] | None = None) -> dict:
+    """One synchronous round. ``carried`` (``late = carry``; message id -> (node, Flower id, sent
+    at)) holds the tasks past their round: their replies are read with this round's, and the
+    tasks this round leaves unanswered join them, until answered or expired (their TTL)."""
+    grid, carried = roster.grid, {} if carried is None else carried
     nodes = wait_for_nodes(roster, coord, first)
     if not nodes:
         raise RuntimeError(
@@ -140,15 +148,26 @@ def play_round(roster: Roster, coord: Coordinator, first: bool, nudging: bool) -
     deadline = started + coord.settings.deadline
     messages = [Message(task_content(task, w), dst_node_id=nid, message_type="train",
                         ttl=coord.settings.deadline + 30) for nid in sorted(nodes)]
-    pending = {mid for mid in grid.push_messages(messages) if mid}
+    sent = dict(zip(grid.push_messages(messages), sorted(nodes)))  # message id -> Flower id
+    pending = {mid for mid in sent if mid}
     inbox = Inbox()
+    late: set[str] = set()  # carried nodes whose reply this round read
     nudge_at = started + coord.settings.deadline / 2 if nudging else None
     while pending and time.monotonic() < deadline:
         if nudge_at is not None and time.monotonic() >= nudge_at:
             nudge(grid, {nid: fp for nid, fp in nodes.items() if fp not in inbox}, deadline)
             nudge_at = None
-        for reply in grid.pull_messages(list(pending)):
-            pending.discard(reply.metadata.reply_to_message_id)
+        for reply in grid.pull_messages(list(pending | set(carried))):
+            mid = reply.metadata.reply_to_message_id
+            old = carried.pop(mid, None)
+            if old is not None:  # a carried task's reply, from its own node only
+                fp = old[0] if reply.metadata.src_node_id == old[1] else None
+                if fp is not None and not reply.has_error() and fp not in inbox:
+                    coord.take(fp, reply.content, inbox)
+                    late.add(fp)
+                coord.late.pop(old[0], None)
+                continue
+            pending.discard(mid)
             fp = nodes.get(reply.metadata.src_node_id)
             if fp is None or fp in inbox:
                 continue
@@ -158,8 +177,26 @@ def play_round(roster: Roster, coord: Coordinator, first: bool, nudging: bool) -
                 coord.take(fp, reply.content, inbox)
         if pending:
             time.sleep(roster.poll)
+    if coord.settings.late == "carry":
+        for mid in pending:
+            fp = nodes[sent[mid]]
+            if fp not in inbox:
+                carried[mid] = (fp, sent[mid], started)
+                coord.carry(fp, task)
+    expire(carried, coord)
     checkers = Checkers(sorted(set(nodes.values())), lambda asked: ask_checks(roster, nodes, asked))
-    return coord.finish_round(sorted(set(nodes.values())), inbox, started, checkers)
+    return coord.finish_round(sorted(set(nodes.values()) | late), inbox, started, checkers)
+
+
+def expire(carried: dict[str, tuple[str, int, float]], coord: Coordinator) -> None:
+    """Give up the carried tasks past their TTL (``deadline`` + 30 s): their nodes are free again."""
+    now = time.monotonic()
+    for mid, (fp, _, at) in list(carried.items()):
+        if now - at > coord.settings.deadline + 30:
+            log.warning("round %d: no reply from %s to its carried task within %g s: given up", coord.round + 1,
+                        short(fp), coord.settings.deadline + 30)
+            del carried[mid]
+            coord.late.pop(fp, None)
 
 
 def ask_checks(roster: Roster, nodes: dict[int, str], asked: dict[str, tuple[str, RecordDict]]
@@ -267,8 +304,9 @@ def serve(grid: Grid, coord: Coordinator, poll: float = POLL, introductions: boo
         serve_async(roster, coord)
         return
     first, nudging = True, coord.round > 0  # resumed: nodes may hold the stopped run's replies
+    carried: dict[str, tuple[str, int, float]] = {}  # late = carry: tasks past their round
     while not coord.done:
-        record = play_round(roster, coord, first, nudging)
+        record = play_round(roster, coord, first, nudging, carried)
         first = False
         log_record(record)
 

@@ -91,6 +91,9 @@ RUN = table(
     Param("round", OneOf(("sync", "async")), "sync",
           "sync: rounds with a deadline and a quorum; async: buffered asynchronous aggregation (FedBuff), "
           "every node kept busy, the rule run on every `buffer` valid replies"),
+    Param("late", OneOf(("drop", "carry")), "drop",
+          "sync: a reply after the round's deadline is dropped, or carried into the round it arrives in, weighted "
+          "by its staleness (its node gets no new task meanwhile)"),
     Param("buffer", Interval(int, 0, None), 0, "async: valid replies per aggregation (0: the fewest the aggregator serves)"),
     Param("staleness", Spec(_staleness, "a staleness spec"), "sqrt",
           "async: a reply's weight by its staleness tau: constant, sqrt (1/sqrt(1+tau)) or poly:a=0.5"),

@@ -139,3 +139,23 @@ def test_an_fp16_downlink_halves_the_bytes_down_and_nodes_train_from_the_rounded
     half = run_cell(Cell({**BASE, "downlink": "fp16"}, "trimmed-mean", "alie", 0))
     assert plain["bytes_down"] == 2 * half["bytes_down"] and plain["bytes_up"] == half["bytes_up"]
     assert half["model_sha256"] != plain["model_sha256"] and abs(half["final_accuracy"] - plain["final_accuracy"]) < 0.05
+
+
+def test_late_replies_carried_count_in_the_round_they_arrive_in_with_their_staleness():
+    cell = Cell({**BASE, "speed": SLOW, "deadline": 0.05, "late": "carry", "rounds": 8}, "trimmed-mean", "none", 0)
+    run = CellRun(cell)
+    records = [run.play_round() for _ in range(8)]
+    first = records[0]
+    slow = sorted(first["failed"])
+    assert len(slow) == 2 and all(r.endswith("carried to the round it arrives in") for r in first["failed"].values())
+    assert first["staleness"] == dict.fromkeys(first["ids"], 0) and first["accepted"] == 8
+    # a slow node's reply takes 0.1 s; later rounds wait only for the fast nodes (0.01 s): the slow
+    # ones, busy (not asked), count in the first round that ends after 0.1 s, with its staleness
+    back = next(r for r in records if set(slow) <= set(r["ids"]))
+    before = records[1:back["round"] - 1]
+    assert before and all(r["asked"] == 8 and not set(slow) & set(r["ids"]) for r in before)
+    assert back["time"] >= 0.1 > records[back["round"] - 2]["time"]
+    assert {i: back["staleness"][i] for i in slow} == dict.fromkeys(slow, back["round"] - 1) and back["accepted"] == 10
+    dropped = CellRun(Cell({**BASE, "speed": SLOW, "deadline": 0.05, "rounds": 4}, "trimmed-mean", "none", 0))
+    assert all(r["accepted"] == 8 and "staleness" not in r for r in (dropped.play_round() for _ in range(3)))
+    assert run_cell(cell)["model_sha256"] == run_cell(cell)["model_sha256"]

@@ -1,5 +1,5 @@
-"""Asynchronous rounds in the deployment (``round = async``, FedBuff) and ``robust coordinator
-replay``. In-process: the coordinator's own methods (``send``/``receive``) and the ServerApp's
+"""Asynchronous rounds in the deployment (``round = async``, FedBuff), late replies carried
+(``late = carry``) and ``robust coordinator replay``. In-process: the coordinator's own methods (``send``/``receive``) and the ServerApp's
 loop (``serve``) on a fake grid whose volunteers run the real ``nodes.volunteer.work``; one
 loopback federation with a slow volunteer for real."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -45,10 +46,11 @@ def answer(node: Path, task, w: np.ndarray, attack: str = ""):
 
 class FakeGrid:
     """Flower's ``Grid`` as the ServerApp uses it: node ``i`` answers its task ``pulls[i]`` pulls
-    after it was sent (a node not in ``pulls`` never does)."""
+    after it was sent (a node not in ``pulls`` never does); a node in ``held`` answers only
+    once more tasks are pushed (a synchronous round's straggler, whose reply comes in the next)."""
 
-    def __init__(self, nodes: list[Path], pulls: dict[int, int]) -> None:
-        self.nodes, self.pulls, self.ids, self.count = nodes, pulls, itertools.count(1), 0
+    def __init__(self, nodes: list[Path], pulls: dict[int, int], held: tuple[int, ...] = ()) -> None:
+        self.nodes, self.pulls, self.held, self.ids, self.count = nodes, pulls, held, itertools.count(1), 0
         self.pending: dict[str, tuple[int, object]] = {}
 
     def get_nodes(self):
@@ -58,22 +60,28 @@ class FakeGrid:
             yield SimpleNamespace(node_id=nid, status="online", public_key=pem)
 
     def push_messages(self, messages) -> list[str]:
+        self.pending = {mid: (self.count if at == math.inf else at, *rest) for mid, (at, *rest) in self.pending.items()}
         out = []
         for m in messages:
             mid, nid = str(next(self.ids)), m.metadata.dst_node_id
             if m.metadata.message_type == "train" and nid in self.pulls:
-                task, w, _ = read_task(m.content)
-                content = answer(self.nodes[nid - 1], task, w)
-                self.pending[mid] = (self.count + self.pulls[nid], SimpleNamespace(
-                    metadata=SimpleNamespace(reply_to_message_id=mid, src_node_id=nid), content=content,
-                    has_error=lambda: False))
+                at = math.inf if nid in self.held else self.count + self.pulls[nid]
+                self.pending[mid] = (at, nid, m.content)
             out.append(mid)
         return out
 
     def pull_messages(self, ids):
+        """The replies ready now, each computed as it is pulled (a volunteer's training time is
+        not the coordinator's)."""
         self.count += 1
         ready = [mid for mid in ids if mid in self.pending and self.pending[mid][0] <= self.count]
-        return [self.pending.pop(mid)[1] for mid in ready]
+        out = []
+        for mid in ready:
+            _, nid, content = self.pending.pop(mid)
+            task, w, _ = read_task(content)
+            out.append(SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=mid, src_node_id=nid),
+                                       content=answer(self.nodes[nid - 1], task, w), has_error=lambda: False))
+        return out
 
 
 def records(folder: Path) -> list[dict]:
@@ -207,6 +215,26 @@ def test_stale_and_unknown_bases_are_rejected_with_their_reason(tmp_path):
     again = Coordinator(coord_dir)
     assert again.round == 3 and again.versions == coord.versions and again.sent == coord.sent
     assert again.buffers.filling == {} and again.outstanding == {}
+
+
+def test_a_late_reply_carried_counts_in_the_round_it_arrives_in_and_the_audit_verifies(tmp_path):
+    from flwr.supercore.task_identity import TaskIdentity
+
+    settings = dataclasses.replace(SETTINGS, round="sync", late="carry", deadline=3.0, rounds=3, quorum=3)
+    coord_dir, nodes = make_federation(tmp_path, 4, settings)
+    saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    try:  # node 4 answers each task only once the next round's tasks are out
+        serve(FakeGrid(nodes, {1: 1, 2: 1, 3: 1, 4: 1}, held=(4,)), Coordinator(coord_dir), poll=0.05)
+    finally:
+        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+    first, second, third = records(coord_dir)
+    late = fingerprint(nodes[3])
+    assert first["asked"] == 4 and first["missing"] == [late] and first["staleness"] == dict.fromkeys(first["ids"], 0)
+    assert second["asked"] == 4 and late in second["ids"] and second["staleness"][late] == 1  # not asked, but read
+    assert second["updates"][late]["task"] == 1  # its base, round 1's model, is checked by the audit below
+    assert third["asked"] == 4 and third["missing"] == [late]  # asked again in round 3, answers in round 4: never
+    assert audit.verify(coord_dir) == ([], 3, True)
 
 
 def test_async_settings_fail_early():
