@@ -196,6 +196,7 @@ class Engine:
             "round": t, "asked": len(asked), "accepted": len(ids), "ids": ids,
             "rejected": dict(sorted(rejected.items())), "failed": dict(sorted((failed or {}).items())),
             "missing": missing, "flagged": flagged, "quarantined": sorted(self.flags.quarantined),
+            "why": {fp: self.flags.why[fp] for fp, r in sorted(self.flags.quarantined.items()) if r == t},
             "skipped": skipped, "accuracy": acc, "model_sha256": self.base,
             "aggregate_sha256": None if aggregate is None else sha256(aggregate),
             **({"task_sha256": self.task_model()[1]} if self.lookahead is not None or self.downlink is not None else {}),

@@ -91,9 +91,12 @@ def read(folder: Path) -> dict:
     last = log[-1] if log else {"seconds": None, "ids": [], "rejected": {}, "failed": {}}
     state, outcome = _state(folder, settings)
     quarantined: dict[str, int] = {}
+    why: dict[str, str] = {}  # what quarantined each node: flags, evidence or a conviction
     for record in log:
         for fp in record["quarantined"]:
             quarantined.setdefault(short(fp), record["round"])
+        for fp, reason in record.get("why", {}).items():
+            why.setdefault(short(fp), reason)
     rounds_file = folder / checkpoint.ROUNDS
     return {
         "folder": str(folder), "state": state, "round": len(log), "rounds": settings.rounds,
@@ -107,6 +110,7 @@ def read(folder: Path) -> dict:
             "online": sorted(short(fp) for fp in [*last["ids"], *last["rejected"], *last["failed"]]),  # replied
             "flagged": dict(sorted(Counter(short(fp) for r in log for fp in r["flagged"]).items())),
             "quarantined": dict(sorted(quarantined.items())),
+            "quarantined_by": dict(sorted(why.items())),
             "convicted": {short(fp): r["round"] for r in log for fp in r["convicted"]},
         },
         "rejections": [{"round": r["round"], "node": short(fp), "reason": reason}
@@ -150,10 +154,12 @@ def render(status: dict) -> Group:
     grid.add_row("nodes", Text(f"{len(nodes['admitted'])} admitted, {len(nodes['online'])} replied in round {done}, "
                                f"{len(nodes['flagged'])} flagged, {len(nodes['quarantined'])} quarantined, "
                                f"{len(nodes['convicted'])} convicted"))
-    for name, said, style in (("flagged", "{} x{}", "yellow"), ("quarantined", "{} (round {})", "red"),
+    by = nodes["quarantined_by"]
+    for name, said, style in (("flagged", "{} x{}", "yellow"), ("quarantined", "{} (round {}{})", "red"),
                               ("convicted", "{} (round {})", "bold red")):
         if nodes[name]:
-            grid.add_row(name, Text(", ".join(said.format(fp, n) for fp, n in nodes[name].items()), style=style))
+            grid.add_row(name, Text(", ".join(said.format(fp, n, f", {by[fp]}" if fp in by else "")
+                                              for fp, n in nodes[name].items()), style=style))
     if "model_sha256" in status:
         grid.add_row("result", Text(f"final accuracy {status['final_accuracy']:.4f}, model SHA-256 {status['model_sha256']}"))
     if "failure" in status:

@@ -58,11 +58,12 @@ def test_status_gives_the_round_the_accuracy_and_the_bad_node(run, capsys):
     everyone = sorted(short(fingerprint(n)) for n in run.nodes)
     assert nodes["admitted"] == everyone and nodes["online"] == [fp for fp in everyone if fp != run.bad]
     assert nodes["flagged"] == {run.bad: 2} and nodes["quarantined"] == {run.bad: 2} and nodes["convicted"] == {}
+    assert nodes["quarantined_by"] == {run.bad: "flags"}
     assert got["rejections"] == [{"round": 2, "node": run.bad, "reason": "non-finite values"},
                                  {"round": 1, "node": run.bad, "reason": "non-finite values"}]
     code, text, _ = status(run.dir, capsys)
     assert code == 0 and "round 3/4" in text and "5 admitted, 4 replied in round 3, 1 flagged, 1 quarantined, 0 convicted" in text
-    assert f"{run.bad} x2" in text and f"{run.bad} (round 2)" in text and "non-finite values" in text
+    assert f"{run.bad} x2" in text and f"{run.bad} (round 2, flags)" in text and "non-finite values" in text
     assert f"`robust coordinator start {run.dir}` resumes after round 3" in text
 
 
