@@ -18,14 +18,15 @@ from pathlib import Path
 from .clock import time_to_target
 from .report import CLEAN, Group, Results, _num, _show, _table
 
-KEYS = ("round", "buffer", "staleness", "compression", "speed", "link", "churn", "deadline")
+KEYS = ("round", "buffer", "staleness", "lookahead", "late", "compression", "downlink", "speed", "link", "churn",
+        "deadline")
 
 
 def timed(res: Results) -> bool:
     """Whether the run has a clock worth reporting: some cell not synchronous, uncompressed,
     uniform and link-free."""
-    defaults = {"round": "sync", "compression": "none", "speed": "uniform", "link": "none", "churn": "none",
-                "deadline": 0.0}
+    defaults = {"round": "sync", "compression": "none", "downlink": "none", "speed": "uniform", "link": "none",
+                "churn": "none", "deadline": 0.0}
     return any("times" in r and any(r["config"].get(k, v) != v for k, v in defaults.items()) for r in res.records)
 
 
