@@ -76,12 +76,12 @@ RUN = table(
     Param("lr", Interval(float, 0, None, "neither"), 0.05, "learning rate"),
     Param("momentum", Interval(float, 0, 1, "left"), 0.9, "worker momentum (momentum) or local SGD momentum (delta)"),
     Param("max-norm", Interval(float, 0, None, "neither"), 1000.0, "rows with a larger norm are rejected"),
-    Param("flag-ratio", Interval(float, 1, None, "neither"), 3.0,
+    Param("flag-ratio", Interval(float, 1, None, "neither"), 4.0,
           "flag a row farther from the coordinate median than this x the typical row"),
     Param("quarantine-after", Interval(int, 1, None), 3, "flags (or rejections) before a node is no longer asked"),
-    Param("false-alarm", Interval(float, 0, 1, "left"), 0.0,
+    Param("false-alarm", Interval(float, 0, 1, "left"), 0.01,
           "evidence over rounds: quarantine a node whose update's direction stays atypical (a CUSUM), "
-          "its threshold set for this chance that an honest node is ever quarantined over the run (e.g. 0.01); "
+          "its threshold set for this chance that an honest node is ever quarantined over the run; "
           "0: per-round flags only"),
     Param("root", Interval(int, 0, None), 0,
           "training samples the coordinator holds as its root data set, to compute its own update each round "
