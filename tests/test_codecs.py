@@ -1,5 +1,5 @@
 """robust.codecs: round trips and error bounds, bytes on the wire, error feedback, rand-k's
-unbiasedness, the spec errors, and decode as the gate for untrusted input."""
+unbiasedness, scaled sign, the spec errors, and decode as the gate for untrusted input."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hypothesis.extra import numpy as hnp
 from robust import codecs
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-SPECS = ["none", "fp16", "int8", "topk:k=0.01", "randk:k=0.01"]
+SPECS = ["none", "fp16", "int8", "topk:k=0.01", "randk:k=0.01", "sign"]
 KEY = (7, 3, "node-a")  # (run seed, round, node id)
 
 F32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
@@ -216,6 +216,72 @@ def test_encoding_survives_a_flower_array_record(spec):
         assert bits(codec.decode(received, 1000)) == bits(codec.decode(enc, 1000))
 
 
+# ---------------------------------------------------------------- scaled sign
+
+
+@SETTINGS
+@given(rows(), st.sampled_from([1, 3, 8, 128, 1000]))
+def test_sign_sends_each_sign_and_the_mean_magnitude_of_each_block(x, block):
+    enc, y = round_trip(f"sign:block={block}", x)
+    d = x.numel()
+    assert enc["bits"].dtype == np.uint8 and enc["bits"].shape == (math.ceil(d / 8),)
+    assert enc["scale"].dtype == np.float32 and enc["scale"].shape == (math.ceil(d / block),)
+    assert np.array_equal(np.unpackbits(enc["bits"], count=d), (x >= 0).numpy().astype(np.uint8))
+    assert not np.unpackbits(enc["bits"])[d:].any()  # padding bits are 0
+    for b in range(math.ceil(d / block)):
+        part = x[b * block:(b + 1) * block].double()
+        want = np.float32(float(part.abs().mean()))
+        assert enc["scale"][b] == want  # float64 mean, one rounding
+        sign = torch.where(part >= 0, 1.0, -1.0)
+        assert bits(y[b * block:(b + 1) * block]) == bits((sign * float(want)).float())
+
+
+def test_sign_scale_minimises_the_error_and_contracts():
+    """s = mean |x| minimises ||x - s sign(x)||^2 = ||x||^2 - ||x||_1^2 / n <= (1 - 1/n) ||x||^2."""
+    x = torch.randn(128, generator=torch.Generator().manual_seed(8)) ** 3
+    codec = codecs.build("sign:block=128")
+    y = codec.decode(codec.encode(x), 128).double()
+    err = float((x.double() - y).pow(2).sum())
+    assert err == pytest.approx(float(x.double().pow(2).sum() - x.double().abs().sum() ** 2 / 128), rel=1e-5)
+    assert err <= (1 - 1 / 128) * float(x.double().pow(2).sum())
+    for s in (0.9, 1.1):
+        assert float((x.double() - s * y).pow(2).sum()) > err
+    assert bits(codec.decode(codec.encode(torch.zeros(5)), 5)) == bits(torch.zeros(5))  # 0 -> +0 scale
+
+
+def test_sign_does_not_depend_on_the_key():
+    codec = codecs.build("sign")
+    x = torch.randn(300, generator=torch.Generator().manual_seed(9))
+    a, b = codec.encode(x, KEY), codec.encode(x, (8, 4, "node-b"))
+    assert all(a[n].tobytes() == b[n].tobytes() for n in a) and codec.encode(x).keys() == a.keys()
+
+
+@pytest.mark.parametrize("d", [1, 7, 9, 1003])
+def test_sign_refuses_padding_bits(d):
+    codec = codecs.build("sign")
+    enc = codec.encode(torch.randn(d, generator=torch.Generator().manual_seed(d)))
+    enc["bits"] = enc["bits"].copy()
+    enc["bits"][-1] |= 1  # the last bit of the last byte: padding, as d % 8 != 0
+    with pytest.raises(ValueError, match=f"sign array 'bits' sets padding bits beyond coordinate {d}: they must be 0"):
+        codec.decode(enc, d)
+
+
+def test_sign_with_error_feedback_tracks_the_sum_of_the_rows():
+    """EF-signSGD: what the coordinator has received after T rounds is the rows' sum up to one
+    residual, which stays bounded (the scaled sign is a contraction)."""
+    codec = codecs.build("sign:block=16")
+    gen = torch.Generator().manual_seed(10)
+    drift = torch.randn(64, generator=gen)
+    residual, sent, total = None, torch.zeros(64, dtype=torch.float64), torch.zeros(64, dtype=torch.float64)
+    for _ in range(200):
+        row = drift + 0.5 * torch.randn(64, generator=gen)
+        enc, residual = codecs.error_feedback(codec, row, residual)
+        sent += codec.decode(enc, 64).double()
+        total += row.double()
+        assert float(residual.norm()) < 20 * float(drift.norm())
+    assert float((sent - total).norm() / total.norm()) < 0.05
+
+
 # ---------------------------------------------------------------- bytes on the wire
 
 
@@ -232,13 +298,15 @@ def test_bytes_on_the_wire(d):
     assert sizes["int8"] == d + 4 * math.ceil(d / 256) and 4 * d / sizes["int8"] >= 3.9
     assert sizes["topk:k=0.01"] == sizes["randk:k=0.01"] == 8 * math.ceil(0.01 * d)  # 50x fewer
     assert 4 * d / sizes["topk:k=0.01"] == 50
+    assert sizes["sign"] == math.ceil(d / 8) + 4 * math.ceil(d / 128) and 4 * d / sizes["sign"] > 25
 
 
 # ---------------------------------------------------------------- error feedback
 
 
 @SETTINGS
-@given(st.integers(1, 60), st.integers(1, 8), st.sampled_from(["topk:k=0.1", "topk:k=0.5", "int8:block=4", "fp16"]),
+@given(st.integers(1, 60), st.integers(1, 8),
+       st.sampled_from(["topk:k=0.1", "topk:k=0.5", "int8:block=4", "fp16", "sign:block=1", "sign:block=7"]),
        st.integers(0, 2**31))
 def test_error_feedback_loses_nothing(d, T, spec, seed):
     """sum_t decoded_t + e_T = sum_t x_t, up to float32 rounding of the additions."""
@@ -285,17 +353,19 @@ def test_error_feedback_refuses_a_mismatched_residual():
 
 
 def test_build_and_canonical_specs():
-    assert codecs.names() == ["fp16", "int8", "none", "randk", "topk"]
+    assert codecs.names() == ["fp16", "int8", "none", "randk", "sign", "topk"]
     assert codecs.build("int8").spec == "int8:block=256"
     assert codecs.build("topk").spec == "topk:k=0.01"
     assert codecs.build("randk:k=1").k == 1.0  # an int where a float is meant
-    for spec in ["none", "fp16", "int8:block=64", "topk:k=0.05", "randk:k=0.2"]:
+    assert codecs.build("sign").spec == "sign:block=128"
+    for spec in ["none", "fp16", "int8:block=64", "topk:k=0.05", "randk:k=0.2", "sign:block=64"]:
         assert codecs.build(spec).spec == spec and codecs.build(codecs.build(spec).spec).spec == spec
     assert codecs.build("topk").biased and not codecs.build("randk").biased and codecs.build("randk").keyed
+    assert codecs.build("sign").biased and not codecs.build("sign").keyed
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("zip", "unknown codec 'zip' in 'zip': choose from fp16, int8, none, randk, topk"),
+    ("zip", "unknown codec 'zip' in 'zip': choose from fp16, int8, none, randk, sign, topk"),
     ("topk:m=3", "topk has no parameter 'm' (its parameters: k)"),
     ("int8:k=0.1", "int8 has no parameter 'k' (its parameters: block)"),
     ("int8:block=2.5", "int8 parameter block must be int (got 2.5)"),
@@ -305,6 +375,9 @@ def test_build_and_canonical_specs():
     ("randk:k=-0.1", "randk k must be in (0, 1]"),
     ("topk:k=nan", "topk k must be in (0, 1]"),
     ("int8:block=0", "int8 block must be a whole number >= 1: coordinates per scale (got block=0)"),
+    ("sign:block=0", "sign block must be a whole number >= 1: coordinates per scale (got block=0)"),
+    ("sign:block=1.5", "sign parameter block must be int (got 1.5)"),
+    ("sign:k=0.01", "sign has no parameter 'k' (its parameters: block)"),
     ("int8+topk", "a codec spec names one codec"),
     ("", "empty spec"),
 ])
@@ -339,7 +412,7 @@ def test_randk_needs_a_key():
 
 # ---------------------------------------------------------------- decode: the gate for untrusted input
 
-D = 1000  # int8: 4 blocks of 256; topk/randk k=0.01: 10 entries
+D = 1000  # int8: 4 blocks of 256; topk/randk k=0.01: 10 entries; sign: 125 bytes, 8 blocks of 128
 
 
 def good(spec: str) -> codecs.Encoded:
@@ -422,6 +495,15 @@ MALFORMED = [
     ("randk:k=0.01", setting("randk:k=0.01", "val", 4, -np.inf), "'val' holds NaN or Inf"),
     ("randk:k=0.01", setting("randk:k=0.01", "idx", 0, D + 5), "outside [0, 1000)"),
     ("randk:k=0.01", setting("randk:k=0.01", "val", 0, 3e38), "decodes to non-finite"),  # x d/m overflows
+    ("sign", lambda: {"bits": good("sign")["bits"]}, "missing ['scale']"),
+    ("sign", with_("sign", "bits", lambda a: a.astype(np.int8)), "holds int8, expected uint8"),
+    ("sign", with_("sign", "scale", lambda a: a.astype(np.float64)), "holds float64, expected float32"),
+    ("sign", with_("sign", "bits", lambda a: a[:-1]), "'bits' has shape (124,), expected (125,)"),
+    ("sign", with_("sign", "scale", lambda a: a[:7]), "'scale' has shape (7,), expected (8,)"),
+    ("sign", with_("sign", "bits", huge("u1")), "shape (1000000000000,)"),
+    ("sign", setting("sign", "scale", 3, np.nan), "'scale' holds NaN or Inf"),
+    ("sign", setting("sign", "scale", 0, np.inf), "'scale' holds NaN or Inf"),
+    ("sign", setting("sign", "scale", 7, -1.0), "'scale' holds negative values"),
 ]
 
 
@@ -477,7 +559,8 @@ def untrusted(draw, spec: str, d: int):
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.data(), st.sampled_from(["none", "fp16", "int8:block=4", "topk:k=0.2", "randk:k=0.3"]), st.integers(1, 30))
+@given(st.data(), st.sampled_from(["none", "fp16", "int8:block=4", "topk:k=0.2", "randk:k=0.3", "sign:block=4"]),
+       st.integers(1, 30))
 def test_decode_either_gives_a_finite_row_or_a_reason(data, spec, d):
     enc = data.draw(untrusted(spec, d))
     codec = codecs.build(spec)

@@ -28,7 +28,7 @@ from robust.params import sha256
 
 from .federation_kit import fingerprint, make_federation, play, replies
 
-CODECS = ["none", "fp16", "int8", "topk:k=0.01", "randk:k=0.01"]
+CODECS = ["none", "fp16", "int8", "topk:k=0.01", "randk:k=0.01", "sign"]
 BASE = dict(rounds=2, aggregator="trimmed-mean", tolerate=1, quorum=3, protocol="delta:steps=2", batch_size=16)
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.filterwarnings("ignore:Field flwr.proto.Array.shape:DeprecationWarning")
