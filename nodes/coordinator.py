@@ -31,8 +31,9 @@ so a resumed run never reuses a number a volunteer has seen), with the current m
 node has outstanding and its base may be an older model version: one of the last
 ``max-staleness + 1`` versions (the last ``STALE_VERSIONS`` with no limit), kept as SHA-256 ->
 version (:attr:`versions`, in the checkpoint); an older or unknown base is a rejection with
-its reason. Valid replies fill a buffer, one per node (a node's next reply waits for the
-following buffer); every ``buffer`` of them :meth:`finish_round` runs the engine with each
+its reason. Replies fill a buffer, one per node (a node's next reply waits for the
+following buffer; ``nodes.buffers`` is the schedule); every ``buffer`` valid ones (or a reply
+from every admitted node not quarantined) :meth:`finish_round` runs the engine with each
 row's staleness (versions behind). A *round* is a buffer: ``rounds`` counts buffers. Its record
 keeps the schedule: ``ids`` (which replies), ``staleness`` (from which base version), ``held``
 (replies of nodes already in it, waiting for the next buffer), and, for each update, the task
@@ -268,7 +269,9 @@ class Coordinator:
             self.take(fp, content, single)
         self.forget(fp, number)
         records = []
-        for full in self.buffers.add(fp, single, fp in single.rows):
+        flags, everyone = self.engine.flags, set(self.keys)
+        everyone -= flags.quarantined.keys() | flags.convicted.keys()
+        for full in self.buffers.add(fp, single, fp in single.rows, everyone):
             if self.done:
                 break
             inbox, started, self.started = Inbox.of(full.replies.values()), self.started, time.monotonic()

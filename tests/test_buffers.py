@@ -42,3 +42,13 @@ def test_held_replies_can_fill_several_buffers_in_a_row():
 def test_a_buffer_holds_at_least_one_reply():
     with pytest.raises(ValueError, match="at least 1 valid reply"):
         Buffers(0)
+
+
+def test_a_buffer_with_a_reply_from_every_node_that_may_answer_leaves_whatever_their_validity():
+    b = Buffers(3)
+    assert b.add("a", "bad", False, {"a", "b", "c"}) == []
+    assert b.add("a", "bad again", False, {"a", "b", "c"}) == []  # held: a is in the buffer
+    assert b.add("b", "ok", True, {"a", "b", "c"}) == []
+    [full] = b.add("c", "bad", False, {"a", "b", "c"})  # 1 valid of 3, but nothing more could come
+    assert full.replies == {"a": "bad", "b": "ok", "c": "bad"} and b.filling == {"a": ("bad again", False)}
+    assert Buffers(3).add("a", "ok", True) == []  # without everyone: only valid replies fill
