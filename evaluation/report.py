@@ -394,7 +394,9 @@ def _quarantine_section(res: Results) -> list[str]:
         "## Quarantine", "",
         "The coordinator's flag policy, applied exactly as deployed: a node is flagged when its reply is "
         "rejected or its row is farther from the coordinate median than `flag-ratio` times the typical row, "
-        "and quarantined (no longer asked) after `quarantine-after` flags. Caught: Byzantine nodes quarantined "
+        "and quarantined (no longer asked) after `quarantine-after` flags, or, with `false-alarm` > 0, when its "
+        "evidence over rounds (a CUSUM of how atypical its update's direction is) crosses the threshold set "
+        "for that chance of ever quarantining an honest node. Caught: Byzantine nodes quarantined "
         "(mean over seeds). Caught by: round the last one was (median over seeds; rounds count from 0). "
         "Damage before: clean minus attacked accuracy at that round (pp), or at the end if one never was. "
         "False: honest nodes quarantined (mean over seeds).", "",

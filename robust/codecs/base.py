@@ -129,3 +129,18 @@ def _listed(keys: list, limit: int = 4) -> str:
     shown = ", ".join(f"{k!r:.40}" for k in keys[:limit])
     return "[" + shown + (f", ... {len(keys) - limit} more" if len(keys) > limit else "") + "]"
 
+
+
+class Blocked(Codec):
+    """A codec with one float32 scale per block of ``block`` consecutive coordinates (the last
+    block may be shorter); a subclass gives ``block``'s default in its own signature."""
+
+    def __init__(self, f: int = 0, *, block: int) -> None:
+        super().__init__(f)
+        whole = isinstance(block, int) and not isinstance(block, bool)
+        self._check_param("block", block, whole and block >= 1, "a whole number >= 1: coordinates per scale")
+        self.block = block
+
+    def blocks(self, d: int) -> int:
+        """How many scales a ``(d,)`` row takes: ``ceil(d / block)``."""
+        return -(-d // self.block)

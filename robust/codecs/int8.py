@@ -22,25 +22,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import FLOAT32, INT8, Codec, Encoded, Layout, register
+from .base import FLOAT32, INT8, Blocked, Encoded, Layout, register
 
 # the largest float32 scale whose 127 multiple is finite: a row near float32's maximum still decodes
 SCALE_MAX = float(np.nextafter(np.float32(np.finfo(np.float32).max / 127), np.float32(0)))
 
 
 @register
-class Int8(Codec):
+class Int8(Blocked):
     name = "int8"
 
     def __init__(self, f: int = 0, *, block: int = 256) -> None:
-        super().__init__(f)
-        whole = isinstance(block, int) and not isinstance(block, bool)
-        self._check_param("block", block, whole and block >= 1, "a whole number >= 1: coordinates per scale")
-        self.block = block
-
-    def blocks(self, d: int) -> int:
-        """How many scales a ``(d,)`` row takes: ``ceil(d / block)``."""
-        return -(-d // self.block)
+        super().__init__(f, block=block)
 
     def layout(self, d: int) -> Layout:
         return {"q": (INT8, d), "scale": (FLOAT32, self.blocks(d))}

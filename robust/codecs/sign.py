@@ -41,25 +41,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import FLOAT32, Codec, Encoded, Layout, register
+from .base import FLOAT32, Blocked, Encoded, Layout, register
 
 UINT8 = np.dtype("u1")
 
 
 @register
-class Sign(Codec):
+class Sign(Blocked):
     name = "sign"
     biased = True
 
     def __init__(self, f: int = 0, *, block: int = 128) -> None:
-        super().__init__(f)
-        whole = isinstance(block, int) and not isinstance(block, bool)
-        self._check_param("block", block, whole and block >= 1, "a whole number >= 1: coordinates per scale")
-        self.block = block
-
-    def blocks(self, d: int) -> int:
-        """How many scales a ``(d,)`` row takes: ``ceil(d / block)``."""
-        return -(-d // self.block)
+        super().__init__(f, block=block)
 
     def layout(self, d: int) -> Layout:
         return {"bits": (UINT8, -(-d // 8)), "scale": (FLOAT32, self.blocks(d))}
