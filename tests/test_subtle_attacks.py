@@ -186,10 +186,10 @@ def mean_kappa(aggregator: str, attack: str, config: dict) -> float:
 
 
 def test_cc_orthogonal_gets_through_centered_clipping_where_sign_flip_does_not():
-    # flags never quarantine here: the comparison is of the rules alone. CC shrinks the
+    # nothing is quarantined here (no flags, no evidence): the comparison is of the rules alone. CC shrinks the
     # sign-flip's pull (its rows are farther than tau) but lets cc-orthogonal's whole push in,
     # more than plain averaging of the same rows does
-    cfg = grid(load_scenario(None, TINY + ["rounds=10", "quarantine-after=1000"]))[0]
+    cfg = grid(load_scenario(None, TINY + ["rounds=10", "quarantine-after=1000", "false-alarm=0"]))[0]
     cc, attack = "centered-clipping:tau=1", "cc-orthogonal:tau=1"
     orthogonal_cc, orthogonal_mean = mean_kappa(cc, attack, cfg), mean_kappa("mean", attack, cfg)
     flip_cc, flip_mean = mean_kappa(cc, "sign-flip", cfg), mean_kappa("mean", "sign-flip", cfg)
