@@ -58,6 +58,7 @@ CAP = 2 * K
 PATHS = 10_000
 T3_MAD = 0.7649  # the median absolute deviation of a Student-t with 3 degrees of freedom
 RHO_PRIOR, RHO_STEP, MIN_PAIRS = 0.95, 0.05, 30
+GRID = (*(k * RHO_STEP for k in range(round(RHO_PRIOR / RHO_STEP))), RHO_PRIOR)  # the rho a run can measure
 FLOOR = 0.1  # the smallest spread of the cosine gaps a z is taken relative to (see the module)
 
 
@@ -72,24 +73,34 @@ def robust_z(scores: torch.Tensor) -> torch.Tensor:
     return ((s - med) / mad).clamp(-CAP, CAP)
 
 
-@lru_cache(maxsize=256)
 def threshold(false_alarm: float, rounds: int, rho: float) -> float:
     """``h``: an honest node's CUSUM exceeds it within ``rounds`` rounds with probability
     ``false_alarm`` under the AR(1) null of correlation ``rho`` (see the module), and never
-    for one round alone."""
+    for one round alone. The values of ``rho`` a run can measure (:data:`GRID`) are simulated
+    together, once per process for each target and run length."""
     if not 0 < false_alarm < 1 or rounds < 1 or not 0 <= rho < 1:
         raise ValueError(f"false_alarm must be in (0, 1), rounds >= 1, rho in [0, 1) (got {false_alarm}, {rounds}, {rho})")
+    return thresholds(false_alarm, rounds, GRID if rho in GRID else (rho,))[rho]
+
+
+@lru_cache(maxsize=64)
+def thresholds(false_alarm: float, rounds: int, rhos: tuple[float, ...]) -> dict[float, float]:
+    """:func:`threshold` for each of ``rhos``, simulated in one pass: every ``rho`` sees the
+    same innovations, and each path's arithmetic is elementwise, so a value does not depend
+    on which others are simulated with it."""
     g = torch.Generator().manual_seed(0)
-    z = S = torch.zeros(PATHS, dtype=torch.float64)
-    peak = torch.zeros(PATHS, dtype=torch.float64)
+    r = torch.tensor(rhos, dtype=torch.float64)[:, None]
+    c = torch.tensor([(1 - rho**2) ** 0.5 for rho in rhos], dtype=torch.float64)[:, None]
+    z = S = torch.zeros(len(rhos), PATHS, dtype=torch.float64)
+    peak = torch.zeros(len(rhos), PATHS, dtype=torch.float64)
     for t in range(rounds):
         normal = torch.randn(PATHS, generator=g, dtype=torch.float64)
         chi2 = torch.randn(PATHS, 3, generator=g, dtype=torch.float64).square().sum(dim=1)
         e = normal / (chi2 / 3).sqrt() / (1.4826 * T3_MAD)
-        z = e if t == 0 else rho * z + (1 - rho**2) ** 0.5 * e
+        z = e.expand(len(rhos), PATHS) if t == 0 else r * z + c * e
         S = (S + z.clamp(-CAP, CAP) - K).clamp_min(0)
         torch.maximum(peak, S, out=peak)
-    return max(float(torch.quantile(peak, 1 - false_alarm)), CAP - K)
+    return {rho: max(float(torch.quantile(peak[i], 1 - false_alarm)), CAP - K) for i, rho in enumerate(rhos)}
 
 
 class Cusum:

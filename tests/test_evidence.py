@@ -65,7 +65,6 @@ def framing(floor: float, monkeypatch) -> tuple[dict, dict]:
     one honest node is persistently a little off (gap 0.25 above it), and from round 20 three
     more nodes point against the median (gap 1.0 above it). Returns (quarantined, why)."""
     monkeypatch.setattr(evidence, "FLOOR", floor)
-    evidence.threshold.cache_clear()
     policy = FlagPolicy(4.0, 3, 0.01, 50)
     ids = [f"n{i:02d}" for i in range(25)]
     for t in range(50):
@@ -75,7 +74,6 @@ def framing(floor: float, monkeypatch) -> tuple[dict, dict]:
         if t >= 20:
             gaps[-3:] = 1.3
         policy.update(t, ids, {"distance-ratio": torch.ones(25), "median-cosine": gaps}, [])
-    evidence.threshold.cache_clear()
     return policy.quarantined, policy.why
 
 
@@ -106,3 +104,10 @@ def test_the_policy_checkpoints_its_evidence_and_catches_sign_flip_in_the_bench(
     older = FlagPolicy(3.0, 3, 0.01, 8)
     older.load_state(old)
     assert older.quarantined == {"d": 2} and older.why == {}
+
+
+def test_thresholds_simulated_together_are_the_ones_simulated_alone():
+    together = evidence.thresholds(0.001, 30, evidence.GRID)
+    for rho in (0.0, 0.5, evidence.RHO_PRIOR):
+        assert together[rho] == evidence.thresholds(0.001, 30, (rho,))[rho] == evidence.threshold(0.001, 30, rho)
+    assert evidence.threshold(0.001, 30, 0.33) == evidence.thresholds(0.001, 30, (0.33,))[0.33]  # off the grid: alone
