@@ -36,7 +36,8 @@ Each round the Byzantine rows are ``B(s) = r(s) + J`` along a direction ``r``:
   first row, cycling if ``f > |H|``). With ``D_i = o_i - mean(H)``, ``P D_i = <D_i, u> u`` its
   part along the honest mean and ``Q D_i = D_i - P D_i`` the rest,
   ``B_i(s) = mean(H) + P D_i + (r(s) - mean(H)) + lam_i Q D_i``, ``lam_i >= 0`` the root of
-  ``||B_i(s) - mean(H)|| = ||D_i||`` (0 when there is none; ``lam_i = 1`` where
+  ``||B_i(s) - mean(H)|| = ||D_i||`` (when there is none, the ``lam_i >= 0`` that comes closest,
+  ``max(0, -<a_i, Q D_i> / ||Q D_i||^2)`` with ``a_i = P D_i + r(s) - mean(H)``; ``lam_i = 1`` where
   ``r = mean(H)``, so ``B_i(0) = o_i`` for ``grad``, to rounding). A row keeps the distance of a real
   update to the honest mean and, for a push orthogonal to ``u`` (``grad``), its component
   along ``u``, hence its length and its cosine to the mean; the part ``lam_i Q D_i`` it keeps
@@ -120,7 +121,8 @@ REMEMBERING = ("grad",)  # directions built from the previous round too (see gra
 def bend(mean: torch.Tensor, D: torch.Tensor, push: torch.Tensor) -> torch.Tensor:
     """``jitter=own|typical``: ``mean + P D_i + push + lam_i Q D_i`` per row of ``D`` (``(f, d)``), with
     ``P`` the projection on ``unit(mean)``, ``Q = I - P`` and ``lam_i >= 0`` the root of
-    ``||P D_i + push + lam_i Q D_i|| = ||D_i||`` (0 if there is none)."""
+    ``||P D_i + push + lam_i Q D_i|| = ||D_i||`` (if there is none, the ``lam_i >= 0`` that comes
+    closest: ``max(0, -<a_i, b_i> / ||b_i||^2)``, ``a_i = P D_i + push``, ``b_i = Q D_i``)."""
     u = unit(mean)
     a = (D @ u)[:, None] * u + push  # P D_i + push
     b = D - (D @ u)[:, None] * u  # Q D_i

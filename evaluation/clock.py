@@ -198,6 +198,10 @@ class EventQueue:
             raise IndexError("the event queue is empty: push an arrival first")
         return heapq.heappop(self._heap)[-1]
 
+    def nodes(self) -> set[str]:
+        """The nodes with an arrival still to come."""
+        return {node for _, node, _, _ in self._heap}
+
     def peek(self) -> Event | None:
         return self._heap[0][-1] if self._heap else None
 

@@ -100,7 +100,8 @@ class FedBuff:
                 row, version = event.payload
                 reason = rejection_reason(row, row.numel(), self.run.setup.settings.max_norm) or \
                     stale_reason(self.engine.round - version, self.run.setup.settings.max_staleness)
-                everyone = set(self.run.ids) - set(self.engine.flags.quarantined)
+                # the nodes that may still answer: this one, and those with an arrival to come
+                everyone = (self.queue.nodes() | {event.node}) - set(self.engine.flags.quarantined)
                 self.ready += self.buffers.add(event.node, Reply(row, version, reason), reason is None, everyone)
             record = self._aggregate(self.ready.pop(0)) if self.ready else None
             self._ask(event.node, event.time)  # after the step: its next task carries the new model

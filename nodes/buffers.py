@@ -7,7 +7,8 @@ The one schedule of asynchronous rounds, driven by the deployed coordinator
   any reply, valid or not) has its next reply *held* for a later buffer;
 - a buffer is full when it holds ``size`` **valid** replies (a rejected or failed reply is
   filed, so its record flags or notes it, but does not count), or a reply from every node that
-  may still answer (``everyone``: the nodes not quarantined), valid or not: nothing more could
+  may still answer (``everyone``: the driver's nodes not quarantined, and, in the bench, not
+  gone for good), valid or not: nothing more could
   come, and the engine's step on it (or its refusal below the quorum) records the rejections,
   whose flags quarantine their nodes, so nodes that only send rejected replies cannot stall
   the run;

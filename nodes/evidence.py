@@ -63,13 +63,11 @@ FLOOR = 0.1  # the smallest spread of the cosine gaps a z is taken relative to (
 
 
 def robust_z(scores: torch.Tensor) -> torch.Tensor:
-    """``(s - median) / max(1.4826 MAD, FLOOR)`` clipped to ``[-CAP, CAP]`` (with a zero
-    ``FLOOR``: zeros when MAD is 0 and every score is the median, ``CAP`` for a score above)."""
+    """``(s - median) / max(1.4826 MAD, FLOOR)`` clipped to ``[-CAP, CAP]`` (the floor also
+    keeps a round whose scores all equal the median from dividing by zero)."""
     s = scores.to(torch.float64)
     med = s.median()
     mad = torch.clamp_min(1.4826 * (s - med).abs().median(), FLOOR)
-    if mad == 0:
-        return torch.where(s > med, CAP, torch.where(s < med, -CAP, 0.0)).to(torch.float64)
     return ((s - med) / mad).clamp(-CAP, CAP)
 
 

@@ -117,10 +117,11 @@ def wait_for_nodes(roster: Roster, coord: Coordinator, everyone: bool) -> dict[i
     federation whose nodes all start together trains on all of them from round one. Never
     waits for more nodes than admission and quarantine leave."""
     s = coord.settings
-    possible = len(coord.select(list(coord.keys)))
-    if possible < coord.engine.quorum:
+    possible = len(coord.select(list(coord.keys)))  # carried nodes (late = carry) are busy, not counted
+    if possible + len(coord.late) < coord.engine.quorum:
         log.warning("only %d admitted node(s) are not quarantined, the quorum is %d: this round cannot step; "
-                    "admit nodes (robust coordinator admit) or lower the quorum", possible, coord.engine.quorum)
+                    "admit nodes (robust coordinator admit) or lower the quorum", possible + len(coord.late),
+                    coord.engine.quorum)
     needed = possible if everyone else min(coord.engine.quorum, possible)
     until = time.monotonic() + s.wait_nodes
     while True:
@@ -138,7 +139,7 @@ def play_round(roster: Roster, coord: Coordinator, first: bool, nudging: bool,
     tasks this round leaves unanswered join them, until answered or expired (their TTL)."""
     grid, carried = roster.grid, {} if carried is None else carried
     nodes = wait_for_nodes(roster, coord, first)
-    if not nodes:
+    if not nodes and not carried:
         raise RuntimeError(
             f"round {coord.round + 1}: no admitted volunteer is online after waiting {coord.settings.wait_nodes:g} s "
             "(wait-nodes): start volunteers with `robust node join` (its output says why one cannot connect), "
@@ -148,21 +149,28 @@ def play_round(roster: Roster, coord: Coordinator, first: bool, nudging: bool,
     deadline = started + coord.settings.deadline
     messages = [Message(task_content(task, w), dst_node_id=nid, message_type="train",
                         ttl=coord.settings.deadline + 30) for nid in sorted(nodes)]
-    sent = dict(zip(grid.push_messages(messages), sorted(nodes)))  # message id -> Flower id
+    sent = dict(zip(grid.push_messages(messages), sorted(nodes))) if messages else {}  # message id -> Flower id
     pending = {mid for mid in sent if mid}
     inbox = Inbox()
     late: set[str] = set()  # carried nodes whose reply this round read
     nudge_at = started + coord.settings.deadline / 2 if nudging else None
-    while pending and time.monotonic() < deadline:
+
+    def waiting() -> bool:
+        """Replies still awaited: this round's, or with no new task out (every node's is
+        carried), the carried ones."""
+        return bool(pending) or (not sent and bool(carried))
+
+    while waiting() and time.monotonic() < deadline:
         if nudge_at is not None and time.monotonic() >= nudge_at:
             nudge(grid, {nid: fp for nid, fp in nodes.items() if fp not in inbox}, deadline)
             nudge_at = None
         for reply in grid.pull_messages(list(pending | set(carried))):
             mid = reply.metadata.reply_to_message_id
             old = carried.pop(mid, None)
-            if old is not None:  # a carried task's reply, from its own node only
+            if old is not None:  # a carried task's reply, from its own node only, not read once it is quarantined
                 fp = old[0] if reply.metadata.src_node_id == old[1] else None
-                if fp is not None and not reply.has_error() and fp not in inbox:
+                quarantined = fp in coord.engine.flags.quarantined
+                if fp is not None and not reply.has_error() and fp not in inbox and not quarantined:
                     coord.take(fp, reply.content, inbox)
                     late.add(fp)
                 coord.late.pop(old[0], None)
@@ -175,7 +183,7 @@ def play_round(roster: Roster, coord: Coordinator, first: bool, nudging: bool,
                 inbox.failed[fp] = f"node error: {str(reply.error.reason)[:200]}"
             else:
                 coord.take(fp, reply.content, inbox)
-        if pending:
+        if waiting():
             time.sleep(roster.poll)
     if coord.settings.late == "carry":
         for mid in pending:

@@ -2,6 +2,7 @@
 (FedBuff) through the one engine, compressed replies, churn, and their report."""
 
 import math
+import signal
 
 import pytest
 import torch
@@ -159,3 +160,33 @@ def test_late_replies_carried_count_in_the_round_they_arrive_in_with_their_stale
     dropped = CellRun(Cell({**BASE, "speed": SLOW, "deadline": 0.05, "rounds": 4}, "trimmed-mean", "none", 0))
     assert all(r["accepted"] == 8 and "staleness" not in r for r in (dropped.play_round() for _ in range(3)))
     assert run_cell(cell)["model_sha256"] == run_cell(cell)["model_sha256"]
+
+
+def test_an_async_buffer_leaves_once_every_node_that_can_still_answer_is_in_it():
+    # three fast nodes leave for good at t = 0.15; the slow ones' replies are all too stale to
+    # count (max-staleness 1), so no buffer can fill with valid replies: it leaves once every
+    # node still answering is in it, and the run ends instead of waiting for the gone ones
+    cfg = {**BASE, "nodes": 6, "byzantine": 0, "rounds": 40, "round": "async", "buffer": 3,
+           "speed": "slow:fraction=0.5,factor=10", "max-staleness": 1}
+    run = CellRun(Cell(cfg, "mean", "none", 0))
+    v, line = run.timeline.volunteers, run.timeline
+    fast = {n for n in run.ids if v.arrival(n, 0.0, line.steps, line.step_seconds, 0, 0) < 0.05}
+    assert len(fast) == 3
+    v.online_at = lambda node, t: node not in fast or t < 0.15
+    v.leaves_during = lambda node, start, end: node in fast and end >= 0.15
+    v.back_at = lambda node, t: float("inf")
+    records = []
+
+    def stuck(*_):
+        raise AssertionError(f"play_round never returned: {len(run.fedbuff.buffers.held)} replies held")
+
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(120)  # each call ends (it once never did)
+    try:
+        while not run.engine.done and (record := run.play_round()) is not None:
+            records.append(record)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert len(records) == run.engine.settings.rounds and len(run.fedbuff.buffers.held) < 10
+    assert any(r["rejected"] and not r["accepted"] for r in records)  # buffers of stale replies only, left anyway

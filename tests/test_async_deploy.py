@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import serialization
 
 from nodes import audit, checkpoint, faults, launch
 from nodes.coordinator import Coordinator
-from nodes.server_app import serve
+from nodes.server_app import Roster, play_round, serve
 from nodes.settings import Settings
 from nodes.volunteer import NodeData, work
 from nodes.wire import read_task
@@ -59,8 +59,12 @@ class FakeGrid:
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
             yield SimpleNamespace(node_id=nid, status="online", public_key=pem)
 
-    def push_messages(self, messages) -> list[str]:
+    def release(self) -> None:
+        """The held replies are ready at the next pull."""
         self.pending = {mid: (self.count if at == math.inf else at, *rest) for mid, (at, *rest) in self.pending.items()}
+
+    def push_messages(self, messages) -> list[str]:
+        self.release()
         out = []
         for m in messages:
             mid, nid = str(next(self.ids)), m.metadata.dst_node_id
@@ -235,6 +239,29 @@ def test_a_late_reply_carried_counts_in_the_round_it_arrives_in_and_the_audit_ve
     assert second["updates"][late]["task"] == 1  # its base, round 1's model, is checked by the audit below
     assert third["asked"] == 4 and third["missing"] == [late]  # asked again in round 3, answers in round 4: never
     assert audit.verify(coord_dir) == ([], 3, True)
+
+
+def test_a_round_whose_every_node_is_carried_waits_for_their_replies_instead_of_failing(tmp_path):
+    from flwr.supercore.task_identity import TaskIdentity
+
+    settings = dataclasses.replace(SETTINGS, round="sync", late="carry", deadline=1.0, rounds=2, quorum=3)
+    coord_dir, nodes = make_federation(tmp_path, 4, settings)
+    grid, coord = FakeGrid(nodes, dict.fromkeys(range(1, 5), 1), held=(1, 2, 3, 4)), Coordinator(coord_dir)
+    roster = Roster(grid, coord, False, 0.05)
+    saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    carried: dict = {}
+    try:
+        first = play_round(roster, coord, True, False, carried)  # a slow first round: every node misses it
+        assert first["accepted"] == 0 and len(first["missing"]) == 4 and len(carried) == len(coord.late) == 4
+        grid.release()  # their replies arrive during round 2, which has no node to ask
+        second = play_round(roster, coord, False, False, carried)
+    finally:
+        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+    assert second["accepted"] == 4 and set(second["staleness"].values()) == {1} and not second["skipped"]
+    assert carried == {} and coord.late == {}
+    with pytest.raises(ValueError, match=re.escape("spot-check=0.5 cannot run with late=carry")):
+        dataclasses.replace(settings, spot_check=0.5, protocol="delta:steps=2")
 
 
 def test_async_settings_fail_early():
