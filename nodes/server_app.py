@@ -60,6 +60,12 @@ from .wire import introduction_content, read_identity, task_content
 
 log = logging.getLogger("robust.coordinator")
 POLL = 0.5  # seconds between pulls: Flower's own polling (3 s) dominates anyway
+TTL_SLACK = 30.0  # seconds a task lives past the deadline: its message's TTL, then it is given up
+
+
+def ttl(settings) -> float:
+    """How long a task's message lives (and is waited for): ``deadline`` + ``TTL_SLACK``."""
+    return settings.deadline + TTL_SLACK
 
 app = ServerApp()
 
@@ -148,7 +154,7 @@ def play_round(roster: Roster, coord: Coordinator, first: bool, nudging: bool,
     task, w = coord.task()
     deadline = started + coord.settings.deadline
     messages = [Message(task_content(task, w), dst_node_id=nid, message_type="train",
-                        ttl=coord.settings.deadline + 30) for nid in sorted(nodes)]
+                        ttl=ttl(coord.settings)) for nid in sorted(nodes)]
     sent = dict(zip(grid.push_messages(messages), sorted(nodes))) if messages else {}  # message id -> Flower id
     pending = {mid for mid in sent if mid}
     inbox = Inbox()
@@ -200,9 +206,9 @@ def expire(carried: dict[str, tuple[str, int, float]], coord: Coordinator) -> No
     """Give up the carried tasks past their TTL (``deadline`` + 30 s): their nodes are free again."""
     now = time.monotonic()
     for mid, (fp, _, at) in list(carried.items()):
-        if now - at > coord.settings.deadline + 30:
+        if now - at > ttl(coord.settings):
             log.warning("round %d: no reply from %s to its carried task within %g s: given up", coord.round + 1,
-                        short(fp), coord.settings.deadline + 30)
+                        short(fp), ttl(coord.settings))
             del carried[mid]
             coord.late.pop(fp, None)
 
@@ -214,7 +220,7 @@ def ask_checks(roster: Roster, nodes: dict[int, str], asked: dict[str, tuple[str
     grid, node_of = roster.grid, {fp: nid for nid, fp in nodes.items()}
     until = time.monotonic() + roster.coord.settings.deadline
     messages = {author: Message(content, dst_node_id=node_of[verifier], message_type="train",
-                                ttl=roster.coord.settings.deadline + 30)
+                                ttl=ttl(roster.coord.settings))
                 for author, (verifier, content) in sorted(asked.items())}
     ids = dict(zip(grid.push_messages(list(messages.values())), messages))
     pending, out = {mid for mid in ids if mid}, {}
@@ -264,7 +270,7 @@ def serve_async(roster: Roster, coord: Coordinator) -> None:
         if free:
             tasks, w = coord.send(free)
             messages = [Message(task_content(task, w), dst_node_id=node_of[fp], message_type="train",
-                                ttl=s.deadline + 30) for fp, task in tasks.items()]
+                                ttl=ttl(s)) for fp, task in tasks.items()]
             for (fp, task), mid in zip(tasks.items(), grid.push_messages(messages)):
                 if mid:
                     inflight[mid] = (fp, task.round, node_of[fp], time.monotonic())
@@ -289,8 +295,8 @@ def serve_async(roster: Roster, coord: Coordinator) -> None:
                 break
         now = time.monotonic()
         for mid, (fp, number, nid, at) in list(inflight.items()):
-            if now - at > s.deadline + 30:
-                log.warning("task %d: no reply from %s within %g s: given up", number, short(fp), s.deadline + 30)
+            if now - at > ttl(s):
+                log.warning("task %d: no reply from %s within %g s: given up", number, short(fp), ttl(s))
                 del inflight[mid]
                 coord.forget(fp, number)
             elif nudging and mid not in nudged and now - at > s.deadline / 2:
