@@ -11,9 +11,13 @@ row's staleness (how many aggregations happened since its task was sent), which 
 turns into the ``staleness`` weight. Omniscient attacks craft the
 Byzantine rows of each buffer through the engine's hook, as in synchronous rounds.
 
-A node that leaves (``churn``) while its task runs never replies; it asks for work again when
-it is back. Quarantined nodes get no more tasks; once fewer nodes than a buffer are left,
-the run ends there (its record says how many buffers it made). The schedule is a function of the seed,
+Every task is out in the deployment's task ledger (``nodes.ledger``), with the reply in
+flight as its transport handle. A node that leaves (``churn``) while its task runs never
+replies: its task is given up at its TTL (``deadline`` + 30 simulated seconds, the
+deployment's), and it gets a new one then, or when it is back. Who may still answer (a buffer
+holding a reply from each of them leaves) is the ledger's: the nodes with a task out and the
+free ones online now. Quarantined nodes get no more tasks; once fewer nodes than a buffer are
+left, the run ends there (its record says how many buffers it made). The schedule is a function of the seed,
 the scenario and the rows (ties in time go to the lower node id): the same cell gives the
 same bits, each round's record keeps its ``staleness`` (the schedule).
 
@@ -31,18 +35,20 @@ from typing import NamedTuple
 import torch
 
 from nodes.buffers import Buffers, Full
+from nodes.ledger import TaskLedger, Ticket, ttl
 from nodes.rows import rejection_reason
-from nodes.staleness import stale_reason
 from nodes.wire import Task
 
 from .clock import EventQueue
 
+EXPIRE = "expire"  # an event's payload: the node's task reached its TTL
+
 
 class Reply(NamedTuple):
-    """A reply as it arrived: its decoded row, the version of its base, why it is rejected (if)."""
+    """A reply as it arrived: its decoded row, the task it answers, why it is rejected (if)."""
 
     row: torch.Tensor
-    version: int
+    ticket: Ticket
     reason: str | None
 
 
@@ -51,6 +57,9 @@ class FedBuff:
         self.run, self.line, self.engine = run, run.timeline, run.engine
         settings = run.setup.settings
         self.buffers: Buffers[Reply] = Buffers(settings.buffer or settings.quorum_needed)
+        flags = self.engine.flags
+        self.ledger = TaskLedger(settings.max_staleness, lambda node: node in flags.quarantined)
+        self.life = ttl(self.line.deadline or settings.deadline)
         self.ready: list[Full[Reply]] = []  # buffers filled but not yet aggregated
         self.queue = EventQueue()
         self.sent = 0  # tasks sent so far
@@ -60,7 +69,7 @@ class FedBuff:
     def _ask(self, node: str, now: float) -> None:
         """Send ``node`` a task with the current model at ``now`` (or when it is back online)."""
         line = self.line
-        if node in self.engine.flags.quarantined:
+        if self.ledger.free([node]) != [node]:
             return
         if not line.volunteers.online_at(node, now):
             self._back(node, now)
@@ -73,10 +82,11 @@ class FedBuff:
         self.run.training += time.perf_counter() - start
         decoded, up = line.send(node, task.round, row)
         arrival = line.arrival(node, now, up)
-        if line.volunteers.leaves_during(node, now, arrival):  # never replies
-            self._back(node, arrival)
-            return
-        self.queue.push(arrival, node, (decoded, self.engine.round))
+        ticket = self.ledger.issue(node, task.round, self.engine.round, base, w, now, self.life, (arrival, decoded))
+        if line.volunteers.leaves_during(node, now, arrival):  # never replies: given up at its TTL
+            self.queue.push(ticket.expires, node, EXPIRE)
+        else:
+            self.queue.push(arrival, node, ticket)
 
     def _back(self, node: str, t: float) -> None:
         """``node``, offline at ``t``, asks for work again when it is back (if ever)."""
@@ -91,18 +101,23 @@ class FedBuff:
             return self._aggregate(self.ready.pop(0))
         if len(set(self.run.ids) - set(self.engine.flags.quarantined)) < self.buffers.size:
             return None
+        settings = self.run.setup.settings
         while len(self.queue):
             event = self.queue.pop()
             self.line.now = event.time
-            if event.node in self.engine.flags.quarantined:
-                continue  # its reply is not read, and it gets no more tasks
-            if event.payload is not None:
-                row, version = event.payload
-                reason = rejection_reason(row, row.numel(), self.run.setup.settings.max_norm) or \
-                    stale_reason(self.engine.round - version, self.run.setup.settings.max_staleness)
-                # the nodes that may still answer: this one, and those with an arrival to come
-                everyone = (self.queue.nodes() | {event.node}) - set(self.engine.flags.quarantined)
-                self.ready += self.buffers.add(event.node, Reply(row, version, reason), reason is None, everyone)
+            ticket = event.payload
+            if isinstance(ticket, Ticket) and self.ledger.out.get(event.node) is ticket and event.time < ticket.expires:
+                if not self.ledger.reads(event.node):
+                    continue  # its reply is not read, and it gets no more tasks
+                self.ledger.close(event.node)
+                row = ticket.handle[1]
+                reason = rejection_reason(row, row.numel(), settings.max_norm) or \
+                    self.ledger.refusal(ticket, ticket.number, ticket.base, self.engine.round)
+                online = [n for n in self.run.ids if self.line.volunteers.online_at(n, event.time)]
+                everyone = self.ledger.may_answer(online)
+                self.ready += self.buffers.add(event.node, Reply(row, ticket, reason), reason is None, everyone)
+            else:  # back online, or a task past its TTL (its reply, if any, is not read)
+                self.ledger.expire(event.time)
             record = self._aggregate(self.ready.pop(0)) if self.ready else None
             self._ask(event.node, event.time)  # after the step: its next task carries the new model
             if record is not None:
@@ -110,12 +125,12 @@ class FedBuff:
         return None
 
     def _aggregate(self, full: Full[Reply]) -> dict:
-        """The engine's step on a full buffer: its valid rows, with their staleness; the rest rejected."""
+        """The engine's step on a full buffer: its valid rows, each with its task; the rest rejected."""
         ids = sorted(node for node, reply in full.replies.items() if reply.reason is None)
         rejected = {node: reply.reason for node, reply in full.replies.items() if reply.reason is not None}
         X = torch.stack([full.replies[i].row for i in ids]) if ids else torch.empty(0, self.engine.w.numel())
-        staleness = {i: self.engine.round - full.replies[i].version for i in ids}
-        record = self.engine.step(sorted(full.replies), ids, X, rejected, staleness=staleness)
+        tasks = {i: full.replies[i].ticket for i in ids}
+        record = self.engine.step(sorted(full.replies), ids, X, rejected, tasks=tasks)
         record["held"] = full.held
         self.run.add(record)
         return record

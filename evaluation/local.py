@@ -31,6 +31,7 @@ from torch.func import vmap
 
 from attacks.base import Memory, NodeAttack
 from nodes.engine import Engine
+from nodes.ledger import TaskLedger, Ticket, ttl
 from nodes.protocol import Protocol
 from nodes.root import Root
 from nodes.spotcheck import Verdict, referee
@@ -106,7 +107,8 @@ class CellRun:
         self.timeline.measure(lambda: compute(self.task(), self.sent, *self.local(0), setup.data.classes,
                                               self.ids[0], torch.device("cpu")))
         self.fedbuff = FedBuff(self) if setup.settings.round == "async" else None
-        self.carried: dict[str, tuple[float, torch.Tensor, int]] = {}  # late = carry: node -> (arrival, row, round)
+        flags = self.engine.flags
+        self.ledger = TaskLedger(setup.settings.max_staleness, lambda node: node in flags.quarantined)
 
     def local(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Node ``i``'s own copy of its data, as a volunteer holds it (the per-node driver)."""
@@ -147,14 +149,16 @@ class CellRun:
                 start += len(py)
         return torch.cat(xs), torch.cat(ys), parts
 
-    def _verify(self, t: int, w: torch.Tensor, rows: dict[str, torch.Tensor]) -> list[Verdict]:
-        """Spot checks, as the coordinator referees them: each drawn node's task recomputed
-        by a volunteer's own function, on its data, without any attack; bit for bit against
-        the per-node driver's rows, within the tolerance against the batched kernels'."""
-        task, data, verdicts = self.task(), self.setup.data, []
-        for fp, row in rows.items():
-            part = self.setup.parts[fp]
-            honest, _ = compute(task, w, data.x_train[part], data.y_train[part], data.classes, fp, torch.device("cpu"))
+    def _verify(self, t: int, rows: dict[str, tuple[Ticket, torch.Tensor]]) -> list[Verdict]:
+        """Spot checks, as the coordinator referees them: each drawn node's own task (a
+        straggler's: the older model it was sent) recomputed by a volunteer's own function, on
+        its data, without any attack; bit for bit against the per-node driver's rows, within
+        the tolerance against the batched kernels'."""
+        data, verdicts = self.setup.data, []
+        for fp, (ticket, row) in rows.items():
+            part, task = self.setup.parts[fp], Task.of(self.setup.settings, "bench", ticket.number, ticket.base)
+            honest, _ = compute(task, ticket.model, data.x_train[part], data.y_train[part], data.classes, fp,
+                                torch.device("cpu"))
             verdicts.append(referee(fp, row, not self.vectorize, honest))
         self.checks += len(rows)
         return verdicts
@@ -233,42 +237,42 @@ class CellRun:
 
     def play_round(self) -> dict | None:
         """One round: a buffer of asynchronous replies (``round = async``, :mod:`evaluation.fedbuff`;
-        ``None`` when no node can reply any more), or a synchronous round: the online nodes are
-        asked; their replies, decoded as the coordinator decodes them, count if they arrive by
-        the deadline (every one without). With ``late = carry`` a late reply is kept and counts
-        in the round it arrives in, with its staleness (rounds since its task); its node, busy
-        meanwhile, is not asked; a node quarantined meanwhile is not read."""
+        ``None`` when no node can reply any more), or a synchronous round: the task ledger
+        (``nodes.ledger``) plus a barrier. The online nodes without a task out are asked; their
+        replies, decoded as the coordinator decodes them, travel as their tasks' handles and
+        count if they arrive by the deadline (every one without). Late tasks are cancelled, or
+        with ``late = carry`` stay out (their nodes busy, not asked) until their replies arrive:
+        each counts in the round it arrives in, with its staleness, unless its node was
+        quarantined meanwhile or its task reached its TTL (``deadline`` + 30 s)."""
         if self.fedbuff is not None:
             return self.fedbuff.play_round()
-        t, line = self.engine.round + 1, self.timeline
-        carry = self.setup.settings.late == "carry"
-        asked = self.engine.select([i for i in self.ids if line.volunteers.online(i, t) and i not in self.carried])
+        t, line, ledger = self.engine.round + 1, self.timeline, self.ledger
+        asked = self.engine.select([i for i in self.ids if line.volunteers.online(i, t) and not ledger.busy(i)])
         start = time.perf_counter()
         X = self.rows(asked)
         self.training += time.perf_counter() - start
-        arrivals, rows = {}, {}
+        w, base = self.engine.task_model()
+        life = ttl(line.deadline) if line.deadline else float("inf")
         for node, row in zip(asked, X):
-            rows[node], up = line.send(node, t, row)
-            arrivals[node] = line.arrival(node, line.now, up)
-        end = max(arrivals.values(), default=line.now + line.deadline)
+            decoded, up = line.send(node, t, row)
+            ledger.issue(node, t, self.engine.round, base, w, line.now, life, (line.arrival(node, line.now, up), decoded))
+        end = max((ledger.out[node].handle[0] for node in asked), default=line.now + line.deadline)
         if line.deadline:
             end = min(end, line.now + line.deadline)
-        late = {node: f"late: arrived {arrivals[node] - line.now:.3g} s after the task, deadline {line.deadline:g} s"
-                + ("; carried to the round it arrives in" if carry else "") for node in asked if arrivals[node] > end}
-        ids = [node for node in asked if node not in late]
-        staleness = dict.fromkeys(ids, 0)
-        for node, (at, row, sent) in sorted(self.carried.items()):
-            if at <= end:
-                del self.carried[node]
-                if node not in self.engine.flags.quarantined:
-                    ids.append(node)
-                    rows[node], staleness[node] = row, t - sent
-        if carry:
-            self.carried.update({node: (arrivals[node], rows[node], t) for node in late})
-        X = torch.stack([rows[node] for node in ids]) if ids else X[:0]
+        arrived = [tk for tk in ledger if tk.handle[0] <= min(end, tk.expires) and ledger.reads(tk.node)]
+        for ticket in arrived:
+            ledger.close(ticket.node)
+        carry = self.setup.settings.late == "carry"
+        late = {tk.node: f"late: arrived {tk.handle[0] - line.now:.3g} s after the task, deadline {line.deadline:g} s"
+                + ("; carried to the round it arrives in" if carry else "") for tk in ledger if tk.number == t}
+        if not carry:
+            ledger.cancel(t)
         line.now = end
+        ledger.expire(end)
+        ids = [tk.node for tk in arrived]
+        X = torch.stack([tk.handle[1] for tk in arrived]) if arrived else X[:0]
         self.add(self.engine.step(sorted(set(asked) | set(ids)), ids, X, failed=late,
-                                  staleness=staleness if carry else None))
+                                  tasks={tk.node: tk for tk in arrived}))
         return self.records[-1]
 
     def add(self, record: dict) -> None:

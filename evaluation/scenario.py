@@ -95,9 +95,6 @@ def validate(scenario: dict, engine: str = "local") -> None:
         n, f = config["nodes"], config["byzantine"]
         if f >= n:
             raise ValueError(f"byzantine must be below nodes (got byzantine={f}, nodes={n})")
-        if engine != "local" and config.get("round") == "async":
-            raise ValueError(f"round=async runs with --engine local only (--engine {engine} plays the deployed "
-                             "ServerApp, whose buffers follow real arrival times, not the bench's clock)")
         if config["quorum"] > n:
             raise ValueError(f"quorum={config['quorum']} is above nodes={n}: no round could step; lower quorum")
         for spec in scenario["aggregators"]:

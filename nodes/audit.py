@@ -43,6 +43,7 @@ from robust.params import sha256
 from . import checkpoint
 from .admission import known_keys
 from .engine import Engine
+from .ledger import Ticket
 from .root import Root
 from .settings import Settings
 from .spotcheck import recorded
@@ -84,7 +85,7 @@ def store(folder: Path, keep: str, record: dict, inbox) -> dict:
             keep_row(folder, inbox.rows[fp], sha)
         out[fp] = {"sha256": sha, "signature": reply.signature.hex(), "count": reply.count, "part": reply.part,
                    "profile": reply.profile}
-        if fp in inbox.versions:  # async: the task it answered and the (older) model it was computed from
+        if "staleness" in record:  # rows may be stale: the task each answered, and the model it was computed from
             out[fp].update(task=reply.round, base=reply.base)
     return out
 
@@ -160,8 +161,8 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
         for v in r.get("spot", []) if full else []:
             c = v.get("check") or {}
             author = updates.get(v["author"], {})
-            payload = signed_payload(run_id, t, base, c.get("sha256"), 0, author.get("part", ""), c.get("profile"),
-                                     v["author"])
+            payload = signed_payload(run_id, author.get("task", t), author.get("base", base), c.get("sha256"), 0,
+                                     author.get("part", ""), c.get("profile"), v["author"])
             if c and (v["verifier"] not in signers
                       or not keys.verify(signers[v["verifier"]], bytes.fromhex(c["signature"]), payload)):
                 problems.append(f"{word} {t}: the signature of {v['verifier'][:12]}'s check does not verify")
@@ -181,11 +182,15 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
                             f"{', '.join(fp[:12] for fp in sorted(set(ids) - set(staleness)))} ({checkpoint.ROUNDS} "
                             f"line {t} changed)")
             staleness = {fp: int(staleness.get(fp, 0)) for fp in ids}
+        # the schedule: each row's task, at the version its staleness names (its model is not
+        # needed: the spot checks' verdicts are the log's)
+        tasks = {fp: Ticket(fp, int(updates[fp].get("task", t)), t - 1 - int((staleness or {}).get(fp, 0)),
+                            str(updates[fp].get("base", models[t - 1])), None) for fp in ids}
         X = torch.stack([rows[fp] for fp in ids]) if ids else torch.empty(0, engine.w.numel())
         convicted = set(r["convicted"])
         rejected = {fp: why for fp, why in r["rejected"].items() if fp not in convicted}
         asked = sorted(set(ids) | set(r["rejected"]) | set(r["failed"]) | set(r["missing"]))
-        again = checkpoint.finite(engine.step(asked, ids, X, rejected, r["failed"], staleness=staleness))
+        again = checkpoint.finite(engine.step(asked, ids, X, rejected, r["failed"], tasks=tasks))
         changed = [key for key in COMPARED if again.get(key) != r.get(key)]
         if changed:
             problems.append(f"{word} {t}: recomputed {', '.join(changed)} differ(s) from the log "

@@ -18,27 +18,28 @@ travelled: ``bytes_up`` (the replies' arrays), ``bytes_down`` (the tasks' model 
 ``downlink = fp16`` tasks carry the model in half precision (``Engine.task_model``): half the
 bytes down, and each task names the SHA-256 of the rounded model the nodes train from.
 
-Late replies (``late = carry``, synchronous rounds): a node that has not answered by the
-deadline is *carried* (:meth:`carry`): it is not asked again until its reply arrives, and that
-reply, which must answer its own round's task and base, counts in the round it arrives in,
-with its staleness (rounds since its task), which the engine weighs as in asynchronous rounds;
-its record entry names the task and base (``updates``: ``task``, ``base``) for the audit.
+Every task out is in the coordinator's :class:`~nodes.ledger.TaskLedger` (:attr:`ledger`),
+issued by :meth:`issue` (or :meth:`ask`) when its message leaves. A reply must answer its
+node's task: the same task number and base model, no staler than ``max-staleness``; the reply
+closes the task whatever it holds, and a quarantined node's reply is not read. Each accepted
+row goes to the engine with its task, so its staleness and its spot check follow that task.
 
-Asynchronous rounds (``round = async``, FedBuff; the loop is ``nodes.server_app.serve_async``):
-each node gets its own task (:meth:`send`), numbered by the run's task count (``DIR/tasks-sent``,
-so a resumed run never reuses a number a volunteer has seen), with the current model. A reply
-(:meth:`receive`) is checked as in a synchronous round except that it must answer a task this
-node has outstanding and its base may be an older model version: one of the last
-``max-staleness + 1`` versions (the last ``STALE_VERSIONS`` with no limit), kept as SHA-256 ->
-version (:attr:`versions`, in the checkpoint); an older or unknown base is a rejection with
-its reason. Replies fill a buffer, one per node (a node's next reply waits for the
-following buffer; ``nodes.buffers`` is the schedule); every ``buffer`` valid ones (or a reply
-from every admitted node not quarantined) :meth:`finish_round` runs the engine with each
-row's staleness (versions behind). A *round* is a buffer: ``rounds`` counts buffers. Its record
-keeps the schedule: ``ids`` (which replies), ``staleness`` (from which base version), ``held``
-(replies of nodes already in it, waiting for the next buffer), and, for each update, the task
-it answered and its base (``updates``: ``task``, ``base``), which ``robust coordinator replay``
-and ``robust audit verify`` check.
+Late replies (``late = carry``, synchronous rounds): a task not answered by the round's
+deadline stays out: its node is not asked again until its reply arrives, and that reply counts
+in the round it arrives in, with its staleness (rounds since its task), which the engine
+weighs as in asynchronous rounds. Records of runs whose rows may be stale (``late = carry``,
+``round = async``) name each update's task and base (``updates``: ``task``, ``base``) for the
+audit.
+
+Asynchronous rounds (``round = async``, FedBuff): each free node gets its own task, numbered
+by the run's task count (``DIR/tasks-sent``, so a resumed run never reuses a number a volunteer
+has seen), with the current model. Replies (:meth:`receive`) fill a buffer, one per node (a
+node's next reply waits for the following buffer; ``nodes.buffers`` is the schedule); every
+``buffer`` valid ones (or a reply from every node that may still answer: ``nodes.ledger``)
+:meth:`finish_round` runs the engine. A *round* is a buffer: ``rounds`` counts buffers. Its
+record keeps the schedule: ``ids`` (which replies), ``staleness`` (from which base version),
+``held`` (replies of nodes already in it, waiting for the next buffer), which ``robust
+coordinator replay`` and ``robust audit verify`` check.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from .admission import scan
 from .attendance import Attendance
 from .buffers import Buffers
 from .engine import Engine, ThreatHook
+from .ledger import Ticket, TaskLedger, ttl
 from .root import Root
 from .rows import canonical, rejection_reason
 from .settings import Settings
@@ -71,9 +73,8 @@ from .wire import Reply, Task, content_bytes, model_array, read_reply, reply_pay
 
 log = logging.getLogger("robust.coordinator")
 RUN_ID = "run-id"
-# Settings a resumed run must share with its checkpoint (rounds, deadline... may change).
-STALE_VERSIONS = 64  # model versions kept for stale replies when max-staleness = 0 (no limit)
 TASKS_SENT = "tasks-sent"  # async: the run's task count, written before each task leaves
+# Settings a resumed run must share with its checkpoint (rounds, deadline... may change).
 FIXED = ("round", "seed", "dataset", "model", "aggregator", "tolerate", "protocol", "batch_size", "lr", "momentum", "threads")
 
 
@@ -93,14 +94,14 @@ class Inbox:
     replies: dict[str, Reply] = field(default_factory=dict)  # what each accepted reply signed
     hashes: dict[str, str] = field(default_factory=dict)  # each accepted update's SHA-256
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of each node's reply arrays
-    versions: dict[str, int] = field(default_factory=dict)  # async: the model version each accepted row is based on
+    tasks: dict[str, Ticket] = field(default_factory=dict)  # the task each accepted row answers
 
     @classmethod
     def of(cls, singles: Iterable[Inbox]) -> Inbox:
         """One inbox filing the entries of ``singles`` (each one node's reply)."""
         inbox = cls()
         for single in singles:
-            for name in ("rows", "rejected", "failed", "seconds", "replies", "hashes", "sizes", "versions"):
+            for name in ("rows", "rejected", "failed", "seconds", "replies", "hashes", "sizes", "tasks"):
                 getattr(inbox, name).update(getattr(single, name))
         return inbox
 
@@ -124,14 +125,11 @@ class Coordinator:
         self.attendance = Attendance(s.rest_after)
         self.rejected: dict[str, str] = {}  # node -> its latest rejection's reason
         self._tip = audit.genesis(self.run_id)
-        # asynchronous rounds (see the module's docstring)
-        self.versions: dict[str, int] = {}  # SHA-256 of a recent model -> its version (rounds done when it was current)
-        self.outstanding: dict[str, dict[int, tuple[int, str]]] = {}  # node -> task number -> (version, base)
-        self.buffers: Buffers[Inbox] = Buffers(self.buffer_size)  # each reply: a one-node Inbox
+        flags = self.engine.flags
+        self.ledger = TaskLedger(s.max_staleness, lambda fp: fp in flags.quarantined or fp in flags.convicted)
+        self.buffers: Buffers[Inbox] = Buffers(self.buffer_size)  # async: each reply a one-node Inbox
         self.started = time.monotonic()  # when the buffer being filled began
-        self.late: dict[str, tuple[int, str]] = {}  # late = carry: node -> (round, base) of its task, still out
         self._resume()
-        self._know(self.engine.task_model()[1], self.round)
         path = self.folder / TASKS_SENT
         self.sent = int(path.read_text().strip() or 0) if path.exists() else 0
 
@@ -176,7 +174,6 @@ class Coordinator:
             self.attendance.load_state(state["attendance"])
             self.rejected = dict(state["rejected"])
             self._tip = audit.line_hash(state["record"])
-            self.versions = {str(k): int(v) for k, v in state.get("versions", {}).items()}
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{path} does not fit this run ({type(err).__name__}: {str(err)[:120]}): restore it "
                              "from a backup, or start over in a new folder") from None
@@ -185,15 +182,14 @@ class Coordinator:
     def save(self, record: dict) -> None:
         checkpoint.save(self.folder, {"settings": {k: getattr(self.settings, k) for k in FIXED},
                                       "engine": self.engine.state(), "attendance": self.attendance.state(),
-                                      "rejected": self.rejected, "record": record,
-                                      **({"versions": self.versions} if self.asynchronous else {})})
+                                      "rejected": self.rejected, "record": record})
 
     def select(self, online: list[str]) -> list[str]:
         """The nodes asked this round (``Engine.select`` of the admitted online ones that are not
         resting; resting ones too if a quorum needs them). The admission list is re-read, so a
         key admitted while the run goes on is used from the next round."""
         self.keys = self._admitted()
-        online = [fp for fp in online if fp in self.keys and fp not in self.late]  # a carried task: busy
+        online = [fp for fp in online if fp in self.keys and not self.ledger.busy(fp)]  # a carried task: busy
         rested = self.attendance.rested(self.round + 1)
         chosen = self.engine.select([fp for fp in online if fp not in rested])
         return chosen if len(chosen) >= self.engine.quorum or not rested else self.engine.select(online)
@@ -203,10 +199,38 @@ class Coordinator:
         w, base = self.engine.task_model()
         return Task.of(self.settings, self.run_id, self.round + 1, base), model_array(w.numpy(), self.settings.downlink)
 
-    def carry(self, fp: str, task: Task) -> None:
-        """``late = carry``: ``fp`` did not answer ``task`` within its round; its reply will count
-        in the round it arrives in (:meth:`check`), and the node gets no task meanwhile."""
-        self.late[fp] = (task.round, task.base)
+    def tasks(self, nodes: list[str]) -> tuple[dict[str, Task], np.ndarray]:
+        """A task for each of ``nodes`` and the model array they carry: this round's (sync), or
+        each its own number (async; the task count is on disk before any task leaves). Each is
+        out once issued (:meth:`issue`), when its message leaves."""
+        if not self.asynchronous:
+            task, w = self.task()
+            return dict.fromkeys(nodes, task), w
+        tasks, (w, base) = {}, self.engine.task_model()
+        for fp in nodes:
+            self.sent += 1
+            tasks[fp] = Task.of(self.settings, self.run_id, self.sent, base)
+        if tasks:
+            checkpoint.write_atomic(self.folder / TASKS_SENT, lambda out: out.write(f"{self.sent}\n".encode()))
+        return tasks, model_array(w.numpy(), self.settings.downlink)
+
+    def issue(self, fp: str, task: Task, now: float, handle: object = None) -> Ticket:
+        """``task`` is out to ``fp`` from ``now`` (wall seconds) until its TTL (``deadline`` + 30 s)."""
+        return self.ledger.issue(fp, task.round, self.round, task.base, self.engine.task_model()[0], now,
+                                 ttl(self.settings.deadline), handle)
+
+    def ask(self, nodes: list[str], now: float = 0.0) -> tuple[dict[str, Task], np.ndarray]:
+        """:meth:`tasks` for ``nodes``, each out at once (an in-process transport)."""
+        tasks, w = self.tasks(nodes)
+        for fp, task in tasks.items():
+            self.issue(fp, task, now)
+        return tasks, w
+
+    def expire(self, now: float) -> None:
+        """Give up the tasks past their TTL at ``now``: their nodes may be asked again."""
+        for t in self.ledger.expire(now):
+            log.warning("task %d: no reply from %s within %g s: given up", t.number, short(t.node),
+                        ttl(self.settings.deadline))
 
     # -- asynchronous rounds ---------------------------------------------------------------
 
@@ -219,58 +243,23 @@ class Coordinator:
         """Valid replies per aggregation: ``buffer``, or if 0 the fewest the aggregator serves."""
         return self.settings.buffer or self.settings.quorum_needed
 
-    @property
-    def kept_versions(self) -> int:
-        """How many recent model versions a reply may be based on (async)."""
-        return self.settings.max_staleness + 1 if self.settings.max_staleness else STALE_VERSIONS
-
-    def _know(self, base: str, version: int) -> None:
-        """Remember model ``base`` as ``version`` (a round with no step keeps its model: the
-        newest version names it); forget versions too old to be used."""
-        self.versions[base] = version
-        self.versions = {sha: v for sha, v in self.versions.items() if v > version - self.kept_versions}
-
     def free(self, online: list[str]) -> list[str]:
-        """The online admitted nodes that may get a task now (async): not quarantined, not
-        convicted, and without a task outstanding; in canonical order."""
+        """The online admitted nodes that may get a task now: not quarantined, not convicted, and
+        without a task out; in canonical order."""
         self.keys = self._admitted()
-        flags = self.engine.flags
-        return sorted(fp for fp in set(online) if fp in self.keys and fp not in flags.quarantined
-                      and fp not in flags.convicted and not self.outstanding.get(fp))
+        return self.ledger.free([fp for fp in online if fp in self.keys])
 
-    def send(self, nodes: list[str]) -> tuple[dict[str, Task], np.ndarray]:
-        """A task for each of ``nodes`` with the current model (async), each its own number;
-        the task count is on disk before any task leaves."""
-        tasks, (w, base) = {}, self.engine.task_model()
-        for fp in nodes:
-            self.sent += 1
-            tasks[fp] = Task.of(self.settings, self.run_id, self.sent, base)
-            self.outstanding.setdefault(fp, {})[self.sent] = (self.round, base)
-        if tasks:
-            checkpoint.write_atomic(self.folder / TASKS_SENT, lambda out: out.write(f"{self.sent}\n".encode()))
-        return tasks, model_array(w.numpy(), self.settings.downlink)
-
-    def forget(self, fp: str, number: int) -> None:
-        """Task ``number`` of ``fp`` will not be answered (it expired): the node is free again."""
-        self.outstanding.get(fp, {}).pop(number, None)
-
-    def receive(self, fp: str, number: int, content: RecordDict | None, error: str = "") -> list[dict]:
-        """Node ``fp``'s answer to its task ``number`` (async): its reply ``content`` as it came
-        off the wire, or the transport's ``error``; filed in the buffer (or, if the node is
-        already in it, held for the next). Returns the records of the buffers this completed
-        (the engine ran on them; ``nodes.buffers`` is the schedule). Never raises on what a node sent."""
-        if fp in self.engine.flags.quarantined or fp in self.engine.flags.convicted:
-            self.forget(fp, number)
-            return []  # as in the bench: a quarantined node's reply is not read
+    def receive(self, fp: str, content: RecordDict | None, error: str = "", online: list[str] = ()) -> list[dict]:
+        """Node ``fp``'s answer to its task (async): its reply ``content`` as it came off the
+        wire, or the transport's ``error``; filed in the buffer (or, if the node is already in
+        it, held for the next). ``online``: the nodes reachable now (with those that have a task
+        out: who may still answer). Returns the records of the buffers this completed (the
+        engine ran on them; ``nodes.buffers`` is the schedule). Never raises on what a node sent."""
         single = Inbox()
-        if content is None:
-            single.failed[fp] = f"node error: {error[:200]}"
-        else:
-            self.take(fp, content, single)
-        self.forget(fp, number)
+        if not self.file(fp, content, error, single):
+            return []
         records = []
-        flags, everyone = self.engine.flags, set(self.keys)
-        everyone -= flags.quarantined.keys() | flags.convicted.keys()
+        everyone = self.ledger.may_answer([n for n in online if n in self.keys])
         for full in self.buffers.add(fp, single, fp in single.rows, everyone):
             if self.done:
                 break
@@ -278,11 +267,24 @@ class Coordinator:
             records.append(self.finish_round(sorted(full.replies), inbox, started, held=full.held))
         return records
 
+    def file(self, fp: str, content: RecordDict | None, error: str, inbox: Inbox) -> bool:
+        """File node ``fp``'s answer in ``inbox``: its reply ``content``, or the transport's
+        ``error`` (a failure, not a flag). ``False``: not read (a quarantined node)."""
+        if not self.ledger.reads(fp):
+            return False
+        if content is None:
+            self.ledger.close(fp)
+            inbox.failed[fp] = f"node error: {error[:200]}"
+        else:
+            self.take(fp, content, inbox)
+        return True
+
     def take(self, fp: str, content: RecordDict, inbox: Inbox) -> None:
         """File node ``fp``'s reply, as it came off the wire, in ``inbox``. Never raises: a
         reply that cannot be read or checked, for any reason, is the node's rejection."""
-        if fp in inbox:
-            return  # a node answers once a round
+        if fp in inbox or not self.ledger.reads(fp):
+            return  # a node answers once a round; a quarantined node is not read
+        ticket = self.ledger.close(fp)  # answered, whatever the reply holds
         try:
             inbox.sizes[fp] = content_bytes(content)
             reply, row = read_reply(content, self.engine.w.numel(), self.codec)
@@ -298,7 +300,7 @@ class Coordinator:
             inbox.failed[fp] = f"declined the task: {reply.refused[:200]}"
             return
         try:
-            result = self.check(fp, reply, row)
+            result = self.check(fp, reply, row, ticket)
         except Exception as err:  # noqa: BLE001 - as above
             log.exception("round %d: reply from %s could not be checked", self.round + 1, short(fp))
             result = f"reply could not be checked ({type(err).__name__})"
@@ -306,34 +308,19 @@ class Coordinator:
             inbox.rejected[fp] = result
         else:
             inbox.rows[fp], inbox.hashes[fp] = result
-            inbox.replies[fp] = reply
-            if self.asynchronous:
-                inbox.versions[fp] = self.outstanding[fp][reply.round][0]
-            elif reply.round != self.round + 1:  # a carried task's reply: computed from round reply.round's model
-                inbox.versions[fp] = reply.round - 1
+            inbox.replies[fp], inbox.tasks[fp] = reply, ticket
 
-    def check(self, fp: str, reply: Reply, row: np.ndarray | None) -> tuple[torch.Tensor, str] | str:
-        """The update of a reply that did not decline, as ``(row, its SHA-256)``, or why it is
-        rejected."""
+    def check(self, fp: str, reply: Reply, row: np.ndarray | None, ticket: Ticket | None
+              ) -> tuple[torch.Tensor, str] | str:
+        """The update of a reply to ``ticket`` (``None``: the node had no task out) that did not
+        decline, as ``(row, its SHA-256)``, or why it is rejected."""
         if reply.run != self.run_id:
             return f"signed for run {reply.run!r}, this is run {self.run_id!r}"
-        if self.asynchronous:
-            task = self.outstanding.get(fp, {}).get(reply.round)
-            if task is None:
-                return f"signed for task {reply.round}, which this node does not have outstanding (a replay?)"
-            if reply.base not in self.versions:
-                return (f"trained on base model {reply.base[:12]}, not one of the last {self.kept_versions} model "
-                        f"versions (staler than max-staleness={self.settings.max_staleness}, or never sent)")
-            if reply.base != task[1]:
-                return f"trained on base model {reply.base[:12]}, its task {reply.round} sent {task[1][:12]}"
-        elif reply.round != self.round + 1:
-            carried = self.late.get(fp)
-            if carried is None or carried[0] != reply.round:
-                return f"signed for round {reply.round}, this is round {self.round + 1} (a replay?)"
-            if reply.base != carried[1]:
-                return f"trained on base model {reply.base[:12]}, its round {reply.round} task sent {carried[1][:12]}"
-        elif reply.base != self.engine.task_model()[1]:
-            return f"trained on base model {reply.base[:12]}, not the current {self.engine.task_model()[1][:12]} (stale)"
+        if ticket is None:
+            return f"signed for task {reply.round}, but this node has no task out (a replay?)"
+        reason = self.ledger.refusal(ticket, reply.round, reply.base, self.round)
+        if reason:
+            return reason
         tensor = torch.from_numpy(np.array(row, dtype=np.float32)) if row is not None else None
         reason = rejection_reason(tensor, self.engine.w.numel(), self.settings.max_norm)
         if reason:
@@ -359,12 +346,8 @@ class Coordinator:
         if self._task_bytes is None:  # the model array's bytes: the same every round
             self._task_bytes = content_bytes(task_content(*self.task()))
         self.checks.begin(inbox.replies, checkers)
-        staleness = None
-        if self.asynchronous or self.settings.late == "carry":  # fresh sync replies: from the current model
-            staleness = {fp: self.round - inbox.versions.get(fp, self.round) for fp in ids}
-        record = self.engine.step(asked, ids, X, inbox.rejected, inbox.failed, staleness=staleness)
+        record = self.engine.step(asked, ids, X, inbox.rejected, inbox.failed, tasks=inbox.tasks)
         if self.asynchronous:
-            self._know(self.engine.task_model()[1], self.round)
             record["buffer"] = self.buffer_size
             record["held"] = held or []  # valid replies of this buffer's nodes, left for the next buffer
         record["prev"] = self._tip  # the SHA-256 of the last record's log line

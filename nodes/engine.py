@@ -21,22 +21,26 @@ Rules that need more than the rows (``aggregators.RoundInputs``) get the rows' n
 global model the rows were computed from, and, for ``fltrust``, the coordinator's own update on
 its root data (``nodes.root``), computed once per round that steps.
 
-Asynchronous rounds (``round = async``, FedBuff): a round is one buffer of valid replies, each
-computed from an older model version; the driver passes each row's ``staleness`` (versions
-behind), the engine rejects rows staler than ``max-staleness`` and scales the others by the
-``staleness`` weight (``nodes.staleness``) before the threat hook and the rule. The record keeps
-each row's staleness: with the rows, the schedule that makes a round a pure function. With
+Every row comes with its task (``nodes.ledger.Ticket``: its number, the model it carried and
+that model's version). Asynchronous rounds (``round = async``, FedBuff) and carried late
+replies (``late = carry``) hold rows computed from older model versions: the engine rejects rows
+staler than ``max-staleness`` and, after the threat hook and the spot checks (which see the
+rows as their nodes sent them), scales the others by the ``staleness`` weight
+(``nodes.staleness``) before the rule. The record keeps each row's staleness: with the rows,
+the schedule that makes a round a pure function. With
 ``lookahead``, tasks carry :meth:`Engine.task_model` (``nodes.lookahead``: the model
 extrapolated by the expected staleness), whose SHA-256 the record keeps as ``task_sha256``.
 
 Spot checks (``spot-check = p``, ``nodes.spotcheck``): the committed rows' hashes seed a draw
 of the rows to recompute; the engine's ``verifier`` (the coordinator's, the bench's, or a
-log's replay) returns the verdicts, and a convicted node's row is dropped before the rule
+log's replay) recomputes each drawn row from that row's own task (a straggler's from the older
+model it was sent) and returns the verdicts; a convicted node's row is dropped before the rule
 and the node banned.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol as Interface
 
 import torch
@@ -51,6 +55,7 @@ from robust.seeds import generator
 
 from .detectors import score_round
 from .flags import FlagPolicy
+from .ledger import Ticket
 from .lookahead import Lookahead
 from .protocol import Protocol
 from .root import Root
@@ -155,31 +160,47 @@ class Engine:
     def accuracy(self) -> float:
         return accuracy(self.model, unflatten(self.w, self.model), self.x_test, self.y_test)
 
+    @property
+    def stale_rows(self) -> bool:
+        """Whether rows may come from older models (``round = async``, ``late = carry``): then
+        their staleness is weighed and recorded."""
+        return self.settings.round == "async" or self.settings.late == "carry"
+
+    def ticket(self, node: str) -> Ticket:
+        """The task of a node asked this round with the current task model (a synchronous
+        round's fresh row)."""
+        w, base = self.task_model()
+        return Ticket(node, self.round + 1, self.round, base, w)
+
     def step(self, asked: list[str], ids: list[str], X: torch.Tensor, rejected: dict[str, str] | None = None,
-             failed: dict[str, str] | None = None, staleness: dict[str, int] | None = None) -> dict:
+             failed: dict[str, str] | None = None, tasks: Mapping[str, Ticket] | None = None) -> dict:
         """Play round ``self.round + 1`` on the rows ``X`` (one per node of ``ids``, any order)
         of the ``asked`` nodes; ``rejected`` replies (bad content) count as flags, ``failed``
-        ones (lost, declined) do not; ``staleness`` (asynchronous rounds): how many versions
-        behind each row's base model is. Returns the round's record (JSON-ready)."""
+        ones (lost, declined) do not; ``tasks``: the task each row answers (a fresh one of this
+        round, :meth:`ticket`, where none is given). Returns the round's record (JSON-ready)."""
         t, rejected = self.round + 1, dict(rejected or {})
         if X.dtype != self.w.dtype or tuple(X.shape) != (len(ids), self.w.numel()):
             raise ValueError(f"rows of {X.dtype} {tuple(X.shape)} for {len(ids)} nodes: the engine takes "
                              f"{self.w.dtype} ({len(ids)}, {self.w.numel()}) (a driver's error, not a node's)")
+        tasks = {i: (tasks or {}).get(i) or self.ticket(i) for i in ids}
+        staleness = {i: tasks[i].staleness(self.round) for i in ids} if self.stale_rows else None
         with profile(self.settings.threads):
             order = sorted(range(len(ids)), key=ids.__getitem__)  # canonical: by node identity
             if order != list(range(len(ids))):
                 ids, X = [ids[i] for i in order], X[order]
             ids, X = self._valid(ids, X, rejected)
             if staleness is not None:
-                ids, X = self._weigh(ids, X, staleness, rejected)
+                ids, X = self._fresh_enough(ids, X, staleness, rejected)
             skipped = self._cannot_step(len(ids))
             if self.hook is not None and not skipped:  # an attack crafts only for a round that steps
                 ids, X = self._valid(ids, self.hook.rows(self, t, ids, X), rejected)
                 skipped = self._cannot_step(len(ids))  # crafted rows may have been rejected
             verdicts, convicted = [], []
             if self.settings.spot_check and not skipped:
-                ids, X, verdicts, convicted = self._spot_check(t, ids, X, rejected)
+                ids, X, verdicts, convicted = self._spot_check(t, ids, X, tasks, rejected)
                 skipped = self._cannot_step(len(ids))
+            if staleness is not None:
+                X = X * torch.tensor([self.weight(staleness[i]) for i in ids], dtype=X.dtype)[:, None]
             inputs = None if skipped or not self.chain.needs else self.inputs(ids)
             aggregate, scores, flagged = judge(self.chain, self.flags, t, ids, X, rejected, not skipped, inputs)
             if aggregate is not None:
@@ -205,16 +226,16 @@ class Engine:
             "scores": {name: s.tolist() for name, s in scores.items()},
         }
 
-    def _spot_check(self, t: int, ids: list[str], X: torch.Tensor, rejected: dict[str, str]
-                    ) -> tuple[list[str], torch.Tensor, list, list[str]]:
-        """Draw round ``t``'s checks from its committed rows, ask the verifier, and ban the
-        convicted: ``(ids, X without their rows, verdicts, convicted)``."""
+    def _spot_check(self, t: int, ids: list[str], X: torch.Tensor, tasks: Mapping[str, Ticket],
+                    rejected: dict[str, str]) -> tuple[list[str], torch.Tensor, list, list[str]]:
+        """Draw round ``t``'s checks from its committed rows, ask the verifier to recompute each
+        from its own task, and ban the convicted: ``(ids, X without their rows, verdicts, convicted)``."""
         seed = round_seed(self.settings.seed, t, ids, [sha256(row) for row in X])
         drawn = draw(seed, ids, self.settings.spot_check)
         if not drawn:
             return ids, X, [], []
         index = {fp: i for i, fp in enumerate(ids)}
-        verdicts = self.verifier(t, self.task_model()[0], {fp: X[index[fp]] for fp in drawn})
+        verdicts = self.verifier(t, {fp: (tasks[fp], X[index[fp]]) for fp in drawn})
         convicted = sorted({fp for v in verdicts for fp in v.guilty})
         for v in verdicts:
             for fp in v.guilty:
@@ -237,16 +258,15 @@ class Engine:
             return f"no step: {err}"
         return ""
 
-    def _weigh(self, ids: list[str], X: torch.Tensor, staleness: dict[str, int], rejected: dict[str, str]
-               ) -> tuple[list[str], torch.Tensor]:
-        """The rows no staler than ``max-staleness``, each scaled by its staleness weight."""
-        reasons = {i: stale_reason(staleness[i], self.settings.max_staleness) for i in ids}
-        stale = {i: reason for i, reason in reasons.items() if reason}
+    def _fresh_enough(self, ids: list[str], X: torch.Tensor, staleness: dict[str, int], rejected: dict[str, str]
+                      ) -> tuple[list[str], torch.Tensor]:
+        """The rows no staler than ``max-staleness``; the others go to ``rejected``."""
+        stale = {i: reason for i in ids if (reason := stale_reason(staleness[i], self.settings.max_staleness))}
+        if not stale:
+            return ids, X
         rejected.update(stale)
         keep = [k for k, i in enumerate(ids) if i not in stale]
-        ids = [ids[k] for k in keep]
-        weights = torch.tensor([self.weight(staleness[i]) for i in ids], dtype=X.dtype)
-        return ids, X[keep] * weights[:, None]
+        return [ids[k] for k in keep], X[keep]
 
     def _valid(self, ids: list[str], X: torch.Tensor, rejected: dict[str, str]) -> tuple[list[str], torch.Tensor]:
         """The rows that can be used; the others go to ``rejected`` with their reason."""

@@ -25,11 +25,16 @@ every node that has not replied is sent a no-op ``query`` message: pulling it ma
 SuperNode push the reply it holds. A node that is merely slow runs one more no-op after its
 real work; a fresh run never nudges.
 
-Late replies (``late = carry``): the tasks a round leaves unanswered are carried; their
-replies are pulled with the next rounds' and filed in the round they arrive in
-(:meth:`Coordinator.carry`), until their TTL (``deadline`` + 30 s) expires.
+One loop (:class:`Loop`) serves every round mode: the coordinator's task ledger
+(``nodes.ledger``) says who has a task out and under which message id; the loop pushes tasks
+as the mode allows, pulls the replies to every task out, files each with the coordinator, and
+gives up tasks past their TTL (``deadline`` + 30 s). A synchronous round is the ledger plus a
+barrier (:class:`Barrier`: every task of the round answered, or the deadline).
 
-Asynchronous rounds (``round = async``, FedBuff: :func:`serve_async`). No round waits for
+Late replies (``late = carry``): the tasks a round leaves unanswered stay out; their replies
+are pulled with the next rounds' and filed in the round they arrive in, until their TTL.
+
+Asynchronous rounds (``round = async``, FedBuff). No round waits for
 anyone: every online, admitted, non-quarantined node without a task gets one with the current
 model (at start, when it comes online, and right after its reply is read); replies are read
 as they arrive and filed by :meth:`Coordinator.receive`, which runs the engine on every
@@ -55,17 +60,13 @@ from robust import keys
 
 from . import checkpoint
 from .coordinator import Coordinator, Inbox, short
+from .ledger import ttl
 from .verifier import Checkers
 from .wire import introduction_content, read_identity, task_content
 
 log = logging.getLogger("robust.coordinator")
 POLL = 0.5  # seconds between pulls: Flower's own polling (3 s) dominates anyway
-TTL_SLACK = 30.0  # seconds a task lives past the deadline: its message's TTL, then it is given up
-
-
-def ttl(settings) -> float:
-    """How long a task's message lives (and is waited for): ``deadline`` + ``TTL_SLACK``."""
-    return settings.deadline + TTL_SLACK
+LOOK_EVERY = 2.0  # seconds between looks at who is online (async): each is a call to the SuperLink
 
 app = ServerApp()
 
@@ -123,10 +124,10 @@ def wait_for_nodes(roster: Roster, coord: Coordinator, everyone: bool) -> dict[i
     federation whose nodes all start together trains on all of them from round one. Never
     waits for more nodes than admission and quarantine leave."""
     s = coord.settings
-    possible = len(coord.select(list(coord.keys)))  # carried nodes (late = carry) are busy, not counted
-    if possible + len(coord.late) < coord.engine.quorum:
+    possible = len(coord.select(list(coord.keys)))  # nodes with a task out (late = carry) are busy, not counted
+    if possible + len(coord.ledger) < coord.engine.quorum:
         log.warning("only %d admitted node(s) are not quarantined, the quorum is %d: this round cannot step; "
-                    "admit nodes (robust coordinator admit) or lower the quorum", possible + len(coord.late),
+                    "admit nodes (robust coordinator admit) or lower the quorum", possible + len(coord.ledger),
                     coord.engine.quorum)
     needed = possible if everyone else min(coord.engine.quorum, possible)
     until = time.monotonic() + s.wait_nodes
@@ -138,79 +139,135 @@ def wait_for_nodes(roster: Roster, coord: Coordinator, everyone: bool) -> dict[i
         time.sleep(roster.poll)
 
 
-def play_round(roster: Roster, coord: Coordinator, first: bool, nudging: bool,
-               carried: dict[str, tuple[str, int, float]] | None = None) -> dict:
-    """One synchronous round. ``carried`` (``late = carry``; message id -> (node, Flower id, sent
-    at)) holds the tasks past their round: their replies are read with this round's, and the
-    tasks this round leaves unanswered join them, until answered or expired (their TTL)."""
-    grid, carried = roster.grid, {} if carried is None else carried
-    nodes = wait_for_nodes(roster, coord, first)
-    if not nodes and not carried:
-        raise RuntimeError(
-            f"round {coord.round + 1}: no admitted volunteer is online after waiting {coord.settings.wait_nodes:g} s "
-            "(wait-nodes): start volunteers with `robust node join` (its output says why one cannot connect), "
-            "or admit more if all are quarantined; the run resumes from this round")
-    started = time.monotonic()
-    task, w = coord.task()
-    deadline = started + coord.settings.deadline
-    messages = [Message(task_content(task, w), dst_node_id=nid, message_type="train",
-                        ttl=ttl(coord.settings)) for nid in sorted(nodes)]
-    sent = dict(zip(grid.push_messages(messages), sorted(nodes))) if messages else {}  # message id -> Flower id
-    pending = {mid for mid in sent if mid}
-    inbox = Inbox()
-    late: set[str] = set()  # carried nodes whose reply this round read
-    nudge_at = started + coord.settings.deadline / 2 if nudging else None
+class Barrier:
+    """A synchronous round being played: its tasks, its inbox, its deadline."""
 
-    def waiting() -> bool:
-        """Replies still awaited: this round's, or with no new task out (every node's is
-        carried), the carried ones."""
-        return bool(pending) or (not sent and bool(carried))
+    def __init__(self, loop: Loop, nodes: dict[int, str]) -> None:
+        coord = loop.coord
+        self.nodes, self.number = nodes, coord.round + 1
+        self.started = time.monotonic()
+        self.deadline = self.started + coord.settings.deadline
+        self.inbox, self.late = Inbox(), set()  # late: nodes whose carried task's reply this round read
+        self.sent = bool(loop.send(sorted(nodes.values()), {fp: nid for nid, fp in nodes.items()}))
 
-    while waiting() and time.monotonic() < deadline:
-        if nudge_at is not None and time.monotonic() >= nudge_at:
-            nudge(grid, {nid: fp for nid, fp in nodes.items() if fp not in inbox}, deadline)
-            nudge_at = None
-        for reply in grid.pull_messages(list(pending | set(carried))):
-            mid = reply.metadata.reply_to_message_id
-            old = carried.pop(mid, None)
-            if old is not None:  # a carried task's reply, from its own node only, not read once it is quarantined
-                fp = old[0] if reply.metadata.src_node_id == old[1] else None
-                quarantined = fp in coord.engine.flags.quarantined
-                if fp is not None and not reply.has_error() and fp not in inbox and not quarantined:
-                    coord.take(fp, reply.content, inbox)
-                    late.add(fp)
-                coord.late.pop(old[0], None)
-                continue
-            pending.discard(mid)
-            fp = nodes.get(reply.metadata.src_node_id)
-            if fp is None or fp in inbox:
-                continue
-            if reply.has_error():
-                inbox.failed[fp] = f"node error: {str(reply.error.reason)[:200]}"
-            else:
-                coord.take(fp, reply.content, inbox)
-        if waiting():
-            time.sleep(roster.poll)
-    if coord.settings.late == "carry":
-        for mid in pending:
-            fp = nodes[sent[mid]]
-            if fp not in inbox:
-                carried[mid] = (fp, sent[mid], started)
-                coord.carry(fp, task)
-    expire(carried, coord)
-    checkers = Checkers(sorted(set(nodes.values())), lambda asked: ask_checks(roster, nodes, asked))
-    return coord.finish_round(sorted(set(nodes.values()) | late), inbox, started, checkers)
+    def over(self, ledger) -> bool:
+        """Every task of this round answered (with none sent, every carried one), or past the
+        deadline."""
+        waiting = any(t.number == self.number for t in ledger) or (not self.sent and len(ledger) > 0)
+        return not waiting or time.monotonic() >= self.deadline
 
 
-def expire(carried: dict[str, tuple[str, int, float]], coord: Coordinator) -> None:
-    """Give up the carried tasks past their TTL (``deadline`` + 30 s): their nodes are free again."""
-    now = time.monotonic()
-    for mid, (fp, _, at) in list(carried.items()):
-        if now - at > ttl(coord.settings):
-            log.warning("round %d: no reply from %s to its carried task within %g s: given up", coord.round + 1,
-                        short(fp), ttl(coord.settings))
-            del carried[mid]
-            coord.late.pop(fp, None)
+class Loop:
+    """The one serve loop: tasks go out as the ledger allows, replies are pulled by the ledger's
+    message ids and filed, tasks expire at their TTL; a synchronous round ends at its barrier,
+    an asynchronous one when its buffer is full (``Coordinator.receive``)."""
+
+    def __init__(self, roster: Roster, coord: Coordinator) -> None:
+        self.roster, self.coord, self.grid = roster, coord, roster.grid
+        self.nudging = coord.round > 0  # resumed: nodes may hold the stopped run's replies
+        self.nudged: set[str] = set()  # message ids nudged
+        self.seen: dict[int, str] = {}  # every Flower node id seen -> its fingerprint
+        self.online: dict[int, str] = {}
+        self.last_look, self.alone_since = -LOOK_EVERY, time.monotonic()
+
+    def look(self) -> None:
+        """Who is online now (async: at most every ``LOOK_EVERY`` seconds: each look is a call)."""
+        if time.monotonic() - self.last_look >= LOOK_EVERY:
+            self.online, self.last_look = self.roster.online(), time.monotonic()
+            self.seen.update(self.online)
+
+    def send(self, fps: list[str], node_of: dict[str, int]) -> list[str]:
+        """Push a task to each of ``fps``; those whose message left have their task out."""
+        if not fps:
+            return []
+        tasks, w = self.coord.tasks(fps)
+        messages = [Message(task_content(tasks[fp], w), dst_node_id=node_of[fp], message_type="train",
+                            ttl=ttl(self.coord.settings.deadline)) for fp in fps]
+        out = []
+        for fp, mid in zip(fps, self.grid.push_messages(messages)):
+            if mid:
+                self.coord.issue(fp, tasks[fp], time.monotonic(), mid)
+                out.append(fp)
+        return out
+
+    def pull(self, inbox: Inbox | None) -> list[dict]:
+        """File every reply that came in (in ``inbox`` for a synchronous round): records of the
+        buffers this completed (async)."""
+        coord, records = self.coord, []
+        handles = [t.handle for t in coord.ledger]
+        for reply in self.grid.pull_messages(handles) if handles else []:
+            ticket = coord.ledger.handled(reply.metadata.reply_to_message_id)
+            if ticket is None or self.seen.get(reply.metadata.src_node_id) != ticket.node:
+                continue  # given up meanwhile, or not from the node it was sent to
+            error = str(reply.error.reason) if reply.has_error() else ""
+            content = None if error else reply.content
+            if inbox is None:
+                records += coord.receive(ticket.node, content, error, list(self.online.values()))
+                if coord.done:
+                    break
+            elif coord.file(ticket.node, content, error, inbox) and ticket.number != coord.round + 1:
+                self.barrier.late.add(ticket.node)
+        return records
+
+    def tend(self) -> None:
+        """Give up the tasks past their TTL; in a resumed run, nudge the tasks silent for half
+        the deadline once (see "Nudges" above)."""
+        coord, now = self.coord, time.monotonic()
+        coord.expire(now)
+        if not self.nudging:
+            return
+        late = {t.handle: t for t in coord.ledger
+                if t.handle not in self.nudged and now - t.sent > coord.settings.deadline / 2}
+        node_of = {fp: nid for nid, fp in self.seen.items()}
+        self.nudged |= set(late)
+        nudge(self.grid, {node_of[t.node]: t.node for t in late.values() if t.node in node_of},
+              max(t.sent for t in late.values()) + coord.settings.deadline if late else now)
+
+    def play_round(self, first: bool) -> dict:
+        """One synchronous round: ask the selected nodes, collect until the barrier, then the
+        engine's round (its spot checks sent to the round's volunteers, :func:`ask_checks`)."""
+        coord = self.coord
+        nodes = wait_for_nodes(self.roster, coord, first)
+        self.seen.update(nodes)
+        if not nodes and not len(coord.ledger):
+            raise RuntimeError(
+                f"round {coord.round + 1}: no admitted volunteer is online after waiting {coord.settings.wait_nodes:g} s "
+                "(wait-nodes): start volunteers with `robust node join` (its output says why one cannot connect), "
+                "or admit more if all are quarantined; the run resumes from this round")
+        self.barrier = barrier = Barrier(self, nodes)
+        while not barrier.over(coord.ledger):
+            self.pull(barrier.inbox)
+            self.tend()
+            if not barrier.over(coord.ledger):
+                time.sleep(self.roster.poll)
+        if coord.settings.late == "drop":
+            coord.ledger.cancel(barrier.number)
+        coord.expire(time.monotonic())
+        checkers = Checkers(sorted(set(nodes.values())), lambda asked: ask_checks(self.roster, nodes, asked))
+        return coord.finish_round(sorted(set(nodes.values()) | barrier.late), barrier.inbox, barrier.started, checkers)
+
+    def play_async(self) -> None:
+        """Buffers until the run is done (see "Asynchronous rounds" above)."""
+        coord, s = self.coord, self.coord.settings
+        possible = len(coord.free(list(coord.keys)))
+        if possible < coord.buffer_size:
+            log.warning("only %d admitted node(s) are not quarantined, a buffer takes %d: no buffer can fill; "
+                        "admit nodes (robust coordinator admit) or lower buffer", possible, coord.buffer_size)
+        while not coord.done:
+            self.look()
+            node_of = {fp: nid for nid, fp in self.online.items()}
+            self.send(coord.free(list(node_of)), node_of)
+            if len(coord.ledger):
+                self.alone_since = time.monotonic()
+            elif time.monotonic() - self.alone_since > s.wait_nodes:
+                raise RuntimeError(
+                    f"buffer {coord.round + 1}: no admitted volunteer is online after waiting {s.wait_nodes:g} s "
+                    "(wait-nodes): start volunteers with `robust node join` (its output says why one cannot connect), "
+                    "or admit more if all are quarantined; the run resumes from this buffer")
+            for record in self.pull(None):
+                log_record(record)
+            self.tend()
+            time.sleep(self.roster.poll)
 
 
 def ask_checks(roster: Roster, nodes: dict[int, str], asked: dict[str, tuple[str, RecordDict]]
@@ -220,7 +277,7 @@ def ask_checks(roster: Roster, nodes: dict[int, str], asked: dict[str, tuple[str
     grid, node_of = roster.grid, {fp: nid for nid, fp in nodes.items()}
     until = time.monotonic() + roster.coord.settings.deadline
     messages = {author: Message(content, dst_node_id=node_of[verifier], message_type="train",
-                                ttl=ttl(roster.coord.settings))
+                                ttl=ttl(roster.coord.settings.deadline))
                 for author, (verifier, content) in sorted(asked.items())}
     ids = dict(zip(grid.push_messages(list(messages.values())), messages))
     pending, out = {mid for mid in ids if mid}, {}
@@ -245,66 +302,6 @@ def nudge(grid: Grid, silent: dict[int, str], deadline: float) -> None:
     log.info("no reply yet from %s: nudged", ", ".join(short(fp) for fp in sorted(silent.values())))
 
 
-LOOK_EVERY = 2.0  # seconds between looks at who is online (async): each is a call to the SuperLink
-
-
-def serve_async(roster: Roster, coord: Coordinator) -> None:
-    """Play ``coord``'s buffers (``round = async``) until its run is done (see the module's
-    docstring)."""
-    grid, s = roster.grid, coord.settings
-    inflight: dict[str, tuple[str, int, int, float]] = {}  # message id -> (node, task number, Flower id, sent at)
-    nudged: set[str] = set()
-    nudging = coord.round > 0  # resumed: nodes may hold the stopped run's replies
-    nodes: dict[int, str] = {}
-    last_look, alone_since = -LOOK_EVERY, time.monotonic()
-    possible = len(coord.free(list(coord.keys)))
-    if possible < coord.buffer_size:
-        log.warning("only %d admitted node(s) are not quarantined, a buffer takes %d: no buffer can fill; "
-                    "admit nodes (robust coordinator admit) or lower buffer", possible, coord.buffer_size)
-    while not coord.done:
-        now = time.monotonic()
-        if now - last_look >= LOOK_EVERY:
-            nodes, last_look = roster.online(), now
-        node_of = {fp: nid for nid, fp in nodes.items()}
-        free = coord.free(list(node_of))
-        if free:
-            tasks, w = coord.send(free)
-            messages = [Message(task_content(task, w), dst_node_id=node_of[fp], message_type="train",
-                                ttl=ttl(s)) for fp, task in tasks.items()]
-            for (fp, task), mid in zip(tasks.items(), grid.push_messages(messages)):
-                if mid:
-                    inflight[mid] = (fp, task.round, node_of[fp], time.monotonic())
-                else:
-                    coord.forget(fp, task.round)
-        if inflight:
-            alone_since = time.monotonic()
-        elif time.monotonic() - alone_since > s.wait_nodes:
-            raise RuntimeError(
-                f"buffer {coord.round + 1}: no admitted volunteer is online after waiting {s.wait_nodes:g} s "
-                "(wait-nodes): start volunteers with `robust node join` (its output says why one cannot connect), "
-                "or admit more if all are quarantined; the run resumes from this buffer")
-        for reply in grid.pull_messages(list(inflight)) if inflight else []:
-            sent = inflight.pop(reply.metadata.reply_to_message_id, None)
-            if sent is None or reply.metadata.src_node_id != sent[2]:
-                continue
-            fp, number = sent[0], sent[1]
-            error = str(reply.error.reason) if reply.has_error() else ""
-            for record in coord.receive(fp, number, None if error else reply.content, error):
-                log_record(record)
-            if coord.done:
-                break
-        now = time.monotonic()
-        for mid, (fp, number, nid, at) in list(inflight.items()):
-            if now - at > ttl(s):
-                log.warning("task %d: no reply from %s within %g s: given up", number, short(fp), ttl(s))
-                del inflight[mid]
-                coord.forget(fp, number)
-            elif nudging and mid not in nudged and now - at > s.deadline / 2:
-                nudged.add(mid)
-                nudge(grid, {nid: fp}, at + s.deadline)
-        time.sleep(roster.poll)
-
-
 def log_record(record: dict) -> None:
     log.info("round %d: accepted %d/%d, accuracy %.3f, flagged %s, rejected %s", record["round"],
              record["accepted"], record["asked"], record["accuracy"], [short(fp) for fp in record["flagged"]],
@@ -313,16 +310,14 @@ def log_record(record: dict) -> None:
 
 def serve(grid: Grid, coord: Coordinator, poll: float = POLL, introductions: bool = False) -> None:
     """Play ``coord``'s rounds (or, with ``round = async``, its buffers) until its run is done."""
-    roster = Roster(grid, coord, introductions, poll)
+    loop = Loop(Roster(grid, coord, introductions, poll), coord)
     if coord.asynchronous:
-        serve_async(roster, coord)
+        loop.play_async()
         return
-    first, nudging = True, coord.round > 0  # resumed: nodes may hold the stopped run's replies
-    carried: dict[str, tuple[str, int, float]] = {}  # late = carry: tasks past their round
+    first = True
     while not coord.done:
-        record = play_round(roster, coord, first, nudging, carried)
+        log_record(loop.play_round(first))
         first = False
-        log_record(record)
 
 
 @app.main()

@@ -163,12 +163,6 @@ class _Checked:
                 raise ValueError(f"spot-check={self.spot_check:g} cannot check compression={self.compression!r}: each "
                                  "update carries its node's error-feedback residual, which a verifier cannot "
                                  "recompute: use fp16, int8 or randk, or spot-check=0")
-        if self.late == "carry" and self.spot_check and self.round == "sync":
-            raise ValueError(f"spot-check={self.spot_check:g} cannot run with late=carry (a carried update was computed "
-                             "from an older model and round, which a verifier would need): use late=drop, or spot-check=0")
-        if self.round == "async" and self.spot_check:
-            raise ValueError(f"spot-check={self.spot_check:g} cannot run with round=async (a verifier would need the "
-                             "older model each checked update started from): use round=sync, or spot-check=0")
         if self.round == "async" and self.buffer and self.buffer < self.quorum_needed:
             raise ValueError(f"buffer={self.buffer} is below what the aggregator needs ({self.quorum_needed} rows): "
                              "raise buffer, or lower tolerate")

@@ -45,6 +45,8 @@ from functools import cache
 
 import torch
 
+from .ledger import Ticket
+
 TOLERANCE = 1e-4  # relative L2 distance between two honest computations on different profiles
 SELF = "coordinator"  # the verifier name of the coordinator's own recomputation
 
@@ -132,9 +134,9 @@ class Verdict:
                 "guilty": self.guilty, "note": self.note, "check": self.check}
 
 
-# (round, base model, {author: its committed row}) -> verdicts: the coordinator's, the bench's,
-# or a log's replay
-Verifier = Callable[[int, torch.Tensor, dict[str, torch.Tensor]], list[Verdict]]
+# (round, {author: (the task its row answers, its committed row)}) -> verdicts: the
+# coordinator's, the bench's, or a log's replay; each row is recomputed from its own task
+Verifier = Callable[[int, dict[str, tuple[Ticket, torch.Tensor]]], list[Verdict]]
 
 
 def referee(author: str, row: torch.Tensor, same_profile: bool, honest: torch.Tensor, verifier: str = SELF,
@@ -154,7 +156,7 @@ def recorded(spot: Mapping[int, list[dict]]) -> Verifier:
     """A verifier that gives the verdicts a run recorded (``round -> records``): the audit's
     replay of a log, which cannot re-run the volunteers' training."""
 
-    def verify(round: int, w: torch.Tensor, rows: dict[str, torch.Tensor]) -> list[Verdict]:
+    def verify(round: int, rows: dict[str, tuple[Ticket, torch.Tensor]]) -> list[Verdict]:
         return [Verdict(r["author"], r["verifier"], r["distance"], list(r["guilty"]), r["note"], dict(r["check"]))
                 for r in spot.get(round, [])]
 

@@ -2,9 +2,10 @@
 
 :class:`SpotChecks` is the round engine's verifier in a deployment. With ``verifier =
 "nodes"`` each drawn update goes to another volunteer of the round (seeded choice, never
-its author), as a spot-check task: the author's task and declared data part. The verifier's
-signed recomputation clears the update when it matches; when it does not, or the verifier
-refuses, fails or is late, the coordinator recomputes itself and referees. With ``verifier =
+its author), as a spot-check task: the author's own task (a straggler's: the older model it
+was sent, under its task number) and declared data part. The verifier's signed recomputation
+clears the update when it matches; when it does not, or the verifier refuses, fails or is
+late, the coordinator recomputes itself, from the same task, and referees. With ``verifier =
 "self"`` the coordinator recomputes every check. Nothing a verifier sends can raise: a bad
 answer is a reason in the verdict's note, and the coordinator's own recomputation decides.
 
@@ -27,6 +28,7 @@ from robust.codecs.sparse import SparseCodec
 from robust.params import sha256
 
 from .audit import keep_row
+from .ledger import Ticket
 from .spotcheck import SELF, Verdict, assign, compare, distance, profile_of, referee, round_seed
 from .volunteer import NodeData, compute, part_of, transmitted
 from .wire import Reply, Task, read_reply, reply_payload, task_content
@@ -56,19 +58,22 @@ class SpotChecks:
         """The round's accepted replies (what each author declared) and its possible verifiers."""
         self.replies, self.checkers = replies, checkers
 
-    def __call__(self, t: int, w: torch.Tensor, rows: dict[str, torch.Tensor]) -> list[Verdict]:
+    def __call__(self, t: int, rows: dict[str, tuple[Ticket, torch.Tensor]]) -> list[Verdict]:
         c, s = self.coord, self.coord.settings
-        task = Task.of(s, c.run_id, t, sha256(w))
+        tasks = {author: Task.of(s, c.run_id, ticket.number, ticket.base) for author, (ticket, _) in rows.items()}
         asked: dict[str, tuple[str, RecordDict]] = {}
         if s.verifier == "nodes" and self.checkers is not None:
-            seed = round_seed(s.seed, t, list(rows), [sha256(r) for r in rows.values()])
+            seed = round_seed(s.seed, t, list(rows), [sha256(row) for _, row in rows.values()])
             pool = [fp for fp in self.checkers.candidates if fp in c.keys and fp not in c.engine.flags.quarantined]
             for author, verifier in assign(seed, list(rows), pool).items():
                 if verifier is not None:
-                    asked[author] = (verifier, task_content(task, w.numpy(), (author, self.replies[author].part)))
+                    content = task_content(tasks[author], rows[author][0].model.numpy(),
+                                           (author, self.replies[author].part))
+                    asked[author] = (verifier, content)
         answers = self.checkers.ask(asked) if asked else {}
         verdicts = []
-        for author, row in rows.items():
+        for author, (ticket, row) in rows.items():
+            task, w = tasks[author], ticket.model
             if author not in asked:
                 verdicts.append(self._referee(task, w, author, row))
                 continue

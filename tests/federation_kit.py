@@ -31,11 +31,14 @@ def fingerprint(node: Path) -> str:
 
 
 def replies(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None = None) -> list[tuple[str, RecordDict]]:
-    """Every node's reply to the current task, as it goes on the wire: ``(fp, content)``."""
-    task, w = coord.task()
+    """Every node's reply to this round's task, issued to it now (``Coordinator.ask``, in place
+    of any task it had out), as it goes on the wire: ``(fp, content)``."""
+    for node in nodes:
+        coord.ledger.close(fingerprint(node))
+    tasks, w = coord.ask([fingerprint(node) for node in nodes])
     out = []
     for i, node in enumerate(nodes, start=1):
-        attack = (attacks or {}).get(i, "")
+        attack, task = (attacks or {}).get(i, ""), tasks[fingerprint(node)]
         part = next(node.glob("data-*.pt"))
         index, total = part.stem.rsplit("-", 1)[1].split("of")
         reply, row = work(task, w, NodeData.load(part), keys.load_private(node), torch.device("cpu"), attack, node,
@@ -44,12 +47,23 @@ def replies(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | Non
     return out
 
 
+def take(coord: Coordinator, fp: str, content: RecordDict, inbox: Inbox) -> None:
+    """File ``content`` as ``fp``'s reply to this round's task, issued to it now (an in-process
+    transport; a node already in ``inbox`` is not read again)."""
+    if fp not in inbox:
+        coord.ledger.close(fp)
+        coord.ask([fp])
+    coord.take(fp, content, inbox)
+
+
 def play(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None = None, shuffle: int | None = None,
          checkers=None) -> dict:
     """One round in-process: every selected node replies (in a shuffled order if asked);
     ``checkers`` (``nodes.verifier.Checkers``) answer the round's spot checks."""
     asked = coord.select([fingerprint(n) for n in nodes])
     got = [r for r in replies(coord, nodes, attacks) if r[0] in asked]
+    for fp in set(coord.ledger.out) - set(asked):  # the nodes not asked have no task out
+        coord.ledger.close(fp)
     if shuffle is not None:
         random.Random(shuffle).shuffle(got)
     inbox = Inbox()

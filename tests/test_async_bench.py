@@ -11,6 +11,7 @@ from evaluation.cell import Cell
 from evaluation.local import CellRun, run_cell
 from evaluation.report import Results
 from evaluation.time_report import record_time_to_target, reference, time_section
+from nodes.ledger import Ticket
 from nodes.settings import Settings
 from nodes.staleness import weight_of
 
@@ -40,7 +41,8 @@ def test_the_engine_weighs_rows_by_staleness_and_rejects_the_stale():
     ids = run.ids[:3]
     X = torch.ones(3, run.engine.w.numel())
     w = run.engine.w.clone()
-    record = run.engine.step(ids, ids, X, staleness={ids[0]: 0, ids[1]: 3, ids[2]: 5})
+    tasks = {i: Ticket(i, 1, -tau, "base", None) for i, tau in zip(ids, (0, 3, 5))}  # version -tau: tau behind
+    record = run.engine.step(ids, ids, X, tasks=tasks)
     assert record["staleness"] == {ids[0]: 0, ids[1]: 3}
     assert record["rejected"] == {ids[2]: "stale: 5 versions behind, max-staleness is 4"}
     # mean of 1 and 1/sqrt(4), one momentum step of lr 0.05 from w

@@ -1,6 +1,6 @@
 """Asynchronous rounds in the deployment (``round = async``, FedBuff), late replies carried
-(``late = carry``) and ``robust coordinator replay``. In-process: the coordinator's own methods (``send``/``receive``) and the ServerApp's
-loop (``serve``) on a fake grid whose volunteers run the real ``nodes.volunteer.work``; one
+(``late = carry``) and ``robust coordinator replay``. In-process: the coordinator's own methods
+(``ask``/``receive``) and the ServerApp's loop (``serve``) on a fake grid whose volunteers run the real ``nodes.volunteer.work``; one
 loopback federation with a slow volunteer for real."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import serialization
 
 from nodes import audit, checkpoint, faults, launch
 from nodes.coordinator import Coordinator
-from nodes.server_app import Roster, play_round, serve
+from nodes.server_app import Loop, Roster, serve
 from nodes.settings import Settings
 from nodes.volunteer import NodeData, work
 from nodes.wire import read_task
@@ -183,7 +183,7 @@ def test_replay_detects_a_tampered_update_and_a_tampered_schedule(served, tmp_pa
     assert "MISMATCH buffer 2: recomputed" in out and "model_sha256" in out
 
 
-def test_stale_and_unknown_bases_are_rejected_with_their_reason(tmp_path):
+def test_stale_and_replayed_replies_are_rejected_with_their_reason(tmp_path):
     settings = dataclasses.replace(SETTINGS, max_staleness=1, rounds=10, compression="none")
     coord_dir, nodes = make_federation(tmp_path, 4, settings)
     coord = Coordinator(coord_dir)
@@ -191,34 +191,36 @@ def test_stale_and_unknown_bases_are_rejected_with_their_reason(tmp_path):
     node = dict(zip((a, b, c, d), nodes))
 
     def reply(fp, attack=""):
-        tasks, w = coord.send([fp])
-        return tasks[fp].round, answer(node[fp], tasks[fp], w, attack)
+        tasks, w = coord.ask([fp])
+        return answer(node[fp], tasks[fp], w, attack)
 
-    (number_d, content_d), _ = reply(d), None  # sent at version 0, answered late
+    content_d = reply(d)  # sent at version 0, answered late
     for _ in range(3):  # a fast node: three replies before the others' first
-        assert coord.receive(a, *reply(a)) == []
+        assert coord.receive(a, reply(a)) == []
     assert [(fp, valid) for fp, _, valid in coord.buffers.held] == [(a, True), (a, True)]
-    first = coord.receive(b, *reply(b)) + coord.receive(c, *reply(c))
+    first = coord.receive(b, reply(b)) + coord.receive(c, reply(c))
     assert [r["round"] for r in first] == [1] and first[0]["staleness"] == {a: 0, b: 0, c: 0} and first[0]["held"] == [a, a]
-    second = coord.receive(b, *reply(b)) + coord.receive(c, *reply(c))  # with a's second reply (version 0)
+    second = coord.receive(b, reply(b)) + coord.receive(c, reply(c))  # with a's second reply (version 0)
     assert second[0]["staleness"] == {a: 1, b: 0, c: 0}
-    third = coord.receive(b, *reply(b)) + coord.receive(c, *reply(c))  # with a's third (version 0): 2 behind
+    third = coord.receive(b, reply(b)) + coord.receive(c, reply(c))  # with a's third (version 0): 2 behind
     assert third[0]["rejected"] == {a: "stale: 2 versions behind, max-staleness is 1"}
     assert third[0]["ids"] == sorted([b, c]) and "quorum is 3" in third[0]["skipped"]
-    coord.receive(d, number_d, content_d)  # version 0 is no longer kept: rejected when read
-    assert coord.buffers.filling[d][0].rejected[d].startswith("trained on base model") \
-        and "not one of the last 2 model versions" in coord.buffers.filling[d][0].rejected[d]
-    number, content = reply(a, "stale-base")  # signs for a base model it was never sent
-    coord.receive(a, number, content)
-    assert "not one of the last 2 model versions (staler than max-staleness=1, or never sent)" in coord.buffers.filling[a][0].rejected[a]
-    number, content = reply(b)
-    coord.receive(b, number, content)
-    coord.receive(b, number, content)  # the same reply again: not a task b has outstanding
-    assert "does not have outstanding (a replay?)" in coord.buffers.held[-1][1].rejected[b]
-    # a restarted coordinator keeps the versions and never reuses a task number
+    coord.receive(d, content_d)  # its task carried version 0: too stale when read
+    assert coord.buffers.filling[d][0].rejected[d] == "stale: 3 versions behind, max-staleness is 1"
+    coord.receive(a, reply(a, "stale-base"))  # signs for a base model it was never sent
+    assert coord.buffers.filling[a][0].rejected[a].startswith("trained on base model 000000000000, its task")
+    content = reply(b)
+    coord.receive(b, content)
+    coord.receive(b, content)  # the same reply again: its task is answered
+    assert coord.buffers.held[-1][1].rejected[b] == f"signed for task {coord.sent}, but this node has no task out (a replay?)"
+    assert not len(coord.ledger)
+    coord.ask([c])
+    coord.engine.flags.quarantined[c] = coord.round  # a quarantined node's reply is not read, its task is gone
+    assert coord.receive(c, reply(d)) == [] and c not in coord.buffers.filling and not coord.ledger.busy(c)
+    # a restarted coordinator never reuses a task number
     again = Coordinator(coord_dir)
-    assert again.round == 3 and again.versions == coord.versions and again.sent == coord.sent
-    assert again.buffers.filling == {} and again.outstanding == {}
+    assert again.round == 3 and again.sent == coord.sent
+    assert again.buffers.filling == {} and not len(again.ledger)
 
 
 def test_a_late_reply_carried_counts_in_the_round_it_arrives_in_and_the_audit_verifies(tmp_path):
@@ -250,28 +252,16 @@ def test_a_round_whose_every_node_is_carried_waits_for_their_replies_instead_of_
     roster = Roster(grid, coord, False, 0.05)
     saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    carried: dict = {}
+    loop = Loop(roster, coord)
     try:
-        first = play_round(roster, coord, True, False, carried)  # a slow first round: every node misses it
-        assert first["accepted"] == 0 and len(first["missing"]) == 4 and len(carried) == len(coord.late) == 4
+        first = loop.play_round(True)  # a slow first round: every node misses it
+        assert first["accepted"] == 0 and len(first["missing"]) == 4 and len(coord.ledger) == 4
         grid.release()  # their replies arrive during round 2, which has no node to ask
-        second = play_round(roster, coord, False, False, carried)
+        second = loop.play_round(False)
     finally:
         TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
     assert second["accepted"] == 4 and set(second["staleness"].values()) == {1} and not second["skipped"]
-    assert carried == {} and coord.late == {}
-    with pytest.raises(ValueError, match=re.escape("spot-check=0.5 cannot run with late=carry")):
-        dataclasses.replace(settings, spot_check=0.5, protocol="delta:steps=2")
-
-
-def test_async_settings_fail_early():
-    with pytest.raises(ValueError, match=re.escape("spot-check=0.5 cannot run with round=async")):
-        dataclasses.replace(SETTINGS, spot_check=0.5, compression="none")
-    from evaluation.scenario import load_scenario
-
-    with pytest.raises(ValueError, match="round=async runs with --engine local only"):
-        load_scenario(None, ["round=async", "nodes=5", "byzantine=1"], engine="flower")
-    load_scenario(None, ["round=async", "nodes=5", "byzantine=1"], engine="local")
+    assert not len(coord.ledger)
 
 
 def test_a_deployed_async_run_does_not_wait_for_a_slow_volunteer(tmp_path):

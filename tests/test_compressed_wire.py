@@ -26,7 +26,7 @@ from nodes.wire import UPDATE, read_reply, read_task, reply_content, reply_paylo
 from robust import codecs, keys
 from robust.params import sha256
 
-from .federation_kit import fingerprint, make_federation, play, replies
+from .federation_kit import fingerprint, make_federation, play, replies, take
 
 CODECS = ["none", "fp16", "int8", "topk:k=0.01", "randk:k=0.01", "sign"]
 BASE = dict(rounds=2, aggregator="trimmed-mean", tolerate=1, quorum=3, protocol="delta:steps=2", batch_size=16)
@@ -72,7 +72,7 @@ def test_a_reply_decodes_at_the_coordinator_to_the_codecs_own_decoding(tmp_path,
         sent = _proto(content)
         names = sorted(sent.array_records[UPDATE])
         assert names == (["row"] if spec == "none" else sorted(codec.layout(d)))
-        coord.take(fp, sent, inbox)
+        take(coord, fp, sent, inbox)
         raw = _raw(task, w, node)
         expected = raw if spec == "none" else codec.decode(codec.encode(raw, (task.seed, task.round, fp)), d)
         assert torch.equal(inbox.rows[fp], expected), spec  # the very bits the node signed
@@ -103,7 +103,7 @@ def test_topk_keeps_its_residual_across_rounds_and_a_round_asked_again_gives_the
     assert all(np.array_equal(first[1][k], again[1][k]) for k in enc2)
     assert torch.equal(load_residual(node, dataclasses.replace(task2, round=3), codec, d), e2)
     inbox = Inbox()
-    coord.take(fp, reply_content(*first), inbox)
+    take(coord, fp, reply_content(*first), inbox)
     assert fp in inbox.rows  # signed over the decoded row
     third = _answer(dataclasses.replace(task2, round=3), w2, node)  # round 3 builds on round 2's residual
     assert not torch.equal(decoded(third), decoded(first))
@@ -198,12 +198,12 @@ def test_malformed_encodings_are_rejected_with_their_reason(tmp_path, spec, capl
         else:
             content = reply_content(reply, _mutated(sent, change, d))
         inbox = Inbox()
-        coord.take(fp, _proto(content), inbox)
+        take(coord, fp, _proto(content), inbox)
         assert not inbox.rows and words in inbox.rejected.get(fp, ""), (change, inbox.rejected)
     inbox = Inbox()
     for other, content in honest:
-        coord.take(other, content, inbox)
-    coord.take(fp, reply_content(reply, _mutated(sent, "renamed", d)), inbox)
+        take(coord, other, content, inbox)
+    take(coord, fp, reply_content(reply, _mutated(sent, "renamed", d)), inbox)
     with caplog.at_level(logging.WARNING, logger="robust.coordinator"):
         record = coord.finish_round(coord.select([fingerprint(n) for n in nodes]), inbox, 0.0)
     assert record["accepted"] == 3 and not record["skipped"] and record["rejected"][fp].startswith("malformed reply:")
@@ -220,12 +220,12 @@ def test_a_byzantine_node_may_send_anything_that_decodes(tmp_path):
     signature = keys.sign(keys.load_private(nodes[0]), reply_payload(reply, sha256(row)))
     reply = dataclasses.replace(reply, signature=signature)
     inbox, fp = Inbox(), fingerprint(nodes[0])
-    coord.take(fp, _proto(reply_content(reply, forged)), inbox)
+    take(coord, fp, _proto(reply_content(reply, forged)), inbox)
     assert torch.equal(inbox.rows[fp], row)  # well formed and signed: the statistics' business, not the wire's
     other = keys.sign(keys.load_private(nodes[0]), reply_payload(reply, sha256(row * 2)))
     unsigned = dataclasses.replace(reply, signature=other)
     inbox = Inbox()
-    coord.take(fp, reply_content(unsigned, forged), inbox)
+    take(coord, fp, reply_content(unsigned, forged), inbox)
     assert inbox.rejected == {fp: "bad signature"}  # the signature covers the decoded row
 
 

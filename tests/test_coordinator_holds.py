@@ -25,7 +25,7 @@ from nodes.wire import REPLY, UPDATE, signed_payload
 from robust import keys, tls
 from robust.params import sha256
 
-from .federation_kit import fingerprint, make_federation, play, replies
+from .federation_kit import fingerprint, make_federation, play, replies, take
 
 SETTINGS = Settings(rounds=8, aggregator="trimmed-mean", tolerate=1, quorum=3, protocol="delta:steps=4")
 
@@ -62,9 +62,9 @@ def test_float64_bytes_labelled_float32_are_rejected_and_the_model_stays_float32
     d = coord.engine.w.numel()
     inbox = Inbox()
     for fp, content in replies(coord, nodes[1:]):
-        coord.take(fp, content, inbox)
+        take(coord, fp, content, inbox)
     liar = fingerprint(nodes[0])
-    coord.take(liar, signed(coord, nodes[0], npy(np.zeros(d, np.float64))), inbox)
+    take(coord, liar, signed(coord, nodes[0], npy(np.zeros(d, np.float64))), inbox)
     assert "float32" in inbox.rejected[liar] and liar not in inbox.rows
     record = coord.finish_round(coord.select([fingerprint(n) for n in nodes]), inbox, 0.0)
     assert record["accepted"] == 3 and not record["skipped"]
@@ -83,7 +83,7 @@ def test_an_unexpected_error_while_checking_a_reply_is_that_nodes_rejection(fede
 
     monkeypatch.setattr(keys, "verify", broken)
     (fp, content), inbox = replies(coord, nodes[:1])[0], Inbox()
-    coord.take(fp, content, inbox)
+    take(coord, fp, content, inbox)
     assert inbox.rejected == {fp: "reply could not be checked (RuntimeError)"}
 
 
@@ -129,7 +129,7 @@ def test_an_oversized_reply_is_rejected_before_it_is_decoded(federation):
     inbox = Inbox()
     tracemalloc.start()
     try:
-        coord.take(fingerprint(nodes[0]), content, inbox)
+        take(coord, fingerprint(nodes[0]), content, inbox)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -143,7 +143,7 @@ def test_a_shape_that_lies_in_the_header_is_rejected(federation):
     d = coord.engine.w.numel()
     data = npy(np.zeros(d, np.float32)).replace(f"({d},)".encode(), f"({d - 1},)".encode().ljust(len(f"({d},)")))
     inbox = Inbox()
-    coord.take(fingerprint(nodes[0]), signed(coord, nodes[0], data), inbox)
+    take(coord, fingerprint(nodes[0]), signed(coord, nodes[0], data), inbox)
     assert f"bytes hold shape ({d - 1},)" in next(iter(inbox.rejected.values()))
 
 

@@ -17,7 +17,7 @@ from nodes.wire import read_reply, reply_content
 from nodes.settings import Settings
 from robust import keys
 
-from .federation_kit import fingerprint, make_federation, play, replies
+from .federation_kit import fingerprint, make_federation, play, replies, take
 
 SETTINGS = Settings(rounds=3, aggregator="trimmed-mean", tolerate=1, quorum=3, protocol="delta:steps=8")
 
@@ -34,7 +34,7 @@ def test_each_bad_reply_kind_is_rejected_and_the_round_completes(federation):
     play(coord, nodes)
     expected = {
         "nan": "non-finite", "wrong-shape": "bytes hold shape", "huge-norm": "above the bound",
-        "inflated-count": "sample count", "bad-signature": "bad signature", "replay": "round 1, this is round 2",
+        "inflated-count": "sample count", "bad-signature": "bad signature", "replay": "its task is 2 (a replay?)",
         "stale-base": "stale", "dtype-lie": "bytes hold float64, labelled float32",
         "shape-lie": "bytes hold shape", "oversize": "bytes, a model of",
     }
@@ -42,7 +42,7 @@ def test_each_bad_reply_kind_is_rejected_and_the_round_completes(federation):
         c = Coordinator(coord_dir)
         c.engine.round, c.engine.w = 1, coord.engine.w
         (fp, content), inbox = replies(c, nodes[:1], {1: fault})[0], Inbox()
-        c.take(fp, content, inbox)
+        take(c, fp, content, inbox)
         assert not inbox.rows and words in inbox.rejected.get(fp, ""), (fault, inbox)
     record = play(coord, nodes, {1: "nan"})
     assert record["accepted"] == 3 and not record["skipped"] and record["round"] == 2
@@ -57,7 +57,7 @@ def test_a_signature_from_another_admitted_key_is_rejected(federation):
     coord = Coordinator(coord_dir)
     (_, content), (fp2, _) = replies(coord, nodes[:2])
     inbox = Inbox()
-    coord.take(fp2, content, inbox)
+    take(coord, fp2, content, inbox)
     assert inbox.rejected == {fp2: "bad signature"}
 
 
@@ -139,7 +139,7 @@ def test_a_volunteer_refuses_a_model_that_does_not_match_its_hash(federation):
     reply, row = work(task, w, NodeData.load(next(nodes[0].glob("data-*.pt"))), keys.load_private(nodes[0]), torch.device("cpu"))
     assert row is None and "does not match" in reply.refused
     inbox = Inbox()
-    coord.take(fingerprint(nodes[0]), reply_content(reply, row), inbox)
+    take(coord, fingerprint(nodes[0]), reply_content(reply, row), inbox)
     assert not inbox.rows and not inbox.rejected and "declined the task" in inbox.failed[fingerprint(nodes[0])]  # no flag
 
 
@@ -214,7 +214,7 @@ def test_failed_replies_are_recorded_without_a_flag(federation):
     coord = Coordinator(coord_dir)
     inbox = Inbox()
     for fp, content in replies(coord, nodes[1:]):
-        coord.take(fp, content, inbox)
+        take(coord, fp, content, inbox)
     lost = fingerprint(nodes[0])
     inbox.failed[lost] = "node error: upload expired"
     record = coord.finish_round(sorted(inbox.rows) + [lost], inbox, 0.0)

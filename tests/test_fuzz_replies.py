@@ -43,7 +43,7 @@ from nodes.wire import REPLY, UPDATE, read_reply, signed_payload
 from robust import keys
 from robust.params import sha256
 
-from .federation_kit import fingerprint, make_federation, replies
+from .federation_kit import fingerprint, make_federation, replies, take
 
 SETTINGS = Settings(rounds=1000, model="logreg", aggregator="trimmed-mean", tolerate=1, quorum=3,
                     protocol="delta:steps=2")
@@ -633,8 +633,10 @@ def test_fuzzed_replies_are_filed_once_and_never_break_the_round(federation):
         inbox, verdicts = Inbox(), {}
         for fp, content, info, what in entries:
             note(f"{fp[:8]}: {what}")
-            ctx.coord.take(fp, content, inbox)
-            if fp not in verdicts:  # a node answers once a round: the second reply is ignored
+            take(ctx.coord, fp, content, inbox)
+            if ctx.coord.ledger.barred(fp):
+                assert fp not in inbox  # a quarantined node's reply is not read
+            elif fp not in verdicts:  # a node answers once a round: the second reply is ignored
                 verdicts[fp] = (expected(ctx, fp, content, info), info, what)
         assert len(inbox.rows) + len(inbox.rejected) + len(inbox.failed) == len(verdicts)
         for fp, (verdict, info, what) in verdicts.items():
@@ -675,11 +677,14 @@ def test_honest_replies_still_step_amid_fuzzed_ones(federation):
         for k in order:
             fp, content, info, what = arrivals[k]
             note(f"{fp[:8]}: {what}")
-            ctx.coord.take(fp, content, inbox)
-            if k >= len(got):  # a fuzzed one
+            take(ctx.coord, fp, content, inbox)
+            if ctx.coord.ledger.barred(fp):
+                assert fp not in inbox  # a quarantined node's reply is not read
+            elif k >= len(got):  # a fuzzed one
                 verdicts.setdefault(fp, (expected(ctx, fp, content, info), info, what))
         valid_fuzz = {fp for fp, (v, _, _) in verdicts.items() if v == "rows"}
         assert valid_fuzz == set(), "an honest reply sent as another node would be valid"
+        honest = [i for i in honest if not ctx.coord.ledger.barred(ctx.fps[i])]  # a quarantined node is not read
         assert sorted(inbox.rows) == sorted(ctx.fps[i] for i in honest)
         for fp, (verdict, info, what) in verdicts.items():
             check_filed(inbox, fp, verdict, info, what)
