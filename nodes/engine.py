@@ -222,7 +222,8 @@ class Engine:
             "aggregate_sha256": None if aggregate is None else sha256(aggregate),
             **({"task_sha256": self.task_model()[1]} if self.lookahead is not None or self.downlink is not None else {}),
             "spot": [v.record() for v in verdicts], "convicted": convicted,
-            **({"staleness": {i: int(staleness[i]) for i in ids}} if staleness is not None else {}),
+            **({"staleness": {i: int(staleness[i]) for i in sorted({*ids, *convicted})}}
+               if staleness is not None else {}),
             "scores": {name: s.tolist() for name, s in scores.items()},
         }
 

@@ -47,10 +47,13 @@ def answer(node: Path, task, w: np.ndarray, attack: str = ""):
 class FakeGrid:
     """Flower's ``Grid`` as the ServerApp uses it: node ``i`` answers its task ``pulls[i]`` pulls
     after it was sent (a node not in ``pulls`` never does); a node in ``held`` answers only
-    once more tasks are pushed (a synchronous round's straggler, whose reply comes in the next)."""
+    once more tasks are pushed (a synchronous round's straggler, whose reply comes in the next);
+    node ``i`` plays ``attacks[i]`` (a node-side attack or fault)."""
 
-    def __init__(self, nodes: list[Path], pulls: dict[int, int], held: tuple[int, ...] = ()) -> None:
+    def __init__(self, nodes: list[Path], pulls: dict[int, int], held: tuple[int, ...] = (),
+                 attacks: dict[int, str] | None = None) -> None:
         self.nodes, self.pulls, self.held, self.ids, self.count = nodes, pulls, held, itertools.count(1), 0
+        self.attacks = attacks or {}
         self.pending: dict[str, tuple[int, object]] = {}
 
     def get_nodes(self):
@@ -84,7 +87,8 @@ class FakeGrid:
             _, nid, content = self.pending.pop(mid)
             task, w, _ = read_task(content)
             out.append(SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=mid, src_node_id=nid),
-                                       content=answer(self.nodes[nid - 1], task, w), has_error=lambda: False))
+                                       content=answer(self.nodes[nid - 1], task, w, self.attacks.get(nid, "")),
+                                       has_error=lambda: False))
         return out
 
 
@@ -92,15 +96,16 @@ def records(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / checkpoint.ROUNDS).read_text().splitlines()]
 
 
-def serve_fake(root: Path, settings: Settings) -> tuple[Path, list[Path]]:
-    """An async run served on a fake grid: 5 volunteers, node1 twice as fast as nodes 2-4, node5 never answers."""
+def serve_fake(root: Path, settings: Settings, attacks: dict[int, str] | None = None) -> tuple[Path, list[Path]]:
+    """An async run served on a fake grid: 5 volunteers, node1 twice as fast as nodes 2-4, node5
+    never answers; node ``i`` plays ``attacks[i]``."""
     from flwr.supercore.task_identity import TaskIdentity  # a ServerApp's messages name their run
 
     coord_dir, nodes = make_federation(root, 5, settings)
     saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     try:
-        serve(FakeGrid(nodes, {1: 1, 2: 2, 3: 2, 4: 2}), Coordinator(coord_dir), poll=0.0)
+        serve(FakeGrid(nodes, {1: 1, 2: 2, 3: 2, 4: 2}, attacks=attacks), Coordinator(coord_dir), poll=0.0)
     finally:
         TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
     return coord_dir, nodes
