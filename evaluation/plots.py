@@ -1,8 +1,7 @@
-"""Plots of ``robust bench`` records, drawn on matplotlib's Agg canvas.
+"""Plots of ``robust bench`` records, drawn on matplotlib's Agg canvas (``evaluation.figures``).
 
-Figures are built without pyplot, so no backend or global figure list is touched and nothing
-stays open once a figure is saved. Each function writes one PNG and returns its path, or
-returns ``None`` and writes nothing when the records hold nothing it can plot.
+Each function writes one PNG and returns its path, or returns ``None`` and writes nothing
+when the records hold nothing it can plot.
 """
 
 from __future__ import annotations
@@ -13,28 +12,13 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .report import CLEAN, STEALTH_AUC, Group, Results, format_value, partition
-
-
-def _figure(width: float, height: float) -> Figure:
-    figure = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(figure)
-    return figure
-
-
-def _save(figure: Figure, path: str | Path) -> Path:
-    figure.savefig(path, dpi=120)
-    return Path(path)
-
-
-def _colours(attacks: Sequence[str]) -> dict[str, str]:
-    """A fixed colour per attack (the clean run in black), the same in every panel."""
-    others = [a for a in attacks if a != CLEAN]
-    return {CLEAN: "black", **{a: f"C{i}" for i, a in enumerate(others)}}
+from .figures import new_figure, palette, save_png
+from .results import CLEAN, STEALTH_AUC, Group, Results, partition
+from .tables import format_value
+from .time_report import accuracy_vs_time
 
 
 def heatmap(records: Sequence[dict], path: str | Path) -> Path | None:
@@ -46,7 +30,7 @@ def heatmap(records: Sequence[dict], path: str | Path) -> Path | None:
     values = np.array([[100 * row.cells[a].mean if a in row.cells else math.nan for a in attacks]
                        for row in rows])
     label_width = max(len(row.label) for row in rows)
-    figure = _figure(2.5 + 0.08 * label_width + 1.1 * len(attacks), 1.5 + 0.45 * len(rows))
+    figure = new_figure(2.5 + 0.08 * label_width + 1.1 * len(attacks), 1.5 + 0.45 * len(rows))
     ax = figure.add_subplot()
     image = ax.imshow(np.ma.masked_invalid(values), cmap="viridis", aspect="auto")
     for (i, j), value in np.ndenumerate(values):
@@ -57,7 +41,7 @@ def heatmap(records: Sequence[dict], path: str | Path) -> Path | None:
     ax.set_yticks(range(len(rows)), [row.label for row in rows])
     ax.set(xlabel="attack", ylabel="aggregator", title="Final accuracy (%), mean over seeds")
     figure.colorbar(image, ax=ax, label="final accuracy (%)")
-    return _save(figure, path)
+    return save_png(figure, path)
 
 
 def accuracy_curves(records: Sequence[dict], path: str | Path) -> Path | None:
@@ -68,9 +52,9 @@ def accuracy_curves(records: Sequence[dict], path: str | Path) -> Path | None:
         return None
     columns = min(3, len(panels))
     rows = math.ceil(len(panels) / columns)
-    figure = _figure(4.2 * columns + 1.8, 3.2 * rows + 0.5)
+    figure = new_figure(4.2 * columns + 1.8, 3.2 * rows + 0.5)
     axes = figure.subplots(rows, columns, sharey=True, squeeze=False).flat
-    colours = _colours(res.attacks())
+    colours = palette(res.attacks())
     for i, (ax, ((aggregator, scenario), groups)) in enumerate(zip(axes, panels.items())):
         for group in groups:
             curve = group.curve
@@ -87,7 +71,7 @@ def accuracy_curves(records: Sequence[dict], path: str | Path) -> Path | None:
     lines = {line.get_label(): line for ax in axes for line in ax.get_lines()}
     figure.legend(lines.values(), lines.keys(), title="attack", loc="outside right upper")
     figure.suptitle("Test accuracy per round, mean over seeds")
-    return _save(figure, path)
+    return save_png(figure, path)
 
 
 def _point(res: Results, group: Group) -> tuple[float, float] | None:
@@ -118,9 +102,9 @@ def damage_vs_detectability(records: Sequence[dict], path: str | Path) -> Path |
     panels = partition(attacked, lambda k: (k.aggregator, k.scenario))
     columns = min(3, len(panels))
     rows = math.ceil(len(panels) / columns)
-    figure = _figure(4.2 * columns + 2.2, 3.4 * rows + 0.6)
+    figure = new_figure(4.2 * columns + 2.2, 3.4 * rows + 0.6)
     figure.suptitle("Damage vs detectability per defence (upper left: harmful and stealthy)")
-    colours, markers = _colours(res.attacks()), "osD^vP*Xhp<>"
+    colours, markers = palette(res.attacks()), "osD^vP*Xhp<>"
     top = max(_point(res, g)[1] for g in attacked)
     bottom = min(0.0, min(_point(res, g)[1] for g in attacked))
     for i, ((aggregator, scenario), groups) in enumerate(panels.items()):
@@ -140,7 +124,7 @@ def damage_vs_detectability(records: Sequence[dict], path: str | Path) -> Path |
                        s=45, zorder=3, label=group.key.attack)
     handles = {h.get_label(): h for ax in figure.axes for h in ax.collections}
     figure.legend(handles.values(), handles.keys(), title="attack", loc="outside right upper", fontsize=8)
-    return _save(figure, path)
+    return save_png(figure, path)
 
 
 def stealth_frontier(records: Sequence[dict], path: str | Path) -> Path | None:
@@ -156,7 +140,7 @@ def stealth_frontier(records: Sequence[dict], path: str | Path) -> Path | None:
             lines[res.label(f"{attack} / {aggregator}", scenario)] = (param, points)
     if not lines:
         return None
-    figure = _figure(8, 5.5)
+    figure = new_figure(8, 5.5)
     ax = _damage_axes(figure, "Stealth frontier: damage vs detectability along each sweep")
     for label, (param, points) in lines.items():
         ax.plot(*zip(*(p for _, p in points)), marker="o", label=label)
@@ -164,9 +148,7 @@ def stealth_frontier(records: Sequence[dict], path: str | Path) -> Path | None:
             ax.annotate(f"{param}={format_value(value)}", point, textcoords="offset points", xytext=(4, 4),
                         fontsize=8)
     ax.legend(title="attack / aggregator", loc="best", fontsize=8)
-    return _save(figure, path)
+    return save_png(figure, path)
 
-
-from .time_report import accuracy_vs_time  # noqa: E402  (it draws with this module's helpers)
 
 ALL = (heatmap, accuracy_curves, damage_vs_detectability, stealth_frontier, accuracy_vs_time)

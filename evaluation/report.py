@@ -1,13 +1,8 @@
 """The report of ``robust bench``: ``results.jsonl`` in, ``summary.md`` and plots out.
 
-A record is one finished cell (aggregator x attack x seed x scenario). Records that differ
-only by their seed form a :class:`Group` (mean and minimum over seeds). A group's *clean*
-group has the same aggregator and scenario and attack ``none``; its *damage* is the clean
-mean final accuracy minus its own. Sweep records (``--sweep``) are kept apart from the grid:
-they feed the stealth frontier, with the grid's clean groups as baselines. Rounds count
-from 0 as in the engine's records (``accuracy[0]``, ``rounds_to_detect``). "Never" is
-``math.inf`` wherever a median of rounds is taken, so a median that lands on an undetected
-cell reads "never".
+The records are read here and grouped over seeds by ``evaluation.results``; each section of
+the summary is one function. Sweep records (``--sweep``) are kept apart from the grid: they
+feed the stealth frontier, with the grid's clean groups as baselines.
 """
 
 from __future__ import annotations
@@ -16,20 +11,18 @@ import json
 import math
 import statistics
 import warnings
-from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass
-from functools import cached_property
+from collections.abc import Sequence
 from pathlib import Path
 
+from . import plots
 from .metrics import leaves_band
+from .results import (
+    CLEAN, STEALTH_AUC, AccuracyRow, Group, Results, best_detector, finite, median_round, partition,
+)
+from .tables import format_value, num, pct, rounds, table
+from .time_report import time_section
 
-CLEAN = "none"
-STEALTH_AUC = 0.6
 REQUIRED = ("cell", "aggregator", "attack", "seed", "config", "final_accuracy", "accuracy")
-# A cell's own axes, should the engine echo them in its config: not part of the scenario.
-CELL_AXES = frozenset({"seed", "aggregator", "attack", "sweep"})
-
-Scenario = tuple[tuple[str, str], ...]  # sorted (config key, JSON text of its value)
 
 
 def read_results(path: str | Path) -> list[dict]:
@@ -80,210 +73,6 @@ def validation_detect_round(attacked: Sequence[float], clean: Sequence[Sequence[
     return leaves_band(list(attacked), [list(c) for c in clean]) if clean else None
 
 
-def median_round(rounds: Iterable[float | None]) -> float | None:
-    """Median of rounds with ``None`` (never) as ``inf``; ``None`` when there are none."""
-    values = [math.inf if r is None else r for r in rounds]
-    return statistics.median(values) if values else None
-
-
-def _finite(values: Iterable[float | None]) -> list[float]:
-    return [v for v in values if v is not None and not math.isnan(v)]
-
-
-@dataclass(frozen=True)
-class Detection:
-    """A detector's scores pooled over cells: mean AUC and TPR at 5% FPR, median rounds."""
-
-    name: str
-    auc: float
-    tpr: float
-    rounds: float | None
-
-
-def best_detector(records: Iterable[dict]) -> Detection | None:
-    """The detector of highest mean AUC over ``records`` (NaN AUCs left out; ties to the
-    first name in sorted order); ``None`` if no detector has a finite AUC."""
-    scores: dict[str, list[dict]] = {}
-    for record in records:
-        for name, score in (record.get("detect") or {}).items():
-            scores.setdefault(name, []).append(score)
-    best = None
-    for name in sorted(scores):
-        aucs = _finite(s.get("auc") for s in scores[name])
-        if not aucs or (best and statistics.fmean(aucs) <= best.auc):
-            continue
-        tprs = _finite(s.get("tpr_at_5fpr") for s in scores[name])
-        best = Detection(
-            name, statistics.fmean(aucs), statistics.fmean(tprs) if tprs else math.nan,
-            median_round(s.get("rounds_to_detect") for s in scores[name]),
-        )
-    return best
-
-
-@dataclass(frozen=True)
-class Key:
-    """What a group's records share: all but the seed."""
-
-    aggregator: str
-    attack: str
-    scenario: Scenario
-    sweep: tuple[str, str, float] | None  # (attack, param, value)
-
-
-def key_of(record: dict) -> Key:
-    """The group key of ``record``."""
-    config = record["config"]
-    scenario = tuple(sorted(
-        (k, json.dumps(v, sort_keys=True)) for k, v in config.items() if k not in CELL_AXES
-    ))
-    sweep = record.get("sweep")
-    sweep_key = (sweep["attack"], sweep["param"], sweep["value"]) if sweep else None
-    return Key(record["aggregator"], record["attack"], scenario, sweep_key)
-
-
-@dataclass
-class Group:
-    """The records of one cell over its seeds."""
-
-    key: Key
-    records: list[dict]
-
-    @property
-    def mean(self) -> float:
-        """Mean final accuracy over seeds."""
-        return statistics.fmean(r["final_accuracy"] for r in self.records)
-
-    @property
-    def minimum(self) -> float:
-        """Lowest final accuracy over seeds."""
-        return min(r["final_accuracy"] for r in self.records)
-
-    @property
-    def curve(self) -> list[float]:
-        """Accuracy per round, mean over seeds (as long as the shortest run)."""
-        return [statistics.fmean(a) for a in zip(*(r["accuracy"] for r in self.records))]
-
-    @cached_property
-    def detection(self) -> Detection | None:
-        """Best detector over the seeds."""
-        return best_detector(self.records)
-
-
-def partition(groups: Iterable[Group], by: Callable[[Key], Hashable]) -> dict[Hashable, list[Group]]:
-    """``groups`` split by ``by(group.key)``, parts and members in first-seen order."""
-    parts: dict[Hashable, list[Group]] = {}
-    for group in groups:
-        parts.setdefault(by(group.key), []).append(group)
-    return parts
-
-
-@dataclass
-class AccuracyRow:
-    """One aggregator in one scenario: its group per attack, and the worst attacked one."""
-
-    label: str
-    cells: dict[str, Group]
-    worst: Group | None
-
-
-class Results:
-    """All records grouped over seeds, with the scenario keys that differ between them."""
-
-    def __init__(self, records: Sequence[dict]):
-        self.records = list(records)
-        grouped: dict[Key, list[dict]] = {}
-        for record in self.records:
-            grouped.setdefault(key_of(record), []).append(record)
-        self.groups = {key: Group(key, members) for key, members in grouped.items()}
-        self.config_keys = list(dict.fromkeys(
-            k for r in self.records for k in r["config"] if k not in CELL_AXES
-        ))
-        self.varying = [k for k in self.config_keys if len(self.values(k)) > 1]
-
-    def values(self, key: str) -> list[str]:
-        """The distinct values (as text) config ``key`` takes, ``—`` where a cell lacks it."""
-        return list(dict.fromkeys(
-            _show(r["config"][key]) if key in r["config"] else "—" for r in self.records
-        ))
-
-    @property
-    def grid(self) -> list[Group]:
-        """Groups from the grid (not from a sweep)."""
-        return [g for g in self.groups.values() if g.key.sweep is None]
-
-    @property
-    def sweeps(self) -> list[Group]:
-        """Groups from a sweep."""
-        return [g for g in self.groups.values() if g.key.sweep is not None]
-
-    def label(self, name: str, scenario: Scenario) -> str:
-        """``name``, followed by the varying scenario keys' values when there are any."""
-        config = dict(scenario)
-        shown = ", ".join(
-            f"{k}={_show(json.loads(config[k])) if k in config else '—'}" for k in self.varying
-        )
-        return f"{name} ({shown})" if shown else name
-
-    def clean(self, key: Key) -> Group | None:
-        """The clean grid group of ``key``'s aggregator and scenario."""
-        return self.groups.get(Key(key.aggregator, CLEAN, key.scenario, None))
-
-    def damage(self, group: Group) -> float | None:
-        """Clean minus attacked mean final accuracy (a fraction); ``None`` without a clean run."""
-        clean = self.clean(group.key)
-        return clean.mean - group.mean if clean else None
-
-    def mean_damage(self, groups: Iterable[Group]) -> float | None:
-        """Mean damage over the groups that have a clean run."""
-        damages = _finite(self.damage(g) for g in groups)
-        return statistics.fmean(damages) if damages else None
-
-    def attacks(self) -> list[str]:
-        """Grid attacks, ``none`` first, the others in first-seen order."""
-        seen = dict.fromkeys(g.key.attack for g in self.grid)
-        return sorted(seen, key=lambda a: a != CLEAN)
-
-    def accuracy_rows(self) -> list[AccuracyRow]:
-        """One row per grid aggregator and scenario, by worst case descending (none last)."""
-        rows = []
-        for (aggregator, scenario), groups in partition(
-            self.grid, lambda k: (k.aggregator, k.scenario)
-        ).items():
-            cells = {g.key.attack: g for g in groups}
-            attacked = [g for a, g in cells.items() if a != CLEAN]
-            worst = min(attacked, key=lambda g: g.mean, default=None)
-            rows.append(AccuracyRow(self.label(aggregator, scenario), cells, worst))
-        return sorted(rows, key=lambda row: -row.worst.mean if row.worst else math.inf)
-
-
-def _show(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def format_value(value: object) -> str:
-    """A swept parameter value as the engine writes it in the attack spec."""
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
-
-
-def _pct(fraction: float | None) -> str:
-    return "—" if fraction is None else f"{100 * fraction:.1f}"
-
-
-def _num(value: float | None) -> str:
-    return "—" if value is None or math.isnan(value) else f"{value:.2f}"
-
-
-def _rounds(value: float | None) -> str:
-    if value is None:
-        return "—"
-    return "never" if math.isinf(value) else f"{value:g}"
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
-
-
 def _scenario_section(res: Results) -> list[str]:
     shared = [f"{k}={res.values(k)[0]}" for k in res.config_keys if k not in res.varying]
     lines = ["## Scenario", "", ", ".join(shared) or "(no shared config)", ""]
@@ -305,25 +94,25 @@ def _accuracy_section(res: Results) -> list[str]:
         group = row.cells.get(attack)
         if group is None:
             return "—"
-        low = f" ({_pct(group.minimum)})" if len(group.records) > 1 else ""
-        return _pct(group.mean) + low
+        low = f" ({pct(group.minimum)})" if len(group.records) > 1 else ""
+        return pct(group.mean) + low
 
     rows = [
         [row.label, *(cell(row, a) for a in attacks),
-         _pct(row.worst.mean) if row.worst else "—", row.worst.key.attack if row.worst else "—"]
+         pct(row.worst.mean) if row.worst else "—", row.worst.key.attack if row.worst else "—"]
         for row in res.accuracy_rows()
     ]
     return [
         "## Accuracy", "",
         "Final accuracy (%), mean over seeds (lowest seed in brackets). Worst case: the lowest "
         "mean over the attacks other than none.",
-        "", *_table(["aggregator", *attacks, "worst case", "worst attack"], rows),
+        "", *table(["aggregator", *attacks, "worst case", "worst attack"], rows),
     ]
 
 
 def _kappa(groups: Sequence[Group]) -> str:
     def top(field: str) -> float | None:
-        return max(_finite(r.get(field) for g in groups for r in g.records), default=None)
+        return max(finite(r.get(field) for g in groups for r in g.records), default=None)
 
     worst, bound = top("kappa_max"), top("kappa_bound")
     if worst is None or bound is None:
@@ -341,9 +130,9 @@ def _detect_section(res: Results) -> list[str]:
             for g in groups if (clean := res.clean(g.key))
         )
         rows.append([
-            res.label(attack, scenario), _pct(res.mean_damage(groups)),
-            best.name if best else "—", _num(best and best.auc), _num(best and best.tpr),
-            _rounds(best and best.rounds), _rounds(validation), _kappa(groups),
+            res.label(attack, scenario), pct(res.mean_damage(groups)),
+            best.name if best else "—", num(best and best.auc), num(best and best.tpr),
+            rounds(best and best.rounds), rounds(validation), _kappa(groups),
         ])
     header = ["attack", "damage (pp)", "best detector", "AUC", "TPR@5%FPR",
               "rounds to detect", "validation detect", "κ max vs bound"]
@@ -353,7 +142,7 @@ def _detect_section(res: Results) -> list[str]:
         "detector: highest mean AUC; its rounds to detect are a median over cells. Validation "
         "detect: first round the attacked accuracy leaves the clean runs' band (median over "
         "aggregators). Rounds count from 0. κ: largest kappa_max and kappa_bound over cells.",
-        "", *_table(header, rows),
+        "", *table(header, rows),
     ]
 
 
@@ -384,8 +173,8 @@ def _quarantine_section(res: Results) -> list[str]:
         rows.append([
             res.label(g.key.attack, g.key.scenario), g.key.aggregator,
             f"{caught:g}/{byzantine}" if attacked else "—",
-            _rounds(median_round(r["caught_round"] for r in g.records)) if attacked else "—",
-            _pct(caught_damage(g, res.clean(g.key))) if attacked else "—",
+            rounds(median_round(r["caught_round"] for r in g.records)) if attacked else "—",
+            pct(caught_damage(g, res.clean(g.key))) if attacked else "—",
             f"{statistics.fmean(r['false_quarantines'] for r in g.records):g}",
         ])
     false = sum(r["false_quarantines"] for g in groups for r in g.records)
@@ -401,7 +190,7 @@ def _quarantine_section(res: Results) -> list[str]:
         "Damage before: clean minus attacked accuracy at that round (pp), or at the end if one never was. "
         "False: honest nodes quarantined (mean over seeds).", "",
         f"Honest nodes quarantined over all {cells} cells: **{false}**.", "",
-        *_table(["attack", "aggregator", "caught", "caught by round", "damage before (pp)", "false"], rows),
+        *table(["attack", "aggregator", "caught", "caught by round", "damage before (pp)", "false"], rows),
     ]
 
 
@@ -419,7 +208,7 @@ def _spot_section(res: Results) -> list[str]:
             res.label(g.key.attack, g.key.scenario), g.key.aggregator, f"{p:g}",
             f"{statistics.fmean(r['spot_checks'] for r in g.records):.0f}",
             f"{sum(v is not None for v in convicted)}/{len(convicted)}" if attacked else "—",
-            _rounds(median_round(convicted)) if attacked else "—", f"{1 / p:.0f}",
+            rounds(median_round(convicted)) if attacked else "—", f"{1 / p:.0f}",
             f"{sum(r['false_convictions'] for r in g.records)}",
         ])
     return [
@@ -429,7 +218,7 @@ def _spot_section(res: Results) -> list[str]:
         "Convicted: Byzantine nodes convicted over all seeds. Round: median round of conviction (1-based; "
         "never-convicted nodes count as not caught), beside 1/p, the expected rounds to the first check of a "
         "node that lies every round. Checks: updates recomputed per cell (the compute cost, in node updates).", "",
-        *_table(["attack", "aggregator", "p", "checks", "convicted", "round", "1/p", "false convictions"], rows),
+        *table(["attack", "aggregator", "p", "checks", "convicted", "round", "1/p", "false convictions"], rows),
     ]
 
 
@@ -441,16 +230,16 @@ def _backdoor_section(res: Results) -> list[str]:
         return []
 
     def mean(field: str, group: Group) -> float | None:
-        values = _finite(r.get(field) for r in group.records)
+        values = finite(r.get(field) for r in group.records)
         return statistics.fmean(values) if values else None
 
     rows = []
     for g in sorted(groups, key=lambda g: (g.key.attack, g.key.aggregator)):
         stop = g.records[0].get("backdoor_stop_round")
         rows.append([
-            res.label(g.key.attack, g.key.scenario), g.key.aggregator, _pct(g.mean),
-            _pct(mean("backdoor_asr_at_stop", g)) if stop else "—", f"{stop:g}" if stop else "—",
-            f"{len(g.records[0]['accuracy']) - stop:g}" if stop else "—", _pct(mean("backdoor_asr", g)),
+            res.label(g.key.attack, g.key.scenario), g.key.aggregator, pct(g.mean),
+            pct(mean("backdoor_asr_at_stop", g)) if stop else "—", f"{stop:g}" if stop else "—",
+            f"{len(g.records[0]['accuracy']) - stop:g}" if stop else "—", pct(mean("backdoor_asr", g)),
         ])
     return [
         "## Backdoor", "",
@@ -459,7 +248,7 @@ def _backdoor_section(res: Results) -> list[str]:
         "after round R: its success at that round (when its nodes stop; — where the driver kept only the "
         "final model) and at the end, that many rounds later, say how long the backdoor survives honest "
         "training. Accuracy: final accuracy on the clean test set.", "",
-        *_table(["attack", "aggregator", "accuracy", "success at stop", "stop round", "rounds after stop",
+        *table(["attack", "aggregator", "accuracy", "success at stop", "stop round", "rounds after stop",
                  "success at end"], rows),
     ]
 
@@ -495,7 +284,7 @@ def _stealth_section(res: Results) -> list[str]:
         if group is None:
             return "—"
         extra = f", AUC {group.detection.auc:.2f}" if auc and group.detection else ""
-        return f"{_pct(res.damage(group))} pp: {group.key.attack}{extra}"
+        return f"{pct(res.damage(group))} pp: {group.key.attack}{extra}"
 
     return [
         "## Stealth frontier", "",
@@ -503,7 +292,7 @@ def _stealth_section(res: Results) -> list[str]:
         f"of this run achieved while every detector's AUC stayed <= {STEALTH_AUC} (its best detector's mean "
         f"AUC), while none of its nodes was ever quarantined, and while both held: what a patient attacker "
         f"gets through unseen. Sweeps count as attacks. Defences by the last column, worst first.", "",
-        *_table(["defence", f"AUC <= {STEALTH_AUC}", "never quarantined", "both"],
+        *table(["defence", f"AUC <= {STEALTH_AUC}", "never quarantined", "both"],
                 [[label, said(quiet, True), said(free), said(both, True)] for label, quiet, free, both in rows]),
         "",
     ]
@@ -521,12 +310,12 @@ def _frontier_section(res: Results) -> list[str]:
         if stealthy:
             damage, value = max(stealthy, key=lambda p: p[0])
             verdict = f"largest damage with best-detector AUC <= {STEALTH_AUC}: " \
-                      f"{_pct(damage)} pp at {param}={format_value(value)}"
+                      f"{pct(damage)} pp at {param}={format_value(value)}"
         else:
             verdict = f"none stays below AUC {STEALTH_AUC}"
-        rows = [[format_value(v), _pct(d), b.name if b else "—", _num(b and b.auc)] for v, d, b in points]
+        rows = [[format_value(v), pct(d), b.name if b else "—", num(b and b.auc)] for v, d, b in points]
         lines += [f"### {res.label(attack, scenario)}", "",
-                  *_table([param, "damage (pp)", "best detector", "AUC"], rows), verdict, ""]
+                  *table([param, "damage (pp)", "best detector", "AUC"], rows), verdict, ""]
     return lines
 
 
@@ -542,7 +331,7 @@ def _speed_section(path: Path) -> list[str]:
         "module, `backward()`, worker momentum, mean aggregation) on the same scenario. The training "
         "phase is timed alternately with the loop (median of 5 pairs); whole rounds are the median "
         "cell of this grid:", "",
-        *_table(["", "node-steps/s", "vs plain loop"], [
+        *table(["", "node-steps/s", "vs plain loop"], [
             ["training (batch draws, gradients, momentum): the plain loop's work",
              f"{speed['engine_training_node_steps_per_s']:.0f}", f"**{speed['training_speedup']:.1f}x**"],
             ["whole rounds: training, attack, validation, robust rule, 6 detectors, evaluation",
@@ -554,8 +343,6 @@ def _speed_section(path: Path) -> list[str]:
 def write_summary(records: Sequence[dict], out_dir: str | Path, figures: Sequence[Path] = ()) -> Path:
     """Write ``out_dir/summary.md`` (scenario, accuracy, detectability, backdoor, quarantine, stealth
     frontier when there are sweep records, links to ``figures``); return its path."""
-    from .time_report import time_section  # it builds on this module's tables
-
     res = Results(records)
     lines = ["# robust bench report", ""]
     if not res.records:
@@ -585,8 +372,6 @@ def write_summary(records: Sequence[dict], out_dir: str | Path, figures: Sequenc
 def write_report(results_path: str | Path, out_dir: str | Path) -> list[Path]:
     """Read ``results_path``; write the plots that have data and ``summary.md`` into
     ``out_dir``; return the written paths, summary first."""
-    from . import plots  # plots uses this module's helpers: import it only when needed
-
     records = read_results(results_path)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .clock import time_to_target
-from .report import CLEAN, Group, Results, _num, _show, _table
+from .figures import new_figure, palette, save_png
+from .results import CLEAN, Group, Results
+from .tables import num, show, table
 
 KEYS = ("round", "buffer", "staleness", "lookahead", "late", "compression", "downlink", "speed", "link", "churn",
         "deadline")
@@ -56,11 +58,12 @@ def _mean(values: Sequence[float | None]) -> float | None:
 def _label(group: Group, varying: Sequence[str]) -> str:
     """The group's volunteer keys that differ across the run (its round mode, codec, speed...)."""
     config = dict(group.key.scenario)
-    shown = [f"{k}={_show(json.loads(config[k]))}" for k in KEYS if k in config and k in varying]
+    shown = [f"{k}={show(json.loads(config[k]))}" for k in KEYS if k in config and k in varying]
     return ", ".join(shown) or "—"
 
 
 def time_section(res: Results) -> list[str]:
+    """The summary's "Time and bytes" section (nothing when :func:`timed` says no)."""
     if not timed(res):
         return []
     best = reference(res.records)
@@ -70,8 +73,8 @@ def time_section(res: Results) -> list[str]:
             continue
         ttt = _mean([record_time_to_target(r, best) for r in group.records])
         rows.append([group.key.aggregator, group.key.attack, _label(group, res.varying), f"{100 * group.mean:.1f}",
-                     _num(statistics.fmean(r["sim_seconds"] for r in group.records)),
-                     "never" if ttt is None else _num(ttt),
+                     num(statistics.fmean(r["sim_seconds"] for r in group.records)),
+                     "never" if ttt is None else num(ttt),
                      f"{statistics.fmean(r['bytes_up'] for r in group.records) / 1e6:.2f}",
                      f"{statistics.fmean(r['bytes_down'] for r in group.records) / 1e6:.2f}"])
     return [
@@ -81,7 +84,7 @@ def time_section(res: Results) -> list[str]:
         "seed over every cell (mean over seeds; never if a seed never did). Bytes: the encoded replies (up) and "
         "the float32 models (down), MB, mean over seeds. Asynchronous cells aggregate as many replies as their "
         "synchronous twin.", "",
-        *_table(["aggregator", "attack", "volunteers", "accuracy (%)", "sim seconds", "time to target",
+        *table(["aggregator", "attack", "volunteers", "accuracy (%)", "sim seconds", "time to target",
                  "MB up", "MB down"], rows),
         "",
     ]
@@ -90,16 +93,14 @@ def time_section(res: Results) -> list[str]:
 def accuracy_vs_time(records: Sequence[dict], path: str | Path) -> Path | None:
     """Per attack, accuracy against simulated time (top) and against bytes sent up (bottom),
     one line per round mode / codec / volunteers (mean over seeds; asynchronous dashed)."""
-    from .plots import _colours, _figure, _save  # plots imports the report: import it only when drawing
-
     res = Results(records)
     if not timed(res):
         return None
     attacks = res.attacks()
-    figure = _figure(4.2 * len(attacks) + 2.5, 6.8)
+    figure = new_figure(4.2 * len(attacks) + 2.5, 6.8)
     axes = figure.subplots(2, len(attacks), squeeze=False)
     labels = sorted({f"{g.key.aggregator}: {_label(g, res.varying)}" for g in res.grid})
-    colours = _colours(labels)
+    colours = palette(labels)
     for column, attack in enumerate(attacks):
         for group in (g for g in res.grid if g.key.attack == attack and "times" in g.records[0]):
             label = f"{group.key.aggregator}: {_label(group, res.varying)}"
@@ -118,4 +119,4 @@ def accuracy_vs_time(records: Sequence[dict], path: str | Path) -> Path | None:
     figure.legend(lines.values(), lines.keys(), title="defence: volunteers", loc="outside right upper",
                   fontsize="small")
     figure.suptitle("Accuracy against simulated time and bytes, mean over seeds")
-    return _save(figure, path)
+    return save_png(figure, path)
