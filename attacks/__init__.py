@@ -6,20 +6,26 @@
     >>> rows.shape
     torch.Size([2, 4])
 
-The spec grammar is the aggregators' (``name:key=value,...``); ``names()`` lists attacks.
+The spec grammar is the aggregators' (``name:key=value,...``); ``names()`` lists attacks and
+``sources()`` the file each one lives in (``robust attacks`` prints them): one file per attack,
+named after it (a family such as ``fang-krum``, ``fang-trimmed-mean`` shares one).
 """
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
+
 from robust.spec import parse
 
 from . import (  # noqa: F401  (registration)
-    alie, cc_orthogonal, drift, evade, fang, ipm, mimic, min_max, node, optimal, poisoned_fl, simple,
+    alie, backdoor, cc_orthogonal, drift, evade, fang, forge, gaussian, inf, ipm, label_flip, lazy, mimic, min_max,
+    min_sum, none, optimal, poisoned_fl, sign_flip,
 )
 from . import constrain_scale, neurotoxin  # noqa: F401  (registration: backdoors that shape training)
 from .base import REGISTRY, Attack, Context, Memory, NodeAttack, OmniscientAttack, Shaping
 
-__all__ = ["Attack", "Context", "Memory", "NodeAttack", "OmniscientAttack", "Shaping", "build", "names"]
+__all__ = ["Attack", "Context", "Memory", "NodeAttack", "OmniscientAttack", "Shaping", "build", "names", "sources"]
 
 
 def build(spec: str, f: int) -> Attack:
@@ -43,3 +49,13 @@ def build(spec: str, f: int) -> Attack:
 def names() -> list[str]:
     """Every attack a spec may name, sorted."""
     return REGISTRY.names()
+
+
+def sources() -> dict[str, tuple[str, str]]:
+    """Every attack by name -> (its kind, ``omniscient`` or ``node``; the file that defines it,
+    relative to the project root, e.g. ``attacks/sign_flip.py``)."""
+    root = Path(__file__).resolve().parent.parent
+    return {
+        name: (cls.kind, Path(inspect.getfile(cls)).resolve().relative_to(root).as_posix())
+        for name, cls in sorted(REGISTRY.entries.items())
+    }

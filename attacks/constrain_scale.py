@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from .base import Memory, Params, Shaping, register
-from .node import Backdoor
+from .backdoor import Backdoor
 
 
 def distance2(local: Params, start: Params) -> torch.Tensor:

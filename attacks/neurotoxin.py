@@ -31,7 +31,7 @@ import math
 import torch
 
 from .base import Memory, Shaping, register
-from .node import Backdoor
+from .backdoor import Backdoor
 
 
 def keep_mask(delta: torch.Tensor, k: float) -> torch.Tensor:

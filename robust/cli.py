@@ -15,6 +15,16 @@ def _agg_bench(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _attacks(args: argparse.Namespace) -> int:
+    import attacks
+
+    rows = [("attack", "kind", "file"), *((name, *where) for name, where in attacks.sources().items())]
+    name_width, kind_width = (max(len(row[i]) for row in rows) for i in (0, 1))
+    for name, kind, file in rows:
+        print(f"{name:<{name_width}}  {kind:<{kind_width}}  {file}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from evaluation.bench import main
 
@@ -145,6 +155,8 @@ def parser() -> argparse.ArgumentParser:
                      "the others fixed, e.g. alie:z=0.1..3 or evade:detector=all,dir=ipm,max=0.5..4")
     run.add_argument("--sweep-points", type=int, default=8, help="values in the sweep (default 8)")
     run.set_defaults(run=_bench)
+    listing = sub.add_parser("attacks", help="list every attack a spec may name: its kind (omniscient or node) and its file")
+    listing.set_defaults(run=_attacks)
     _federation_parsers(sub)
     dep = sub.add_parser("deploy-bench", help="the deployment's round overhead beside Flower's FedAvg, on loopback")
     dep.add_argument("--nodes", type=int, default=10)

@@ -1,6 +1,7 @@
 """Each attack's formula on hand-computed inputs, and the optimal attacks' extra damage."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,6 +31,22 @@ def test_names_and_spec_errors():
         attacks.build("gaussian:sigma=-1", 1)
     with pytest.raises(ValueError, match="min-max dev must be unit, sign or std"):
         attacks.build("min-max:dev=up", 1)
+
+
+def test_each_attack_lives_in_a_file_named_after_it_and_robust_attacks_says_which(capsys):
+    from robust.cli import main
+
+    assert main(["attacks"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["attack", "kind", "file"]
+    listed = {name: rest for name, *rest in map(str.split, lines[1:])}
+    assert listed == {name: list(where) for name, where in attacks.sources().items()}
+    assert set(listed) == set(attacks.names())
+    assert listed["sign-flip"] == ["omniscient", "attacks/sign_flip.py"] and listed["lazy"] == ["node", "attacks/lazy.py"]
+    root = Path(attacks.__file__).parent.parent
+    for name, (_, file) in listed.items():
+        assert (root / file).is_file()
+        assert name.replace("-", "_").startswith(Path(file).stem), name  # a family (fang-*) shares one file
 
 
 def test_none_sends_the_nodes_own_updates():

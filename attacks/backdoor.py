@@ -1,0 +1,63 @@
+"""``backdoor:target,fraction,size,value,gamma,stop_after``: a trigger that flips the model's
+answer (Bagdasaryan, Veit, Hua, Estrin & Shmatikov, AISTATS 2020, "How to backdoor federated
+learning").
+
+The node trains honestly on data it has poisoned: a seeded ``fraction`` of its samples get
+the trigger and the label ``target``, and it scales its update (model replacement)::
+
+    x[-size:] <- value,  y <- target     (for ceil(fraction * m) of its m samples)
+    row       <- gamma * row
+
+With ``stop_after=R`` (0: never) it is an honest node from round ``R + 1`` on: how long the
+backdoor survives is then measurable. Success is measured on triggered test samples whose true
+label is not ``target``. Two variants shape the local training as well, and build on this
+class: ``neurotoxin`` and ``constrain-scale``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .base import NodeAttack, register
+
+
+@register
+class Backdoor(NodeAttack):
+    name = "backdoor"
+
+    def __init__(
+        self, f: int, *, target: int = 0, fraction: float = 0.5, size: int = 4,
+        value: float = 3.0, gamma: float = 1.0, stop_after: int = 0,
+    ) -> None:
+        super().__init__(f)
+        self._check_param("target", target, target >= 0, ">= 0: a class label")
+        self._check_param("fraction", fraction, 0 < fraction <= 1, "in (0, 1]")
+        self._check_param("size", size, size >= 1, ">= 1: how many features form the trigger")
+        self._check_param("value", value, True, "a finite number")
+        self._check_param("gamma", gamma, gamma > 0, "> 0: the update's boost")
+        self._check_param("stop_after", stop_after, stop_after >= 0,
+                          ">= 0: the last round the node attacks (0: it never stops)")
+        self.target, self.fraction, self.size = target, fraction, size
+        self.value, self.gamma, self.stop_after = value, gamma, stop_after
+
+    def stamp(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` with the trigger: the last ``size`` features of each sample set to ``value``."""
+        flat = x.reshape(x.shape[0], -1).clone()
+        flat[:, -self.size :] = self.value
+        return flat.reshape(x.shape)
+
+    def poison(
+        self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.target >= classes:
+            raise ValueError(f"backdoor target={self.target} but the data has {classes} classes")
+        chosen = torch.randperm(x.shape[0], generator=gen)[: math.ceil(self.fraction * x.shape[0])]
+        x, y = x.clone(), y.clone()
+        x[chosen] = self.stamp(x[chosen])
+        y[chosen] = self.target
+        return x, y
+
+    def scale(self) -> float:
+        return self.gamma
