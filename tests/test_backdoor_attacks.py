@@ -199,12 +199,19 @@ def test_a_digits_cell_reports_the_backdoor_at_the_stop_round_and_at_the_end(tmp
     cell = Cell(cfg, "mean", "neurotoxin:stop_after=2", 0)
     record = run_cell(cell)
     assert record["backdoor_stop_round"] == 2
-    assert 0 <= record["backdoor_asr_at_stop"] <= 1 and 0 <= record["backdoor_asr"] <= 1
     run = CellRun(cell)  # the value at the stop is the success of the model of round 2
     play(run), play(run)
     assert record["backdoor_asr_at_stop"] == backdoor_success(run.setup, run.engine.w)
+    clean = CellRun(Cell(cfg, "mean", "none", 0))
+    for _ in range(4):
+        play(clean)
+    floor = backdoor_success(run.setup, clean.engine.w)  # the trigger on a model nobody backdoored
+    # measured (seed 0): 0.0 on the clean model; 0.73 at the stop, 0.11 two honest rounds later
+    assert floor <= 0.05 and record["backdoor_asr_at_stop"] > floor + 0.4
+    assert record["backdoor_asr"] < record["backdoor_asr_at_stop"] - 0.3  # it fades once its nodes are honest
     never = run_cell(Cell(cfg, "mean", "backdoor", 0))
     assert never["backdoor_stop_round"] is None and never["backdoor_asr_at_stop"] is None
+    assert never["backdoor_asr"] > floor + 0.4  # measured 0.75: a backdoor that never stops stays
     assert run_cell(Cell(cfg, "mean", "neurotoxin:stop_after=4", 0))["backdoor_stop_round"] is None  # the end
 
     text = write_summary([{**record, "cell": "a"}, {**never, "cell": "b"}], tmp_path).read_text()

@@ -1,13 +1,14 @@
 """robust bench end to end: grid expansion, resume, parallel cells, determinism, report."""
 
 import json
+import statistics
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from evaluation.cell import Cell
+from evaluation.cell import Cell, backdoor_success
 from evaluation.local import CellRun, run_cell
 from evaluation.scenario import cell_id, cells, grid, load_scenario, sweep_specs
 
@@ -115,7 +116,21 @@ def test_bench_sweep_writes_the_frontier(tmp_path):
     out = tmp_path / "sweep"
     done = bench(out, "--sweep", "ipm:eps=0.1..2", "--sweep-points", "2")
     assert done.returncode == 0, done.stderr
-    assert "Stealth frontier" in (out / "summary.md").read_text()
+    rows = records(out)
+    clean = {r["aggregator"]: r["final_accuracy"] for r in rows if r["attack"] == "none"}
+    swept = [r for r in rows if r["sweep"]]
+    assert sorted((r["aggregator"], r["attack"]) for r in swept) == [
+        (a, f"ipm:eps={v}") for a in ("mean", "trimmed-mean") for v in ("0.1", "2")]
+    summary = (out / "summary.md").read_text()
+    frontier = summary.split("## Stealth frontier")[1].split("\n## ")[0]
+    assert "| mean | " in frontier and "| trimmed-mean | " in frontier  # one row per defence
+    sweep = summary.split("## Sweeps")[1].split("\n## ")[0]
+    assert "### ipm\n\n| eps | damage (pp) | best detector | AUC |" in sweep
+    for value in (0.1, 2.0):  # damage: clean minus swept final accuracy, mean over the two defences
+        damage = statistics.fmean(clean[r["aggregator"]] - r["final_accuracy"]
+                                  for r in swept if r["sweep"]["value"] == value)
+        assert f"\n| {value:g} | {100 * damage:.1f} | " in sweep
+    assert "none stays below AUC 0.6" in sweep  # measured: every ipm point has a detector at AUC 1.00
     assert (out / "stealth_frontier.png").exists()
 
 
@@ -127,9 +142,15 @@ def test_bench_reports_a_bad_scenario_without_a_traceback(tmp_path):
 
 def test_backdoor_cell_reports_its_success_rate():
     cfg = grid(load_scenario(None, TINY))[0]
-    record = run_cell(Cell(cfg, "mean", "backdoor:gamma=5", 0))
-    assert 0.0 <= record["backdoor_asr"] <= 1.0
-    assert run_cell(Cell(cfg, "mean", "none", 0))["backdoor_asr"] is None
+    cell = Cell(cfg, "mean", "backdoor:gamma=5", 0)
+    clean = CellRun(Cell(cfg, "mean", "none", 0))
+    for _ in range(4):
+        clean.play_round()
+    assert clean.record(1.0)["backdoor_asr"] is None
+    floor = backdoor_success(CellRun(cell).setup, clean.engine.w)  # the trigger on a model nobody backdoored
+    # measured (seed 0): 0.004 on the clean model, 1.0 under mean, 0.004 under trimmed-mean
+    assert floor < 0.2 and run_cell(cell)["backdoor_asr"] > floor + 0.6
+    assert run_cell(Cell(cfg, "trimmed-mean", "backdoor:gamma=5", 0))["backdoor_asr"] < floor + 0.2
 
 
 def test_node_side_scaling_leaves_the_worker_momentum_alone():

@@ -521,5 +521,10 @@ def test_selection_rules_record_the_rows_they_kept():
     clipped = aggregators.build("clip:c=100+bulyan", 1)
     clipped(X)
     assert clipped.last_kept.sum() == 5 and not clipped.last_kept[5:].any()
-    assert aggregators.build("nnm+krum", 2).last_kept is None  # mixed rows stand for no node
-    assert aggregators.build("median", 2).last_kept is None
+    mixed = aggregators.build("nnm+krum", 2)
+    mixed(X)
+    # krum kept one row, but of nnm's mixtures: a mixed row stands for no node
+    assert mixed.rule.last_kept.sum() == 1 and mixed.last_kept is None
+    median = aggregators.build("median", 2)
+    median(X)
+    assert median.last_kept is None  # coordinate-wise: no row is kept or dropped as a whole
