@@ -45,7 +45,7 @@ from .admission import known_keys
 from .engine import Engine
 from .ledger import Ticket
 from .root import Root
-from .settings import Settings
+from .settings import Settings, coordinator_folder
 from .spotcheck import recorded
 from .wire import signed_payload
 
@@ -198,8 +198,10 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
     return problems, len(records), replay
 
 
-def main(folder: str) -> int:
-    """``robust audit verify DIR``: print the findings; 0 when everything holds."""
+def main(folder: str | Path) -> int:
+    """``robust audit verify DIR`` (a coordinator folder, or a demo's root): print the findings;
+    0 when everything holds."""
+    folder = coordinator_folder(folder)
     problems, rounds, replayed = verify(folder)
     for problem in problems:
         print(f"FAILED {problem}")
@@ -212,9 +214,11 @@ def main(folder: str) -> int:
     return 0
 
 
-def replay_main(folder: str) -> int:
-    """``robust coordinator replay DIR``: :func:`verify`'s recomputation alone (no chain, no
-    signatures: ``robust audit verify`` checks those too); 0 when every model SHA-256 matches."""
+def replay_main(folder: str | Path) -> int:
+    """``robust coordinator replay DIR`` (a coordinator folder, or a demo's root): :func:`verify`'s
+    recomputation alone (no chain, no signatures: ``robust audit verify`` checks those too); 0
+    when every model SHA-256 matches."""
+    folder = coordinator_folder(folder)
     problems, rounds, replayed = verify(folder, full=False)
     word = "buffers" if Settings.read(folder).round == "async" else "rounds"
     for problem in problems:

@@ -18,7 +18,7 @@ from robust import keys, tls
 from . import checkpoint, codetrust, launch
 from .admission import ADMITTED, admit, scan
 from .coordinator import RUN_ID, Coordinator, short
-from .settings import SETTINGS_FILE, Settings
+from .settings import COORDINATOR, SETTINGS_FILE, Settings
 from .status import live_bar, read_rounds
 
 
@@ -193,7 +193,7 @@ def local_federation(root: Path, nodes: int, settings: Settings, run_id: str, ke
     """A coordinator folder ``root/coordinator`` and ``nodes`` admitted volunteers
     ``root/node1..N`` on one machine, their throwaway keys derived from ``(*key_seed, i)``.
     Quiet: the step-by-step hints are for people doing it by hand."""
-    coord = root / "coordinator"
+    coord = root / COORDINATOR
     with contextlib.redirect_stdout(io.StringIO()):
         coordinator_init(coord, [], settings, run_id=run_id)
         for i in range(1, nodes + 1):

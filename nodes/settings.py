@@ -19,6 +19,20 @@ from pathlib import Path
 from robust.constraints import Flag, Folder, Host, Interval, OneOf, Param, Spec, Text, table, unknown
 
 SETTINGS_FILE = "coordinator.toml"
+COORDINATOR = "coordinator"  # the coordinator folder inside a local federation's root (a demo's)
+
+
+def coordinator_folder(folder: str | Path) -> Path:
+    """The coordinator folder ``folder`` names: itself when it holds the settings, or its
+    ``coordinator`` folder when it is a local federation's root (``robust demo --json``
+    prints that root as ``folder``). Neither: a ``ValueError`` saying where one is expected."""
+    folder = Path(folder)
+    for candidate in (folder, folder / COORDINATOR):
+        if (candidate / SETTINGS_FILE).is_file():
+            return candidate
+    raise ValueError(f"{folder} is not a coordinator folder: neither {folder / SETTINGS_FILE} nor "
+                     f"{folder / COORDINATOR / SETTINGS_FILE} exists; give the DIR that `robust coordinator init DIR` "
+                     f"made, or a demo's root")
 
 
 def _datasets() -> list[str]:

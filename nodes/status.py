@@ -25,7 +25,7 @@ from rich.text import Text
 from . import checkpoint, launch
 from .admission import scan
 from .coordinator import short
-from .settings import SETTINGS_FILE, Settings
+from .settings import Settings, coordinator_folder
 
 RECENT, REJECTIONS, SPARK_WIDTH = 8, 5, 40  # accuracies listed, rejections listed, rounds in the sparkline
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -81,11 +81,9 @@ def _state(folder: Path, settings: Settings) -> tuple[str, dict]:
 
 
 def read(folder: Path) -> dict:
-    """The status of the coordinator folder ``folder`` (JSON-ready); ``ValueError`` saying what
-    to do when it is not one."""
-    if not (folder / SETTINGS_FILE).is_file():
-        raise ValueError(f"{folder} is not a coordinator folder (it has no {SETTINGS_FILE}): "
-                         "give the DIR that `robust coordinator init DIR` made")
+    """The status of the coordinator folder ``folder`` (or a demo's root: :func:`coordinator_folder`),
+    JSON-ready; ``ValueError`` saying what to do when it is not one."""
+    folder = coordinator_folder(folder)
     settings = Settings.read(folder)
     log = read_rounds(folder)
     last = log[-1] if log else {"seconds": None, "ids": [], "rejected": {}, "failed": {}}

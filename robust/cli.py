@@ -68,6 +68,9 @@ _NODE_BEHAVIOURS = ("label-flip, backdoor:..., neurotoxin:k=5,stop_after=R, cons
                     "bad-signature, replay, stale-base, dtype-lie, shape-lie, oversize, slow-drip, decline")
 
 
+_RUN_DIR = "the coordinator folder, or the root of a demo (`robust demo --json` prints it as folder)"
+
+
 def _federation_parsers(sub: argparse._SubParsersAction) -> None:
     coord = sub.add_parser("coordinator", help="run a coordinator: init, admit, start, status, replay")
     csub = coord.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -84,12 +87,12 @@ def _federation_parsers(sub: argparse._SubParsersAction) -> None:
     _add_settings(start)
     status = csub.add_parser("status", help="the run at a glance from DIR alone: rounds, accuracy, nodes, rejections "
                              "(while it runs, or after)")
-    status.add_argument("dir", metavar="DIR")
+    status.add_argument("dir", metavar="DIR", help=_RUN_DIR)
     status.add_argument("--json", action="store_true", help="print one JSON object instead")
     replay = csub.add_parser("replay", help="recompute every round (async: every buffer, with its recorded staleness) "
                              "from DIR's round log and stored updates; exit 1 unless every model SHA-256 matches "
                              "(`robust audit verify` also checks the chain and signatures)")
-    replay.add_argument("dir", metavar="DIR")
+    replay.add_argument("dir", metavar="DIR", help=_RUN_DIR)
     node = sub.add_parser("node", help="be a volunteer: keygen, join")
     nsub = node.add_subparsers(dest="action", metavar="ACTION", required=True)
     keygen = nsub.add_parser("keygen", help="make a volunteer identity (DIR/node.key, DIR/node.pub)")
@@ -119,7 +122,7 @@ def _federation_parsers(sub: argparse._SubParsersAction) -> None:
     audit = sub.add_parser("audit", help="verify a coordinator folder: hash chain, signatures, every aggregation recomputed")
     asub = audit.add_subparsers(dest="action", metavar="ACTION", required=True)
     verify = asub.add_parser("verify", help="check DIR's round log and stored updates; exit 0 when all holds")
-    verify.add_argument("dir", metavar="DIR")
+    verify.add_argument("dir", metavar="DIR", help=_RUN_DIR)
     for p in (coord, node, demo, audit):
         p.set_defaults(run=_federation)
 

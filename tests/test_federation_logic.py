@@ -251,6 +251,27 @@ def test_federation_commands_fail_with_a_fix(tmp_path, capsys):
     assert "robust node keygen DIR" in capsys.readouterr().err
 
 
+def test_the_commands_that_read_a_run_take_a_demo_root_too(federation, capsys):
+    """`robust demo --json` prints its federation's root as ``folder``: audit verify, replay and
+    status find the coordinator folder in it, and say where one is expected when there is none."""
+    from robust.cli import main
+
+    coord_dir, nodes = federation
+    play(Coordinator(coord_dir), nodes)
+    root = coord_dir.parent
+    assert main(["audit", "verify", str(root)]) == 0
+    assert capsys.readouterr().out == "1 rounds verified: chain, signatures, every aggregation recomputed bit for bit\n"
+    assert main(["coordinator", "replay", str(root)]) == 0
+    assert capsys.readouterr().out == "1 rounds replayed: every model SHA-256 matches\n"
+    assert main(["coordinator", "status", str(root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["folder"] == str(coord_dir)
+    node = root / "node1"
+    for command in (["audit", "verify"], ["coordinator", "replay"], ["coordinator", "status"]):
+        assert main([*command, str(node)]) == 2
+        assert (f"{node} is not a coordinator folder: neither {node}/coordinator.toml nor "
+                f"{node}/coordinator/coordinator.toml exists") in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("aggregator", ["krum", "multi-krum", "bulyan", "mda"])
 def test_selecting_rules_train_20_rounds_without_quarantining_honest_nodes(tmp_path, aggregator):
     """Krum and its kin use a few rows a round by design: a row they drop is not a flag."""
