@@ -35,7 +35,7 @@ from typing import NamedTuple
 import torch
 
 from nodes.buffers import Buffers, Full
-from nodes.ledger import TaskLedger, Ticket, ttl
+from nodes.ledger import TaskLedger, Ticket
 from nodes.rows import rejection_reason
 from nodes.wire import Task
 
@@ -59,7 +59,7 @@ class FedBuff:
         self.buffers: Buffers[Reply] = Buffers(settings.buffer or settings.quorum_needed)
         flags = self.engine.flags
         self.ledger = TaskLedger(settings.max_staleness, lambda node: node in flags.quarantined)
-        self.life = ttl(self.line.deadline or settings.deadline)
+        self.life = self.line.life(True, settings.deadline)
         self.ready: list[Full[Reply]] = []  # buffers filled but not yet aggregated
         self.queue = EventQueue()
         self.sent = 0  # tasks sent so far

@@ -7,7 +7,10 @@ coordinator's own round loop (``nodes.server_app.serve``) on a :class:`Coordinat
 engine carries the threat model's hook (``evaluation.threat``): signed replies, checks,
 canonical order, the round engine. Simulated nodes have no authenticated key, so they
 introduce themselves (their signatures prove it). A cell ends with the same
-``model_sha256`` as ``robust bench --no-vectorize`` (``tests/test_drivers.py``).
+``model_sha256`` as ``robust bench --no-vectorize`` (``tests/test_drivers.py``): a cell with a
+schedule (``round = async``, or a ``deadline``, with ``late = carry`` or not) runs the loop on
+the local driver's simulated clock (``evaluation.sim_clock``), so its buffers, late and carried
+replies are the local driver's.
 
 One simulation (Ray start-up: about 10 s here) serves every cell with the same number of
 nodes. A node whose ClientApp fails (Flower reports it at once) or that does not answer
@@ -33,7 +36,9 @@ from nodes.server_app import serve
 
 from . import federation
 from .cell import Cell, CellSetup, cell_record
+from .sim_clock import SimClock
 from .threat import ThreatModel
+from .timeline import Timeline
 
 POLL_SECONDS = 0.01  # the in-memory simulation answers in milliseconds
 WAIT_SECONDS = 600.0  # for the nodes to start, and for one round: then the run fails, loudly
@@ -64,7 +69,7 @@ def server_app(cells: list[Cell], root: Path, save: Callable[[Cell, dict], None]
                                             wait_nodes=WAIT_SECONDS)
             threat = ThreatModel(cell.attack, setup.byzantine, cell.seed)
             coord, start = Coordinator(coord_dir, hook=threat), time.perf_counter()
-            serve(grid, coord, poll=POLL_SECONDS, introductions=True)
+            serve(grid, coord, poll=POLL_SECONDS, introductions=True, clock=clock_of(setup, coord))
             wall = time.perf_counter() - start
             rounds, w = federation.rounds_and_model(coord_dir)
             federation.check_complete(rounds, folder)
@@ -72,6 +77,15 @@ def server_app(cells: list[Cell], root: Path, save: Callable[[Cell, dict], None]
             shutil.rmtree(folder, ignore_errors=True)
 
     return app
+
+
+def clock_of(setup: CellSetup, coord: Coordinator) -> SimClock | None:
+    """The local driver's simulated clock, for a cell whose schedule depends on time (async,
+    or a deadline); ``None``: the wall (every reply counts, in any order)."""
+    line = Timeline(setup.cell.config, setup.ids, setup.cell.seed, setup.settings, coord.engine.protocol.steps,
+                    coord.engine.w.numel())
+    asynchronous = setup.settings.round == "async"
+    return SimClock(line, asynchronous, setup.settings.deadline) if asynchronous or line.deadline else None
 
 
 def run_cells(todo: list[Cell], root: Path, save: Callable[[Cell, dict], None]) -> None:

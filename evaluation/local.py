@@ -31,7 +31,7 @@ from torch.func import vmap
 
 from attacks.base import Memory, NodeAttack
 from nodes.engine import Engine
-from nodes.ledger import TaskLedger, Ticket, ttl
+from nodes.ledger import TaskLedger, Ticket
 from nodes.protocol import Protocol
 from nodes.root import Root
 from nodes.spotcheck import Verdict, referee
@@ -252,7 +252,7 @@ class CellRun:
         X = self.rows(asked)
         self.training += time.perf_counter() - start
         w, base = self.engine.task_model()
-        life = ttl(line.deadline) if line.deadline else float("inf")
+        life = line.life(False, self.setup.settings.deadline)
         for node, row in zip(asked, X):
             decoded, up = line.send(node, t, row)
             ledger.issue(node, t, self.engine.round, base, w, line.now, life, (line.arrival(node, line.now, up), decoded))

@@ -95,6 +95,11 @@ def validate(scenario: dict, engine: str = "local") -> None:
         n, f = config["nodes"], config["byzantine"]
         if f >= n:
             raise ValueError(f"byzantine must be below nodes (got byzantine={f}, nodes={n})")
+        timed = config.get("round") == "async" or config.get("deadline")
+        if engine == "flower" and timed and (not config.get("step-seconds") or config.get("churn", "none") != "none"):
+            raise ValueError("--engine flower plays a schedule (round=async or a deadline) on the local driver's "
+                             "simulated clock: give step-seconds (e.g. step-seconds=0.01) and no churn, or run "
+                             "--engine local")
         if config["quorum"] > n:
             raise ValueError(f"quorum={config['quorum']} is above nodes={n}: no round could step; lower quorum")
         for spec in scenario["aggregators"]:

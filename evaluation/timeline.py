@@ -16,8 +16,11 @@ machine's; give it to compare machines bit for bit.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from nodes.ledger import ttl
 from nodes.wire import DOWNLINK_BYTES
 from robust import codecs
 
@@ -38,6 +41,20 @@ class Timeline:
         self.residual: dict[str, torch.Tensor | None] = {}
         self.traffic = Traffic()
         self.now = 0.0
+
+    @property
+    def up(self) -> int:
+        """Bytes of values a reply takes on the wire (float32, or as the codec encodes it)."""
+        return F32 * self.d if self.codec.name == "none" else self.codec.nbytes(self.d)
+
+    def life(self, asynchronous: bool, settings_deadline: float) -> float:
+        """How long a task lives (simulated seconds), as in a deployment: ``deadline`` + 30 s
+        (``nodes.ledger.ttl``) of the scenario's deadline (an asynchronous run without one: the
+        coordinator's ``settings_deadline``); a synchronous round without a deadline waits for
+        every reply."""
+        if self.deadline or asynchronous:
+            return ttl(self.deadline or settings_deadline)
+        return math.inf
 
     def measure(self, step) -> None:
         """Set ``step_seconds`` from one timed local step, unless the scenario gave it."""

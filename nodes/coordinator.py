@@ -214,10 +214,11 @@ class Coordinator:
             checkpoint.write_atomic(self.folder / TASKS_SENT, lambda out: out.write(f"{self.sent}\n".encode()))
         return tasks, model_array(w.numpy(), self.settings.downlink)
 
-    def issue(self, fp: str, task: Task, now: float, handle: object = None) -> Ticket:
-        """``task`` is out to ``fp`` from ``now`` (wall seconds) until its TTL (``deadline`` + 30 s)."""
-        return self.ledger.issue(fp, task.round, self.round, task.base, self.engine.task_model()[0], now,
-                                 ttl(self.settings.deadline), handle)
+    def issue(self, fp: str, task: Task, now: float, life: float | None = None, handle: object = None) -> Ticket:
+        """``task`` is out to ``fp`` from ``now`` for ``life`` seconds (its TTL: ``deadline`` + 30 s
+        unless given), as the transport's ``handle``."""
+        life = ttl(self.settings.deadline) if life is None else life
+        return self.ledger.issue(fp, task.round, self.round, task.base, self.engine.task_model()[0], now, life, handle)
 
     def ask(self, nodes: list[str], now: float = 0.0) -> tuple[dict[str, Task], np.ndarray]:
         """:meth:`tasks` for ``nodes``, each out at once (an in-process transport)."""

@@ -29,7 +29,8 @@ One loop (:class:`Loop`) serves every round mode: the coordinator's task ledger
 (``nodes.ledger``) says who has a task out and under which message id; the loop pushes tasks
 as the mode allows, pulls the replies to every task out, files each with the coordinator, and
 gives up tasks past their TTL (``deadline`` + 30 s). A synchronous round is the ledger plus a
-barrier (:class:`Barrier`: every task of the round answered, or the deadline).
+barrier (every task of the round answered, or the deadline). Which replies count when is the
+loop's clock's (``nodes.clocks``): the wall in a deployment, simulated time in the bench.
 
 Late replies (``late = carry``): the tasks a round leaves unanswered stay out; their replies
 are pulled with the next rounds' and filed in the round they arrive in, until their TTL.
@@ -59,8 +60,9 @@ from flwr.serverapp import Grid, ServerApp
 from robust import keys
 
 from . import checkpoint
+from .clocks import Barrier, Clock, WallClock
 from .coordinator import Coordinator, Inbox, short
-from .ledger import ttl
+from .ledger import Ticket, ttl
 from .verifier import Checkers
 from .wire import introduction_content, read_identity, task_content
 
@@ -139,35 +141,19 @@ def wait_for_nodes(roster: Roster, coord: Coordinator, everyone: bool) -> dict[i
         time.sleep(roster.poll)
 
 
-class Barrier:
-    """A synchronous round being played: its tasks, its inbox, its deadline."""
-
-    def __init__(self, loop: Loop, nodes: dict[int, str]) -> None:
-        coord = loop.coord
-        self.nodes, self.number = nodes, coord.round + 1
-        self.started = time.monotonic()
-        self.deadline = self.started + coord.settings.deadline
-        self.inbox, self.late = Inbox(), set()  # late: nodes whose carried task's reply this round read
-        self.sent = bool(loop.send(sorted(nodes.values()), {fp: nid for nid, fp in nodes.items()}))
-
-    def over(self, ledger) -> bool:
-        """Every task of this round answered (with none sent, every carried one), or past the
-        deadline."""
-        waiting = any(t.number == self.number for t in ledger) or (not self.sent and len(ledger) > 0)
-        return not waiting or time.monotonic() >= self.deadline
-
-
 class Loop:
     """The one serve loop: tasks go out as the ledger allows, replies are pulled by the ledger's
-    message ids and filed, tasks expire at their TTL; a synchronous round ends at its barrier,
-    an asynchronous one when its buffer is full (``Coordinator.receive``)."""
+    message ids, the clock says which of them count now and they are filed, tasks expire at
+    their TTL; a synchronous round ends at its barrier, an asynchronous one when its buffer is
+    full (``Coordinator.receive``)."""
 
-    def __init__(self, roster: Roster, coord: Coordinator) -> None:
-        self.roster, self.coord, self.grid = roster, coord, roster.grid
+    def __init__(self, roster: Roster, coord: Coordinator, clock: Clock) -> None:
+        self.roster, self.coord, self.grid, self.clock = roster, coord, roster.grid, clock
         self.nudging = coord.round > 0  # resumed: nodes may hold the stopped run's replies
         self.nudged: set[str] = set()  # message ids nudged
         self.seen: dict[int, str] = {}  # every Flower node id seen -> its fingerprint
         self.online: dict[int, str] = {}
+        self.landed: dict[str, Message] = {}  # message id -> its reply, pulled but not yet filed
         self.last_look, self.alone_since = -LOOK_EVERY, time.monotonic()
 
     def look(self) -> None:
@@ -186,47 +172,47 @@ class Loop:
         out = []
         for fp, mid in zip(fps, self.grid.push_messages(messages)):
             if mid:
-                self.coord.issue(fp, tasks[fp], time.monotonic(), mid)
+                self.clock.sent(self.coord.issue(fp, tasks[fp], self.clock.now(), self.clock.life, mid))
                 out.append(fp)
         return out
 
-    def pull(self, inbox: Inbox | None) -> list[dict]:
-        """File every reply that came in (in ``inbox`` for a synchronous round): records of the
-        buffers this completed (async)."""
-        coord, records = self.coord, []
-        handles = [t.handle for t in coord.ledger]
+    def pull(self) -> None:
+        """Land every reply that came in to a task still out, from the node it was sent to."""
+        handles = [t.handle for t in self.coord.ledger if t.handle not in self.landed]
         for reply in self.grid.pull_messages(handles) if handles else []:
-            ticket = coord.ledger.handled(reply.metadata.reply_to_message_id)
-            if ticket is None or self.seen.get(reply.metadata.src_node_id) != ticket.node:
-                continue  # given up meanwhile, or not from the node it was sent to
-            error = str(reply.error.reason) if reply.has_error() else ""
-            content = None if error else reply.content
-            if inbox is None:
-                records += coord.receive(ticket.node, content, error, list(self.online.values()))
-                if coord.done:
-                    break
-            elif coord.file(ticket.node, content, error, inbox) and ticket.number != coord.round + 1:
-                self.barrier.late.add(ticket.node)
-        return records
+            ticket = self.coord.ledger.handled(reply.metadata.reply_to_message_id)
+            if ticket is not None and self.seen.get(reply.metadata.src_node_id) == ticket.node:
+                self.landed[ticket.handle] = reply
+
+    def file(self, handle: str, inbox: Inbox | None) -> tuple[Ticket, bool, list[dict]]:
+        """File the reply landed as ``handle`` (in ``inbox`` for a synchronous round): its task,
+        whether it was read, and the records of the buffers it completed (async)."""
+        reply, ticket = self.landed.pop(handle), self.coord.ledger.handled(handle)
+        error = str(reply.error.reason) if reply.has_error() else ""
+        content = None if error else reply.content
+        if inbox is None:
+            return ticket, True, self.coord.receive(ticket.node, content, error, list(self.online.values()))
+        return ticket, self.coord.file(ticket.node, content, error, inbox), []
 
     def tend(self) -> None:
         """Give up the tasks past their TTL; in a resumed run, nudge the tasks silent for half
         the deadline once (see "Nudges" above)."""
-        coord, now = self.coord, time.monotonic()
+        coord, now = self.coord, self.clock.now()
         coord.expire(now)
+        self.landed = {h: r for h, r in self.landed.items() if coord.ledger.handled(h) is not None}
         if not self.nudging:
             return
         late = {t.handle: t for t in coord.ledger
-                if t.handle not in self.nudged and now - t.sent > coord.settings.deadline / 2}
+                if t.handle not in self.nudged and now - t.sent > self.clock.deadline / 2}
         node_of = {fp: nid for nid, fp in self.seen.items()}
         self.nudged |= set(late)
         nudge(self.grid, {node_of[t.node]: t.node for t in late.values() if t.node in node_of},
-              max(t.sent for t in late.values()) + coord.settings.deadline if late else now)
+              time.monotonic() + self.clock.deadline / 2)
 
     def play_round(self, first: bool) -> dict:
         """One synchronous round: ask the selected nodes, collect until the barrier, then the
         engine's round (its spot checks sent to the round's volunteers, :func:`ask_checks`)."""
-        coord = self.coord
+        coord, clock = self.coord, self.clock
         nodes = wait_for_nodes(self.roster, coord, first)
         self.seen.update(nodes)
         if not nodes and not len(coord.ledger):
@@ -234,17 +220,28 @@ class Loop:
                 f"round {coord.round + 1}: no admitted volunteer is online after waiting {coord.settings.wait_nodes:g} s "
                 "(wait-nodes): start volunteers with `robust node join` (its output says why one cannot connect), "
                 "or admit more if all are quarantined; the run resumes from this round")
-        self.barrier = barrier = Barrier(self, nodes)
-        while not barrier.over(coord.ledger):
-            self.pull(barrier.inbox)
+        started, start = time.monotonic(), clock.now()
+        sent = self.send(sorted(nodes.values()), {fp: nid for nid, fp in nodes.items()})
+        barrier, inbox, late = Barrier(coord.round + 1, start, bool(sent)), Inbox(), set()
+        while True:
+            self.pull()
+            for handle in clock.count(coord.ledger, barrier, self.landed):
+                ticket, read, _ = self.file(handle, inbox)
+                if read and ticket.number != barrier.number:  # a carried task's reply
+                    late.add(ticket.node)
+            if clock.over(coord.ledger, barrier):
+                break
             self.tend()
-            if not barrier.over(coord.ledger):
-                time.sleep(self.roster.poll)
-        if coord.settings.late == "drop":
+            time.sleep(self.roster.poll)
+        carry = coord.settings.late == "carry"
+        for ticket in coord.ledger:
+            if ticket.number == barrier.number:  # late: a failure of this round, not a lie
+                inbox.failed[ticket.node] = "late: no reply by the deadline" + ("; carried" if carry else "")
+        if not carry:
             coord.ledger.cancel(barrier.number)
-        coord.expire(time.monotonic())
+        self.tend()
         checkers = Checkers(sorted(set(nodes.values())), lambda asked: ask_checks(self.roster, nodes, asked))
-        return coord.finish_round(sorted(set(nodes.values()) | barrier.late), barrier.inbox, barrier.started, checkers)
+        return coord.finish_round(sorted(set(nodes.values()) | late), inbox, started, checkers)
 
     def play_async(self) -> None:
         """Buffers until the run is done (see "Asynchronous rounds" above)."""
@@ -253,6 +250,7 @@ class Loop:
         if possible < coord.buffer_size:
             log.warning("only %d admitted node(s) are not quarantined, a buffer takes %d: no buffer can fill; "
                         "admit nodes (robust coordinator admit) or lower buffer", possible, coord.buffer_size)
+        self.seen.update(wait_for_nodes(self.roster, coord, True))  # all that start together get tasks together
         while not coord.done:
             self.look()
             node_of = {fp: nid for nid, fp in self.online.items()}
@@ -264,10 +262,16 @@ class Loop:
                     f"buffer {coord.round + 1}: no admitted volunteer is online after waiting {s.wait_nodes:g} s "
                     "(wait-nodes): start volunteers with `robust node join` (its output says why one cannot connect), "
                     "or admit more if all are quarantined; the run resumes from this buffer")
-            for record in self.pull(None):
-                log_record(record)
+            self.pull()
+            due = self.clock.due(coord.ledger, self.landed)
+            for handle in due:
+                for record in self.file(handle, None)[2]:
+                    log_record(record)
+                if coord.done:
+                    break
             self.tend()
-            time.sleep(self.roster.poll)
+            if not due:
+                time.sleep(self.roster.poll)
 
 
 def ask_checks(roster: Roster, nodes: dict[int, str], asked: dict[str, tuple[str, RecordDict]]
@@ -308,9 +312,11 @@ def log_record(record: dict) -> None:
              {short(fp): r for fp, r in record["rejected"].items()})
 
 
-def serve(grid: Grid, coord: Coordinator, poll: float = POLL, introductions: bool = False) -> None:
-    """Play ``coord``'s rounds (or, with ``round = async``, its buffers) until its run is done."""
-    loop = Loop(Roster(grid, coord, introductions, poll), coord)
+def serve(grid: Grid, coord: Coordinator, poll: float = POLL, introductions: bool = False,
+          clock: Clock | None = None) -> None:
+    """Play ``coord``'s rounds (or, with ``round = async``, its buffers) until its run is done,
+    on the wall (a deployment) or on the bench's simulated ``clock`` (``nodes.clocks``)."""
+    loop = Loop(Roster(grid, coord, introductions, poll), coord, clock or WallClock(coord.settings.deadline))
     if coord.asynchronous:
         loop.play_async()
         return

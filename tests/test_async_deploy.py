@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import serialization
 
 from nodes import audit, checkpoint, faults, launch
 from nodes.coordinator import Coordinator
+from nodes.clocks import WallClock
 from nodes.server_app import Loop, Roster, serve
 from nodes.settings import Settings
 from nodes.volunteer import NodeData, work
@@ -257,7 +258,7 @@ def test_a_round_whose_every_node_is_carried_waits_for_their_replies_instead_of_
     roster = Roster(grid, coord, False, 0.05)
     saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    loop = Loop(roster, coord)
+    loop = Loop(roster, coord, WallClock(coord.settings.deadline))
     try:
         first = loop.play_round(True)  # a slow first round: every node misses it
         assert first["accepted"] == 0 and len(first["missing"]) == 4 and len(coord.ledger) == 4

@@ -63,6 +63,41 @@ def test_per_node_flower_and_deploy_give_the_same_bits(tmp_path):
     assert all(r["engine"] == "deploy" and r["kappa"] is None for r in rows)
 
 
+# a schedule: one node of 4 three times slower (a task takes 0.01 s, 0.03 s on it). Async:
+# buffers of 3 fill without it, its replies come stale; carry: it misses each 0.02 s deadline
+# and its reply counts, stale, in the next round.
+TIMED = ["rounds=3", "nodes=4", "byzantine=1", "dataset=digits", "model=mlp", "protocol=momentum", "seeds=[0]",
+         "step-seconds=0.01", "speed=\"slow:fraction=0.25,factor=3\"", 'aggregators=["trimmed-mean"]']
+SCHEDULES = {"async": ["round=async"], "carry": ["late=carry", "deadline=0.02"]}
+
+
+def test_async_and_carried_cells_give_the_same_bits_through_flower_and_run_deployed(tmp_path):
+    from evaluation.cell import Cell
+    from evaluation.local import CellRun
+    from evaluation.scenario import grid, load_scenario
+
+    home = tmp_path / "home"
+    for name, schedule in SCHEDULES.items():
+        scenario = TIMED + schedule + ['attacks=["none", "alie:z=1", "label-flip"]']
+        per_node = bench(tmp_path / f"{name}-per-node", scenario, "--no-vectorize", home=home)
+        assert per_node.returncode == 0, per_node.stderr[-3000:]
+        want, _ = shas(tmp_path / f"{name}-per-node")
+        assert len(set(want.values())) == 3
+        run, staleness = CellRun(Cell(grid(load_scenario(None, scenario))[0], "trimmed-mean", "none", 0), False), []
+        while not run.engine.done and (record := run.play_round()) is not None:
+            staleness += record["staleness"].values()
+        assert max(staleness) >= 1, name  # the slow node's rows came stale: the schedule matters
+        flower = bench(tmp_path / f"{name}-flower", scenario, "--engine", "flower", home=home)
+        assert flower.returncode == 0, flower.stderr[-3000:]
+        assert shas(tmp_path / f"{name}-flower")[0] == want, name  # the same loop, on the local driver's clock
+
+    # real processes run on the wall: their buffers follow real arrival times (see the README)
+    deploy = bench(tmp_path / "deploy", TIMED + ["round=async", 'attacks=["none"]'], "--engine", "deploy", home=home)
+    assert deploy.returncode == 0, deploy.stderr[-3000:]
+    _, rows = shas(tmp_path / "deploy")
+    assert rows[0]["engine"] == "deploy" and rows[0]["final_accuracy"] > 0.3
+
+
 def test_drivers_refuse_what_they_cannot_run(tmp_path):
     for engine, extra, words in [("flower", ["--jobs", "2"], "drop --jobs"), ("deploy", [], "node-side attacks only"),
                                  ("flower", ["--no-vectorize"], "--no-vectorize is a mode of --engine local")]:

@@ -1,0 +1,73 @@
+"""The serve loop's clock: what time it is, and which replies that came in count now.
+
+A deployment runs on the wall (:class:`WallClock`): a reply counts as soon as it is pulled, a
+synchronous round ends when every task of it is answered (with none sent, every carried one)
+or at its deadline, and a task is given up at its TTL. The bench's Flower simulation driver
+hands the same loop a simulated clock (``evaluation.sim_clock``) that foresees when each
+reply arrives on the cell's simulated volunteers (speed, link), so that the loop's schedule
+is the local driver's, whatever order the replies physically come in. Either clock only
+reads the coordinator's task ledger (``nodes.ledger``); the loop files what it says.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Protocol as Interface
+
+from .ledger import Ticket, TaskLedger, ttl
+
+
+@dataclass
+class Barrier:
+    """A synchronous round's barrier: its task number, when it started, whether it sent any
+    task, and (a simulated clock's) when it ends."""
+
+    number: int
+    start: float
+    sent: bool
+    end: float | None = None
+
+
+class Clock(Interface):
+    deadline: float  # seconds a synchronous round waits for replies
+    life: float  # seconds a task lives before it is given up
+
+    def now(self) -> float: ...
+
+    def sent(self, ticket: Ticket) -> None:
+        """``ticket`` is out."""
+
+    def due(self, ledger: TaskLedger, landed: Collection[object]) -> list[object]:
+        """Asynchronous rounds: the handles among ``landed`` (replies pulled, not yet filed)
+        that count now, in order."""
+
+    def count(self, ledger: TaskLedger, barrier: Barrier, landed: Collection[object]) -> list[object]:
+        """Synchronous rounds: the handles among ``landed`` that count in ``barrier``'s round."""
+
+    def over(self, ledger: TaskLedger, barrier: Barrier) -> bool:
+        """Whether ``barrier``'s round is over (its counted replies filed)."""
+
+
+class WallClock:
+    """Real time, for a deployment: see the module."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline, self.life = deadline, ttl(deadline)
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sent(self, ticket: Ticket) -> None:
+        pass
+
+    def due(self, ledger: TaskLedger, landed: Collection[object]) -> list[object]:
+        return list(landed)
+
+    def count(self, ledger: TaskLedger, barrier: Barrier, landed: Collection[object]) -> list[object]:
+        return list(landed)
+
+    def over(self, ledger: TaskLedger, barrier: Barrier) -> bool:
+        waiting = any(t.number == barrier.number for t in ledger) or (not barrier.sent and len(ledger) > 0)
+        return not waiting or self.now() >= barrier.start + self.deadline
