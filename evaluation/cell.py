@@ -21,7 +21,7 @@ import torch
 
 import attacks
 from attacks.base import NodeAttack
-from attacks.node import Backdoor
+from attacks.backdoor import Backdoor
 from nodes.coordinator import short
 from nodes.protocol import Protocol
 from nodes.settings import RUN, Settings
