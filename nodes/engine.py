@@ -17,6 +17,11 @@ step, with its reason recorded, only when it has fewer valid rows than its quoru
 number of rows the rule declares it cannot serve (``check_n``); the hook plays only in a
 round that steps.
 
+The pieces of a round that need no model or data (:func:`canonical` order, :func:`valid`
+rows, the skip rule :func:`cannot_step`, :func:`judge`, the :func:`record`) are functions that
+:meth:`Engine.step` calls, and so does ``RobustStrategy`` (``nodes.strategy``), whose Flower
+app holds the model.
+
 Rules that need more than the rows (``aggregators.RoundInputs``) get the rows' node ids, the
 global model the rows were computed from, and, for ``fltrust``, the coordinator's own update on
 its root data (``nodes.root``), computed once per round that steps.
@@ -82,6 +87,55 @@ def judge(chain, flags: FlagPolicy, t: int, ids: list, X: torch.Tensor, rejected
     aggregate = chain(X, inputs) if step else None
     scores = score_round(X, chain.f, chain.last_kept if aggregate is not None else None) if ids else {}
     return aggregate, scores, flags.update(t, ids, scores, rejected)
+
+
+def canonical(ids: list, X: torch.Tensor) -> tuple[list, torch.Tensor]:
+    """The rows ``X`` of ``ids`` sorted by node identity: a rule's input, and so its bits, do
+    not depend on the order the replies arrived in."""
+    order = sorted(range(len(ids)), key=ids.__getitem__)
+    if order == list(range(len(ids))):
+        return ids, X
+    return [ids[i] for i in order], X[order]
+
+
+def valid(ids: list, X: torch.Tensor, max_norm: float, rejected: dict) -> tuple[list, torch.Tensor]:
+    """The rows that can be used; the others go to ``rejected`` with their reason."""
+    bad = rejected_rows(X, max_norm)
+    if not bad:
+        return ids, X
+    rejected.update({ids[i]: reason for i, reason in bad.items()})
+    keep = [i for i in range(len(ids)) if i not in bad]
+    return [ids[i] for i in keep], X[keep]
+
+
+def cannot_step(chain, quorum: int, n: int) -> str:
+    """Why a round with ``n`` valid rows makes no step ("" if it does): below the ``quorum``,
+    or a number of rows the rule refuses (MDA above its subset limit)."""
+    if n < quorum:
+        return f"{n} valid rows, quorum is {quorum}: no step"
+    try:
+        chain.check_n(n)
+    except ValueError as err:
+        return f"no step: {err}"
+    return ""
+
+
+def record(t: int, asked: list, ids: list, rejected: dict, failed: dict, flags: FlagPolicy, flagged: list,
+           skipped: str, aggregate: torch.Tensor | None, scores: dict[str, torch.Tensor], model: dict,
+           rows: dict) -> dict:
+    """Round ``t``'s record (JSON-ready), the same for every driver and ``RobustStrategy``:
+    ``model`` says what the round made of the model (its SHA-256, its accuracy where a driver
+    has test data), ``rows`` what a driver knows of the rows beyond their ids (their tasks,
+    spot checks, staleness)."""
+    return {
+        "round": t, "asked": len(asked), "accepted": len(ids), "ids": ids,
+        "rejected": dict(sorted(rejected.items())), "failed": dict(sorted(failed.items())),
+        "missing": sorted(set(asked) - set(ids) - set(rejected) - set(failed)), "flagged": flagged,
+        "quarantined": sorted(flags.quarantined),
+        "why": {node: flags.why[node] for node, r in sorted(flags.quarantined.items()) if r == t},
+        "skipped": skipped, **model, "aggregate_sha256": None if aggregate is None else sha256(aggregate), **rows,
+        "scores": {name: s.tolist() for name, s in scores.items()},
+    }
 
 
 def sample(pool: list, k: int, *seed: object) -> list:
@@ -185,20 +239,17 @@ class Engine:
         tasks = {i: (tasks or {}).get(i) or self.ticket(i) for i in ids}
         staleness = {i: tasks[i].staleness(self.round) for i in ids} if self.stale_rows else None
         with profile(self.settings.threads):
-            order = sorted(range(len(ids)), key=ids.__getitem__)  # canonical: by node identity
-            if order != list(range(len(ids))):
-                ids, X = [ids[i] for i in order], X[order]
-            ids, X = self._valid(ids, X, rejected)
+            ids, X = valid(*canonical(ids, X), self.settings.max_norm, rejected)
             if staleness is not None:
                 ids, X = self._fresh_enough(ids, X, staleness, rejected)
-            skipped = self._cannot_step(len(ids))
+            skipped = cannot_step(self.chain, self.quorum, len(ids))
             if self.hook is not None and not skipped:  # an attack crafts only for a round that steps
-                ids, X = self._valid(ids, self.hook.rows(self, t, ids, X), rejected)
-                skipped = self._cannot_step(len(ids))  # crafted rows may have been rejected
+                ids, X = valid(ids, self.hook.rows(self, t, ids, X), self.settings.max_norm, rejected)
+                skipped = cannot_step(self.chain, self.quorum, len(ids))  # crafted rows may have been rejected
             verdicts, convicted = [], []
             if self.settings.spot_check and not skipped:
                 ids, X, verdicts, convicted = self._spot_check(t, ids, X, tasks, rejected)
-                skipped = self._cannot_step(len(ids))
+                skipped = cannot_step(self.chain, self.quorum, len(ids))
             if staleness is not None:
                 X = X * torch.tensor([self.weight(staleness[i]) for i in ids], dtype=X.dtype)[:, None]
             inputs = None if skipped or not self.chain.needs else self.inputs(ids)
@@ -212,20 +263,14 @@ class Engine:
                 self.hook.observe(ids, X, aggregate)
             self.round = t
             acc = self.accuracy()
-        missing = sorted(set(asked) - set(ids) - set(rejected) - set(failed or {}))
-        return {
-            "round": t, "asked": len(asked), "accepted": len(ids), "ids": ids,
-            "rejected": dict(sorted(rejected.items())), "failed": dict(sorted((failed or {}).items())),
-            "missing": missing, "flagged": flagged, "quarantined": sorted(self.flags.quarantined),
-            "why": {fp: self.flags.why[fp] for fp, r in sorted(self.flags.quarantined.items()) if r == t},
-            "skipped": skipped, "accuracy": acc, "model_sha256": self.base,
-            "aggregate_sha256": None if aggregate is None else sha256(aggregate),
+        rows = {
             **({"task_sha256": self.task_model()[1]} if self.lookahead is not None or self.downlink is not None else {}),
             "spot": [v.record() for v in verdicts], "convicted": convicted,
             **({"staleness": {i: int(staleness[i]) for i in sorted({*ids, *convicted})}}
                if staleness is not None else {}),
-            "scores": {name: s.tolist() for name, s in scores.items()},
         }
+        return record(t, asked, ids, rejected, failed or {}, self.flags, flagged, skipped, aggregate, scores,
+                      {"accuracy": acc, "model_sha256": self.base}, rows)
 
     def _spot_check(self, t: int, ids: list[str], X: torch.Tensor, tasks: Mapping[str, Ticket],
                     rejected: dict[str, str]) -> tuple[list[str], torch.Tensor, list, list[str]]:
@@ -248,17 +293,6 @@ class Engine:
         keep = [i for i, fp in enumerate(ids) if fp not in convicted]
         return [ids[i] for i in keep], X[keep], verdicts, convicted
 
-    def _cannot_step(self, n: int) -> str:
-        """Why a round with ``n`` valid rows makes no step ("" if it does): below the quorum,
-        or a number of rows the rule refuses (MDA above its subset limit)."""
-        if n < self.quorum:
-            return f"{n} valid rows, quorum is {self.quorum}: no step"
-        try:
-            self.chain.check_n(n)
-        except ValueError as err:
-            return f"no step: {err}"
-        return ""
-
     def _fresh_enough(self, ids: list[str], X: torch.Tensor, staleness: dict[str, int], rejected: dict[str, str]
                       ) -> tuple[list[str], torch.Tensor]:
         """The rows no staler than ``max-staleness``; the others go to ``rejected``."""
@@ -268,15 +302,6 @@ class Engine:
         rejected.update(stale)
         keep = [k for k, i in enumerate(ids) if i not in stale]
         return [ids[k] for k in keep], X[keep]
-
-    def _valid(self, ids: list[str], X: torch.Tensor, rejected: dict[str, str]) -> tuple[list[str], torch.Tensor]:
-        """The rows that can be used; the others go to ``rejected`` with their reason."""
-        bad = rejected_rows(X, self.settings.max_norm)
-        if not bad:
-            return ids, X
-        rejected.update({ids[i]: reason for i, reason in bad.items()})
-        keep = [i for i in range(len(ids)) if i not in bad]
-        return [ids[i] for i in keep], X[keep]
 
     def state(self) -> dict:
         """What a checkpoint keeps: :meth:`load_state` resumes to the same bits."""

@@ -1,14 +1,24 @@
 """``RobustStrategy``: Flower's ``FedAvg`` with robust aggregation, for users' own Flower apps.
 
 Their ClientApps reply with trained weights, as for FedAvg. Each training round,
-:meth:`RobustStrategy.aggregate_train` turns every reply into an update ``w_reply - w_sent``
-(float32), validates it (``nodes.rows``), orders the valid ones by node id, aggregates them
-(``aggregators``), scores them (``nodes.detectors``) and applies the flag policy
-(``nodes.flags``), as the round engine does. A malformed reply is rejected with its reason
-and flagged, an error reply recorded without a flag (a crash is not a lie); the round goes
-on. Quarantined nodes are not asked. Float32 arrays are aggregated; others (BatchNorm's
-``num_batches_tracked``) keep the values sent. :attr:`RobustStrategy.history` has one
-record per round.
+:meth:`RobustStrategy.aggregate_train` turns every reply into a row, the update
+``w_reply - w_sent`` of the model's float arrays, and plays the round engine's own pieces on
+the rows (``nodes.engine``: canonical order, validation, the skip rule of quorum and rule size,
+the rule, the detectors and the flag policy, the record), then the ``delta`` protocol's step
+(``nodes.protocol``: ``w + server_lr F``, or outer momentum). What is its own is Flower's side:
+replies into rows (a malformed reply rejected with its reason and flagged, an error reply
+recorded without a flag: a crash is not a lie) and rows back into the model's arrays. Whatever
+nodes send, the run goes on: a round without enough valid rows makes no step and says why.
+Quarantined nodes are not asked. :attr:`RobustStrategy.history` has the engine's record of
+each round.
+
+Float16, float32 and float64 arrays are aggregated, as FedAvg does; every array comes back in
+its own shape and dtype. Rows are float32 whatever the model's dtypes, as in the engine: one
+dtype for every rule, detector and check. A row is an update, so float32 rounds it relative to
+the update, not to the weights; the step is added to the weights in float64 when the model has
+a float64 array (float32 otherwise, which holds float16 values exactly), then each array is
+rounded to its dtype. Arrays of other dtypes (BatchNorm's ``num_batches_tracked``) keep the
+values sent.
 """
 
 from __future__ import annotations
@@ -29,17 +39,16 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 import aggregators
 from robust.compute import profile
 from robust.constraints import Flag, Interval, Param, table
-from robust.params import sha256
 
-from .engine import judge, sample
+from .engine import canonical, cannot_step, judge, record, sample, valid
 from .flags import FlagPolicy
-from .rows import rejection_reason
+from .protocol import Protocol
 from .settings import RUN
 from .wire import HEADER_CAP
 
 PARAMS = table(
-    *(RUN[k] for k in ("aggregator", "tolerate", "max-norm", "flag-ratio", "quarantine-after", "false-alarm", "seed",
-                     "threads")),
+    *(RUN[k] for k in ("aggregator", "tolerate", "protocol", "max-norm", "flag-ratio", "quarantine-after",
+                       "false-alarm", "seed", "threads")),
     Param("weighted", Flag(), False, "weigh each update by its reply's sample count (a lying node can inflate it)"),
     Param("fraction-train", Interval(float, 0, 1), 1.0, "share of the nodes not quarantined asked to train"),
     Param("fraction-evaluate", Interval(float, 0, 1), 1.0, "share of the nodes not quarantined asked to evaluate"),
@@ -48,10 +57,19 @@ PARAMS = table(
     Param("min-available-nodes", Interval(int, 0, None), 2, "nodes to wait for before a round"),
 )
 
+FLOATS = tuple(np.dtype(name) for name in ("float16", "float32", "float64"))  # the dtypes aggregated
+
+
+def _flat(arrays: dict[str, np.ndarray], keys: list[str], dtype: torch.dtype) -> torch.Tensor:
+    """The arrays ``keys`` of ``arrays``, flattened into one ``(d,)`` tensor of ``dtype``."""
+    return torch.cat([torch.from_numpy(arrays[k]).reshape(-1).to(dtype) for k in keys])
+
 
 @dataclass(frozen=True)
 class Sent:
-    """The model sent in a round: its arrays, and its float32 ones flattened (``w``)."""
+    """The model sent in a round: its arrays, and its float ones flattened (``w``), in float64
+    if one is float64 and in float32 otherwise: every value exactly, and the step added at the
+    model's own precision."""
 
     arrays: dict[str, np.ndarray]
     floats: list[str]  # the keys of the arrays that are aggregated, in the record's order
@@ -60,17 +78,16 @@ class Sent:
     @classmethod
     def of(cls, record: ArrayRecord) -> Sent:
         arrays = {key: array.numpy() for key, array in record.items()}
-        for key, a in arrays.items():
-            if np.issubdtype(a.dtype, np.floating) and a.dtype != np.float32:
-                raise ValueError(f"array {key!r} is {a.dtype}: RobustStrategy aggregates float32 models; "
-                                 "send ArrayRecord(model.float().state_dict())")
-        floats = [key for key, a in arrays.items() if a.dtype == np.float32]
+        floats = [key for key, a in arrays.items() if a.dtype in FLOATS]
         if not floats:
-            raise ValueError("the model sent has no float32 array: RobustStrategy aggregates float32 weights")
-        return cls(arrays, floats, torch.cat([torch.from_numpy(arrays[k]).reshape(-1) for k in floats]))
+            raise ValueError("the model sent has no float16, float32 or float64 array: RobustStrategy aggregates "
+                             "float weights")
+        dtype = torch.float64 if any(arrays[k].dtype == np.float64 for k in floats) else torch.float32
+        return cls(arrays, floats, _flat(arrays, floats, dtype))
 
-    def update(self, content: RecordDict, max_norm: float) -> torch.Tensor | str:
-        """The reply's update ``w_reply - w`` (float32 ``(d,)``), or why it cannot be used."""
+    def update(self, content: RecordDict) -> torch.Tensor | str:
+        """The reply's row, ``w_reply - w`` in float32 (``(d,)``), or why the reply cannot be
+        read (the engine judges the row's values)."""
         records = list(content.array_records.values())
         if len(records) != 1:
             return f"{len(records)} ArrayRecords in the reply, expected 1"
@@ -86,17 +103,14 @@ class Sent:
             if isinstance(value, str):
                 return value
             values[key] = value
-        delta = torch.cat([torch.from_numpy(values[k]).reshape(-1) for k in self.floats]) - self.w
-        return rejection_reason(delta, self.w.numel(), max_norm) or delta
+        return (_flat(values, self.floats, self.w.dtype) - self.w).to(torch.float32)
 
     def record(self, w: torch.Tensor) -> ArrayRecord:
-        """The model with float32 values ``w``, its other arrays as sent."""
-        out, start = {}, 0
-        for key, a in self.arrays.items():
-            if key in self.floats:
-                a, start = w[start : start + a.size].reshape(a.shape).numpy(), start + a.size
-            out[key] = Array(np.ascontiguousarray(a))
-        return ArrayRecord(out)
+        """The model with float values ``w``, each array rounded to its own dtype in its own
+        shape (a scalar stays 0-dim), the others as sent."""
+        pieces = dict(zip(self.floats, torch.split(w, [self.arrays[k].size for k in self.floats])))
+        return ArrayRecord({key: Array(pieces[key].numpy().astype(a.dtype).reshape(a.shape) if key in pieces else a)
+                            for key, a in self.arrays.items()})
 
 
 def _decode(key: str, array: Array, sent: np.ndarray) -> np.ndarray | str:
@@ -129,7 +143,10 @@ class RobustStrategy(FedAvg):
     """FedAvg's workflow with a robust aggregator, reply validation and the flag policy.
 
     ``aggregator`` is a spec of ``aggregators`` (``nnm+trimmed-mean``, ``krum``...), built
-    for ``tolerate`` Byzantine replies per round; ``max_norm`` bounds an update's L2 norm;
+    for ``tolerate`` Byzantine replies per round; a round steps with at least the fewest valid
+    updates the rule serves; ``protocol`` is the server's step, a ``delta`` spec
+    (``delta:server_lr=0.5,server_momentum=0.9``: its ``steps`` are the ClientApps' own
+    business); ``max_norm`` bounds an update's L2 norm;
     ``flag_ratio``, ``quarantine_after`` and ``false_alarm`` are the flag policy's (its
     evidence over rounds is calibrated to :meth:`start`'s ``num_rounds``); ``weighted`` weighs the
     updates by their ``weighted_by_key`` metric (rows scaled by ``n c_i / sum c`` before the
@@ -139,14 +156,15 @@ class RobustStrategy(FedAvg):
     """
 
     def __init__(self, aggregator: str = RUN["aggregator"].default, tolerate: int = RUN["tolerate"].default, *,
-                 max_norm: float = RUN["max-norm"].default, flag_ratio: float = RUN["flag-ratio"].default,
+                 protocol: str = RUN["protocol"].default, max_norm: float = RUN["max-norm"].default,
+                 flag_ratio: float = RUN["flag-ratio"].default,
                  quarantine_after: int = RUN["quarantine-after"].default,
                  false_alarm: float = RUN["false-alarm"].default, weighted: bool = False,
                  seed: int = RUN["seed"].default, threads: int = RUN["threads"].default, **fedavg: object) -> None:
         super().__init__(**fedavg)
         self.aggregator, self.tolerate, self.max_norm, self.weighted = aggregator, tolerate, max_norm, weighted
         self.flag_ratio, self.quarantine_after, self.seed, self.threads = flag_ratio, quarantine_after, seed, threads
-        self.false_alarm = false_alarm
+        self.false_alarm, self.protocol = false_alarm, protocol
         for p in PARAMS.values():
             try:
                 setattr(self, p.attr, p.check(getattr(self, p.attr)))
@@ -159,19 +177,27 @@ class RobustStrategy(FedAvg):
         if "reference" in self.chain.needs:
             raise ValueError(f"RobustStrategy: {self.aggregator} weighs updates against the server's own update on "
                              "root data, which a strategy does not hold: run it with `robust coordinator` (root = N)")
+        self.server_step = Protocol.parse(self.protocol, lr=0.0, momentum=0.0, batch_size=1)  # nodes train as they like
+        if self.server_step.kind != "delta":
+            raise ValueError(f"RobustStrategy: protocol {self.protocol!r} steps w - lr F on momenta the nodes send; "
+                             "ClientApps reply with trained weights: use delta (server_lr, server_momentum, nesterov)")
+        self.quorum = self.chain.least_n()  # the engine's default: the fewest valid rows the rule serves
         self.flags = FlagPolicy(self.flag_ratio, self.quarantine_after)
+        self.buffer: torch.Tensor | None = None  # the protocol's outer momentum
         self.history: list[dict] = []
         self._sent: tuple[int, Sent, list[int]] | None = None  # round, model, nodes asked
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args, **kwargs):
-        """FedAvg's, with the flag policy's evidence calibrated to ``num_rounds``."""
+        """FedAvg's, with the flag policy's evidence calibrated to ``num_rounds`` and no outer
+        momentum from an earlier run."""
         self.flags = FlagPolicy(self.flag_ratio, self.quarantine_after, self.false_alarm, num_rounds)
+        self.buffer = None
         return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 
     def summary(self) -> None:
         """Log the robust settings, then FedAvg's."""
-        log(INFO, "\t├──> Robust: %r, max_norm %g, weighted %s, flag ratio %g, quarantine after %d flag(s)",
-            self.chain, self.max_norm, self.weighted, self.flag_ratio, self.quarantine_after)
+        log(INFO, "\t├──> Robust: %r, %s, max_norm %g, weighted %s, flag ratio %g, quarantine after %d flag(s)",
+            self.chain, self.protocol, self.max_norm, self.weighted, self.flag_ratio, self.quarantine_after)
         super().summary()
 
     def _sample(self, grid: Grid, server_round: int, fraction: float, least: int, purpose: str) -> list[int]:
@@ -207,47 +233,46 @@ class RobustStrategy(FedAvg):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The robust aggregate of the valid updates applied to the model sent (``None``: the
-        round made no step), and the accepted replies' metrics; appends to :attr:`history`."""
+        """The model sent, stepped by the protocol with the robust aggregate of the valid updates
+        (``None``: the round made no step), and the accepted replies' metrics; appends the
+        round's record to :attr:`history`."""
         if self._sent is None or self._sent[0] != server_round:
             raise RuntimeError(f"aggregate_train(round {server_round}) without configure_train for that round: "
                                "call configure_train first, as Strategy.start does")
         _, sent, asked = self._sent
         accepted, rejected, failed = self._read(server_round, replies, sent, set(asked))
-        ids = sorted(accepted)  # canonical order: by node id, whatever the replies' order
-        X = torch.stack([accepted[i][1] for i in ids]) if ids else torch.empty(0, sent.w.numel())
-        if self.weighted and ids:
-            c = torch.tensor([accepted[i][2] for i in ids], dtype=torch.float64)
-            c /= c.max()  # no overflow in the sum, whatever counts the nodes claim
-            X *= (c * len(ids) / c.sum()).to(torch.float32)[:, None]
-        try:
-            self.chain.check_n(len(ids))
-            skipped = ""
-        except ValueError as err:
-            skipped = f"{len(ids)} valid update(s), no step: {err}"
         before = set(self.flags.quarantined)
         with profile(self.threads):
-            inputs = aggregators.RoundInputs(ids=tuple(str(i) for i in ids), w=sent.w) if self.chain.needs else None
-            aggregate, _, flagged = judge(self.chain, self.flags, server_round, ids, X, rejected, not skipped, inputs)
-        record = {
-            "round": server_round, "asked": asked, "accepted": ids, "rejected": dict(sorted(rejected.items())),
-            "failed": dict(sorted(failed.items())), "missing": sorted(set(asked) - set(ids) - set(rejected) - set(failed)),
-            "flagged": flagged, "quarantined": sorted(self.flags.quarantined), "skipped": skipped,
-            "aggregate_sha256": None if aggregate is None else sha256(aggregate),
-        }
-        self.history.append(record)
-        self._log(record, sorted(set(self.flags.quarantined) - before))
+            ids = list(accepted)
+            X = torch.stack([accepted[i][1] for i in ids]) if ids else torch.empty(0, sent.w.numel())
+            ids, X = valid(*canonical(ids, X), self.max_norm, rejected)
+            skipped = cannot_step(self.chain, self.quorum, len(ids))
+            if self.weighted and ids:
+                c = torch.tensor([accepted[i][2] for i in ids], dtype=torch.float64)
+                c /= c.max()  # no overflow in the sum, whatever counts the nodes claim
+                X *= (c * len(ids) / c.sum()).to(torch.float32)[:, None]
+            inputs = (aggregators.RoundInputs(ids=tuple(str(i) for i in ids), w=sent.w)
+                      if self.chain.needs and not skipped else None)
+            aggregate, scores, flagged = judge(self.chain, self.flags, server_round, ids, X, rejected, not skipped,
+                                               inputs)
+            if aggregate is not None:
+                w, self.buffer = self.server_step.apply(sent.w, aggregate, self.buffer)
+        rec = record(server_round, asked, ids, rejected, failed, self.flags, flagged, skipped, aggregate, scores,
+                     model={}, rows={})  # the Flower app holds the model; a reply is its row
+        self.history.append(rec)
+        self._log(rec, sorted(set(self.flags.quarantined) - before))
         metrics = self._metrics(self.train_metrics_aggr_fn, server_round, "train", {i: accepted[i][0] for i in ids})
-        return (None if aggregate is None else sent.record(sent.w + aggregate)), metrics
+        return (None if aggregate is None else sent.record(w)), metrics
 
     def _read(self, server_round: int, replies: Iterable[Message], sent: Sent, asked: set[int]
               ) -> tuple[dict[int, tuple[RecordDict, torch.Tensor, float]], dict[int, str], dict[int, str]]:
-        """Every reply checked, by node id: ``(accepted: (content, update, count), rejected, failed)``."""
+        """Every reply read, by node id in the order they came: ``(accepted: (content, row,
+        count), rejected, failed)``."""
         by_node: dict[int, list[Message]] = {}
         for msg in replies:
             by_node.setdefault(msg.metadata.src_node_id, []).append(msg)
         accepted, rejected, failed = {}, {}, {}
-        for node, msgs in sorted(by_node.items()):
+        for node, msgs in by_node.items():
             if node not in asked:
                 log(WARNING, "round %d: ignored a reply from node %d, which was not asked", server_round, node)
                 continue
@@ -257,7 +282,7 @@ class RobustStrategy(FedAvg):
             elif msg.has_error():
                 failed[node] = f"node error: {str(msg.error.reason)[:200]}"
             else:
-                row = sent.update(msg.content, self.max_norm)
+                row = sent.update(msg.content)
                 count = sample_count(msg.content, self.weighted_by_key) if self.weighted else 1.0
                 if isinstance(row, str) or isinstance(count, str):
                     rejected[node] = row if isinstance(row, str) else count
@@ -276,8 +301,8 @@ class RobustStrategy(FedAvg):
         for node in quarantined:
             log(WARNING, "round %d: node %d quarantined after %d flags: no longer asked", t, node,
                 self.flags.flags[node])
-        log(INFO, "round %d: accepted %d of %d node(s); flagged %s; quarantined %s", t, len(record["accepted"]),
-            len(record["asked"]), record["flagged"], record["quarantined"])
+        log(INFO, "round %d: accepted %d of %d node(s); flagged %s; quarantined %s", t, record["accepted"],
+            record["asked"], record["flagged"], record["quarantined"])
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """FedAvg's, except that a reply whose metrics cannot be aggregated is left out (logged)."""

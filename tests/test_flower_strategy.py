@@ -20,6 +20,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from sklearn.datasets import load_digits
 from torch import nn
 
+from robust.compute import profile
 from robust.flower import RobustStrategy
 
 BASE = {"fc.weight": np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3),
@@ -105,7 +106,7 @@ def test_the_aggregate_does_not_depend_on_the_order_of_the_replies(spec):
         _, arrays = play(strategy, lambda asked: [reply(n, trained(n, scale=0.3)) for n in order], nodes)
         results.append((arrays, strategy.history[0]))
     first, record0 = results[0]
-    assert record0["accepted"] == sorted(nodes) and record0["aggregate_sha256"]
+    assert record0["ids"] == sorted(nodes) and record0["aggregate_sha256"]
     assert not same_bits(first, record(BASE))  # the round moved the model
     for arrays, rec in results[1:]:
         assert same_bits(arrays, first)
@@ -158,7 +159,7 @@ def test_a_malformed_reply_is_rejected_with_its_reason_and_the_round_goes_on(kin
     asked, arrays = play(strategy, lambda asked: [reply(n, trained(n)) for n in HONEST] + [reply(BAD, _bad_arrays(kind))],
                          HONEST + [BAD])
     rec = strategy.history[0]
-    assert BAD in asked and rec["accepted"] == sorted(HONEST)
+    assert BAD in asked and rec["ids"] == sorted(HONEST)
     assert list(rec["rejected"]) == [BAD] and reason in rec["rejected"][BAD], rec["rejected"]
     assert rec["flagged"] == [BAD] and strategy.flags.flags == {BAD: 1}
     assert same_bits(arrays, honest_only(aggregator="trimmed-mean", tolerate=1))  # the bad reply changed nothing
@@ -181,7 +182,7 @@ def test_a_round_with_too_few_valid_updates_keeps_the_model_and_says_why():
                      HONEST + [BAD])
     rec = strategy.history[0]
     assert arrays is None and rec["aggregate_sha256"] is None
-    assert rec["skipped"].startswith("3 valid update(s), no step: trimmed-mean needs n > 2f")
+    assert rec["skipped"] == "3 valid rows, quorum is 5: no step"  # the engine's words: the rule serves n >= 5
     assert rec["missing"] == sorted(HONEST[3:]) and rec["flagged"] == [BAD]
 
 
@@ -209,7 +210,7 @@ def test_a_node_answers_once_and_only_if_asked():
     strategy = RobustStrategy("trimmed-mean", 1)
     _, arrays = play(strategy, lambda asked: [reply(n, trained(n)) for n in HONEST + [BAD, BAD, 1234]], HONEST + [BAD])
     rec = strategy.history[0]
-    assert rec["rejected"] == {BAD: "2 replies to one task"} and 1234 not in rec["accepted"]
+    assert rec["rejected"] == {BAD: "2 replies to one task"} and 1234 not in rec["ids"]
     assert same_bits(arrays, honest_only(aggregator="trimmed-mean", tolerate=1))
 
 
@@ -223,7 +224,7 @@ def test_with_weights_a_reply_needs_a_sample_count(metrics, reason):
     play(strategy, lambda asked: [reply(n, trained(n)) for n in HONEST] + [reply(BAD, trained(BAD), metrics=metrics)],
          HONEST + [BAD])
     assert strategy.history[0]["rejected"] == {BAD: reason}
-    assert strategy.history[0]["accepted"] == sorted(HONEST)
+    assert strategy.history[0]["ids"] == sorted(HONEST)
 
 
 def test_a_node_flagged_repeatedly_is_quarantined_and_no_longer_asked():
@@ -264,6 +265,8 @@ def test_metrics_a_node_garbled_cost_nothing_but_its_own():
     ({"weighted": "yes"}, "RobustStrategy: weighted must be true or false (got 'yes')"),
     ({"fraction_train": 1.5}, "RobustStrategy: fraction_train must be a number in [0, 1] (got 1.5)"),
     ({"quarantine_after": 0}, "RobustStrategy: quarantine_after must be an integer >= 1 (got 0)"),
+    ({"protocol": "delta:server_lr=0"}, "RobustStrategy: protocol 'delta:server_lr=0': server_lr must be a number > 0"),
+    ({"protocol": "momentum"}, "RobustStrategy: protocol 'momentum' steps w - lr F on momenta the nodes send"),
 ])
 def test_bad_parameters_fail_up_front_saying_what_to_do(kwargs, message):
     with pytest.raises(ValueError) as err:
@@ -273,10 +276,75 @@ def test_bad_parameters_fail_up_front_saying_what_to_do(kwargs, message):
 
 def test_misuse_is_refused_with_what_to_do():
     strategy = RobustStrategy()
-    with pytest.raises(ValueError, match=r"'fc.weight' is float64: .* send ArrayRecord\(model.float\(\).state_dict\(\)\)"):
-        strategy.configure_train(1, record({"fc.weight": np.zeros(3)}), ConfigRecord(), FakeGrid(HONEST))
+    with pytest.raises(ValueError, match="the model sent has no float16, float32 or float64 array"):
+        strategy.configure_train(1, record({"steps": np.zeros(3, dtype=np.int64)}), ConfigRecord(), FakeGrid(HONEST))
     with pytest.raises(RuntimeError, match="call configure_train first"):
         strategy.aggregate_train(1, [])
+
+
+STEP = 2.0**-8  # deltas and values in multiples of it: every sum below is exact in float16 and up
+
+
+def test_every_array_comes_back_in_its_own_shape_and_dtype_with_float64_precision():
+    """Scalars stay 0-dim; float16, float32 and float64 arrays are aggregated (rows in float32,
+    the step added in float64) and rounded to their own dtypes; integers keep the values sent."""
+    base = {"half": np.array([[-1, -0.5, 0], [0.25, 0.5, 1]], np.float16), "single": np.full(4, 0.25, np.float32),
+            "double": np.array([0.1, 1 / 3, -2.7]), "scale": np.array(1.5, np.float32),
+            "count": np.array(7, np.int64)}
+    nodes = HONEST  # node i moves every float value by (its rank + 1) STEP: the mean moves them by 3 STEP
+
+    def moved(node):
+        k = sorted(nodes).index(node) + 1
+        return {key: a + a.dtype.type(k * STEP) if a.dtype.kind == "f" else a + 1 for key, a in base.items()}
+
+    strategy = RobustStrategy("mean", 0)
+    messages = strategy.configure_train(1, record(base), ConfigRecord(), FakeGrid(nodes))
+    arrays, _ = strategy.aggregate_train(1, [reply(m.metadata.dst_node_id, moved(m.metadata.dst_node_id))
+                                             for m in messages])
+    out = values(arrays)
+    assert {k: (a.dtype, a.shape) for k, a in out.items()} == {k: (a.dtype, a.shape) for k, a in base.items()}
+    for key in ("half", "single", "double", "scale"):
+        assert out[key].tobytes() == (base[key] + base[key].dtype.type(3 * STEP)).tobytes(), key
+    assert not np.array_equal(out["double"], out["double"].astype(np.float32).astype(np.float64))  # not rounded
+    assert out["count"] == 7
+    strategy.configure_train(2, arrays, ConfigRecord(), FakeGrid(nodes))
+    arrays2, _ = strategy.aggregate_train(2, [reply(n, {k: a.copy() for k, a in out.items()}) for n in nodes])
+    assert strategy.history[1]["accepted"] == len(nodes) and strategy.history[1]["rejected"] == {}
+    assert same_bits(arrays2, arrays)  # round 2 takes the model round 1 returned, scalars included
+
+
+@pytest.mark.parametrize("spec", ["mean", "centered-clipping", "trimmed-mean"])
+@pytest.mark.parametrize("bad", ["rejected", "failed"])
+def test_a_round_without_a_usable_reply_makes_no_step_and_the_next_one_does(spec, bad):
+    strategy = RobustStrategy(spec, 1)
+    needed = strategy.chain.least_n()
+    spoilt = (lambda n: reply(n, _bad_arrays("nan"))) if bad == "rejected" else (
+        lambda n: Message(error=Error(code=0, reason="ClientApp raised MemoryError"), metadata=meta(n)))
+    _, arrays = play(strategy, lambda asked: [spoilt(n) for n in asked], HONEST)
+    rec = strategy.history[0]
+    assert arrays is None and rec["skipped"] == f"0 valid rows, quorum is {needed}: no step"
+    assert rec["accepted"] == 0 and rec["aggregate_sha256"] is None and rec["scores"] == {}
+    assert list(rec[bad]) == sorted(HONEST) and rec["flagged"] == (sorted(HONEST) if bad == "rejected" else [])
+    _, arrays = play(strategy, lambda asked: [reply(n, trained(n)) for n in asked], HONEST, server_round=2)
+    assert arrays is not None and strategy.history[1]["accepted"] == len(HONEST) and not strategy.history[1]["skipped"]
+
+
+def test_the_server_step_is_the_delta_protocols_with_its_outer_momentum():
+    """``w + server_lr F``, and with momentum mu the buffer ``b <- mu b - F``, ``w <- w - server_lr b``."""
+    base = {"fc.weight": (np.arange(12, dtype=np.float32).reshape(4, 3) - 6) / 16, "fc.bias": np.zeros(4, np.float32),
+            "bn.num_batches_tracked": np.array(7)}  # dyadic: every value below is exact
+    moves = [{"fc.weight": 4 * STEP, "fc.bias": -2 * STEP}, {"fc.weight": 8 * STEP, "fc.bias": 8 * STEP}]
+    # each protocol's step in rounds 1 and 2, as multiples of the aggregates F1 and F2 (every node moves alike)
+    for protocol, steps in {"delta": [(1, 0), (0, 1)], "delta:server_lr=0.5": [(0.5, 0), (0, 0.5)],
+                            "delta:server_momentum=0.5": [(1, 0), (0.5, 1)]}.items():
+        strategy, sent, expected = RobustStrategy("mean", 0, protocol=protocol), record(base), dict(base)
+        for t, (a, b) in enumerate(steps, start=1):
+            strategy.configure_train(t, sent, ConfigRecord(), FakeGrid(HONEST))
+            moved = {k: v + np.float32(moves[t - 1][k]) if k in moves[0] else v for k, v in values(sent).items()}
+            sent, _ = strategy.aggregate_train(t, [reply(n, moved) for n in HONEST])
+            expected = {k: v + np.float32(a * moves[0][k] + b * moves[1][k]) if k in moves[0] else v
+                        for k, v in expected.items()}
+            assert same_bits(sent, record(expected)), (protocol, t)
 
 
 def test_robust_flower_imports_nodes_only_when_used():
@@ -345,13 +413,25 @@ def evaluate(msg: Message, context: Context) -> Message:
     return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
-def test_a_flower_app_trains_through_a_node_that_replies_garbage(tmp_path, monkeypatch):
+def simulate(server: ServerApp, client: ClientApp, nodes: int, tmp_path: Path, monkeypatch) -> float:
+    """Run ``server`` against ``nodes`` simulated SuperNodes running ``client`` (Flower's
+    simulation engine, Ray, CPU); returns the seconds it took."""
     from flwr.simulation import run_simulation
 
     for name, value in {"FLWR_HOME": str(tmp_path / "flwr"), "FLWR_TELEMETRY_ENABLED": "0",
                         "FLWR_DISABLE_UPDATE_CHECK": "1", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
                         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}.items():
         monkeypatch.setenv(name, value)  # PYTHONPATH: Ray's workers import this module for the ClientApp
+    started = time.monotonic()
+    run_simulation(server_app=server, client_app=client, num_supernodes=nodes, backend_config={
+        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+        "init_args": {"num_cpus": os.cpu_count() or 1, "include_dashboard": False, "logging_level": "ERROR",
+                      "log_to_driver": False},
+    })
+    return time.monotonic() - started
+
+
+def test_a_flower_app_trains_through_a_node_that_replies_garbage(tmp_path, monkeypatch):
     x_test, y_test = digits()
     out = {}
     server = ServerApp()
@@ -373,13 +453,7 @@ def test_a_flower_app_trains_through_a_node_that_replies_garbage(tmp_path, monke
                                        evaluate_fn=central)
         out["strategy"] = strategy
 
-    started = time.monotonic()
-    run_simulation(server_app=server, client_app=client, num_supernodes=NODES, backend_config={
-        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-        "init_args": {"num_cpus": os.cpu_count() or 1, "include_dashboard": False, "logging_level": "ERROR",
-                      "log_to_driver": False},
-    })
-    seconds = time.monotonic() - started
+    seconds = simulate(server, client, NODES, tmp_path, monkeypatch)
     strategy, result = out["strategy"], out["result"]
     history = strategy.history
     assert [r["round"] for r in history] == list(range(1, ROUNDS + 1))
@@ -389,11 +463,125 @@ def test_a_flower_app_trains_through_a_node_that_replies_garbage(tmp_path, monke
     assert [r["rejected"] for r in history[:2]] == [{node: "non-finite values"}] * 2
     assert [r["flagged"] for r in history] == [[node]] * 2 + [[]] * (ROUNDS - 2)  # no honest node flagged
     assert history[-1]["quarantined"] == [node]
-    assert all(node not in r["asked"] and len(r["asked"]) == NODES - 1 for r in history[2:])
-    assert all(len(r["accepted"]) == len(r["asked"]) - (node in r["asked"]) and not r["skipped"] for r in history)
+    assert [r["asked"] for r in history] == [NODES] * 2 + [NODES - 1] * (ROUNDS - 2)  # quarantined: not asked
+    assert all(r["accepted"] == NODES - 1 and node not in r["ids"] and not r["skipped"] for r in history)
     final = result.arrays.to_torch_state_dict()
     assert all(bool(torch.isfinite(v).all()) for v in final.values())
     accuracy = [float(result.evaluate_metrics_serverapp[t]["accuracy"]) for t in range(ROUNDS + 1)]
     assert accuracy[-1] > 0.8 and accuracy[0] < 0.3, accuracy
     assert sorted(result.evaluate_metrics_clientapp) == list(range(1, ROUNDS + 1))  # the garbled metrics cost nothing
     print(f"accuracy by round {accuracy}; rejected {node} twice; simulation {seconds:.1f} s")
+
+
+# --- The drop-in tried as Flower's own strategy tests try FedAvg: a BatchNorm model in its own dtype ---
+
+PAIR, SPOILT, BN_ROUNDS = 2, 3, 4  # nodes; the round no reply can be used in (one node fails, one sends NaN)
+DTYPES = [torch.float16, torch.float32, torch.float64]
+
+
+class BatchNormNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.bn, self.fc2 = nn.Linear(8, 6), nn.BatchNorm1d(6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.bn(self.fc1(x))))
+
+
+def local_train(state: dict, partition: int, server_round: int) -> dict:
+    """Two SGD steps from ``state``, in its dtype, on the node's own data (BatchNorm's running
+    statistics and ``num_batches_tracked`` move too): the ClientApp's reply, which the test
+    recomputes bit for bit (one thread)."""
+    dtype = state["fc1.weight"].dtype
+    model = BatchNormNet().to(dtype)
+    model.load_state_dict(state)
+    g = torch.Generator().manual_seed(100 * partition + server_round)
+    x, y = torch.randn(32, 8, generator=g).to(dtype), torch.randint(0, 3, (32,), generator=g)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with profile(1):
+        for batch in (slice(0, 16), slice(16, 32)):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+            optimizer.step()
+    return model.state_dict()
+
+
+bn_client = ClientApp()
+
+
+@bn_client.train()
+def train_batchnorm(msg: Message, context: Context) -> Message:
+    partition, t = int(context.node_config["partition-id"]), int(msg.content["config"]["server-round"])
+    if t == SPOILT and partition == 0:
+        raise MemoryError("the node ran out of memory")  # Flower replies with an error
+    state = local_train(msg.content["arrays"].to_torch_state_dict(), partition, t)
+    if t == SPOILT:
+        state = {k: v.fill_(float("nan")) if v.is_floating_point() else v for k, v in state.items()}
+    content = RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord({"num-examples": 32})})
+    return Message(content=content, reply_to=msg)
+
+
+def expected_mean_step(sent: dict[str, np.ndarray], partitions: range, server_round: int) -> dict[str, np.ndarray]:
+    """The model sent plus the mean of the nodes' updates, written out: rows in float32, the step
+    added in float64 if the model has a float64 array (else float32), each array rounded to its
+    dtype, integer arrays as sent. (The mean of two rows does not depend on their order.)"""
+    floats = [k for k, a in sent.items() if a.dtype.kind == "f"]
+    wide = np.float64 if any(sent[k].dtype == np.float64 for k in floats) else np.float32
+    replies = [local_train({k: torch.from_numpy(a.copy()) for k, a in sent.items()}, p, server_round)
+               for p in partitions]
+    rows = torch.stack([torch.cat([torch.from_numpy((r[k].numpy().astype(wide) - sent[k].astype(wide)).astype(np.float32)
+                                                     .reshape(-1)) for k in floats]) for r in replies])
+    step = iter(torch.split(rows.mean(dim=0), [sent[k].size for k in floats]))  # mean's own reduction
+    return {k: (a.astype(wide) + next(step).numpy().astype(wide).reshape(a.shape)).astype(a.dtype) if k in floats else a
+            for k, a in sent.items()}
+
+
+@pytest.fixture(scope="module")
+def batchnorm_runs(tmp_path_factory) -> dict:
+    """One simulation whose ServerApp trains the BatchNorm model in each float dtype in turn (one
+    Ray start for all): by dtype, the run's history, its model after each round (as Flower hands
+    it to ``evaluate_fn``; 0: the initial one) and its result."""
+    runs = {}
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        for dtype in DTYPES:
+            with torch.random.fork_rng():
+                torch.manual_seed(0)
+                model = BatchNormNet().to(dtype)
+            models = {}
+            strategy = RobustStrategy("mean", 1, fraction_evaluate=0.0, min_available_nodes=PAIR)
+            result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=BN_ROUNDS,
+                                    evaluate_fn=lambda t, arrays: models.update({t: values(arrays)}))
+            runs[dtype] = strategy.history, models, result
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        simulate(server, bn_client, PAIR, tmp_path_factory.mktemp("batchnorm"), monkeypatch)
+    return runs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_batchnorm_model_keeps_its_shapes_and_dtypes_and_a_round_without_usable_replies_makes_no_step(
+        batchnorm_runs, dtype):
+    history, models, result = batchnorm_runs[dtype]
+    sent = models[0]
+    assert sent["bn.num_batches_tracked"].shape == () and sent["fc1.weight"].dtype == np.dtype(str(dtype)[6:])
+    assert sorted(models) == list(range(BN_ROUNDS + 1))
+    for t in range(1, BN_ROUNDS + 1):  # every array in its own shape and dtype, scalars included, every round
+        assert {k: (a.dtype, a.shape) for k, a in models[t].items()} == {k: (a.dtype, a.shape) for k, a in sent.items()}
+        assert models[t]["bn.num_batches_tracked"] == 0  # integers keep the values sent (the nodes' say 2)
+    for t in (t for t in range(1, BN_ROUNDS + 1) if t != SPOILT):  # round 2 on: replies to round 1's model accepted
+        rec = history[t - 1]
+        assert (rec["accepted"], rec["rejected"], rec["failed"], rec["flagged"], rec["skipped"]) == (PAIR, {}, {}, [], "")
+        assert same_bits(record(models[t]), record(expected_mean_step(models[t - 1], range(PAIR), t))), t
+    spoilt = history[SPOILT - 1]
+    assert spoilt["accepted"] == 0 and spoilt["skipped"] == "0 valid rows, quorum is 1: no step"
+    assert list(spoilt["rejected"].values()) == ["non-finite values"] and spoilt["aggregate_sha256"] is None
+    assert [reason.startswith("node error:") for reason in spoilt["failed"].values()] == [True]
+    assert spoilt["flagged"] == list(spoilt["rejected"])  # a lie is flagged, a crash is not
+    assert same_bits(record(models[SPOILT]), record(models[SPOILT - 1]))  # no step, and the run went on
+    assert same_bits(result.arrays, record(models[BN_ROUNDS]))
+    if dtype == torch.float64:  # stepped in float64, not rounded through float32
+        w = models[BN_ROUNDS]["fc1.weight"]
+        assert not np.array_equal(w, w.astype(np.float32).astype(np.float64))
