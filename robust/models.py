@@ -81,19 +81,47 @@ def _user_model(name: str, shape: tuple[int, ...], classes: int, seed: int) -> n
     return model
 
 
+def _windows(n_in: int, n_out: int) -> torch.Tensor:
+    """``(n_out, n_in)``: row ``i`` averages adaptive pooling's window ``i`` of ``n_in`` values."""
+    rows = torch.zeros(n_out, n_in)
+    for i in range(n_out):
+        start, end = (i * n_in) // n_out, -(-(i + 1) * n_in // n_out)
+        rows[i, start:end] = 1.0 / (end - start)
+    return rows
+
+
+class AveragePool(nn.Module):
+    """Adaptive average pooling of a fixed input size (``nn.AdaptiveAvgPool1d/2d``'s windows)
+    as products with fixed averaging matrices: its backward is deterministic on CUDA, where
+    PyTorch's adaptive pooling backward adds atomically and is refused under the deterministic
+    algorithms a task's compute profile sets (``robust.compute``). The matrices are not
+    parameters: they travel in no update."""
+
+    def __init__(self, size_in: tuple[int, ...], size_out: tuple[int, ...]) -> None:
+        super().__init__()
+        self.register_buffer("rows", _windows(size_in[0], size_out[0]), persistent=False)
+        self.register_buffer("cols", _windows(size_in[-1], size_out[-1]) if len(size_in) == 2 else None,
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cols is None:  # (batch, channels, length)
+            return x @ self.rows.T
+        return self.rows @ x @ self.cols.T  # (batch, channels, height, width)
+
+
 def _cnn(shape: tuple[int, ...], classes: int) -> nn.Module:
     if len(shape) == 2:  # (channels, length): a 1-D CNN
-        c = shape[0]
+        c, length = shape
         return nn.Sequential(
             nn.Conv1d(c, 16, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2),
-            nn.Conv1d(16, 32, 5, padding=2), nn.ReLU(), nn.AdaptiveAvgPool1d(4),
+            nn.Conv1d(16, 32, 5, padding=2), nn.ReLU(), AveragePool((length // 2,), (4,)),
             nn.Flatten(), nn.Linear(32 * 4, classes),
         )
     if len(shape) == 3:  # (channels, height, width)
-        c = shape[0]
+        c, height, width = shape
         return nn.Sequential(
             nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), AveragePool((height // 2, width // 2), (2, 2)),
             nn.Flatten(), nn.Linear(32 * 4, classes),
         )
     raise ValueError(f"cnn needs samples shaped (C, L) or (C, H, W) (got {shape}): use mlp or logreg")

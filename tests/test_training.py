@@ -11,7 +11,7 @@ from nodes.rows import canonical, rejected_rows, rejection_reason
 from nodes.volunteer import compute
 from nodes.wire import Task
 from robust.batches import draw_batches, node_key
-from robust.models import build_model
+from robust.models import AveragePool, build_model
 from robust.params import flat_params, sha256, unflatten
 from robust.seeds import derive, generator
 
@@ -24,6 +24,19 @@ def test_models_are_seeded_and_shaped(name, shape):
     assert torch.equal(flat_params(a), flat_params(b))
     assert not torch.equal(flat_params(a), flat_params(build_model(name, shape, 10, seed=4)))
     assert a(torch.zeros(2, *shape)).shape == (2, 10)
+
+
+@pytest.mark.parametrize("size_in, size_out", [((40,), (4,)), ((7,), (4,)), ((4, 4), (2, 2)), ((7, 5), (2, 2)),
+                                               ((16, 16), (2, 2))])
+def test_the_cnns_pooling_is_adaptive_average_pooling_with_a_deterministic_backward(size_in, size_out):
+    x = torch.randn(3, 5, *size_in, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    reference = (torch.nn.AdaptiveAvgPool1d if len(size_in) == 1 else torch.nn.AdaptiveAvgPool2d)(size_out)(x)
+    pool = AveragePool(size_in, size_out)
+    out = pool(x)
+    assert torch.allclose(out, reference, atol=1e-6) and not list(pool.parameters()) and not pool.state_dict()
+    (grad,) = torch.autograd.grad(out.square().sum(), x)
+    (want,) = torch.autograd.grad(reference.square().sum(), x)
+    assert torch.allclose(grad, want, atol=1e-6)
 
 
 def test_model_errors_say_what_to_use():
@@ -190,3 +203,19 @@ def test_the_stack_screen_and_a_single_reply_agree_at_the_norm_bound():
     rows = (rows.double() / exact[:, None] * 10.0 * (1 + torch.linspace(-3e-7, 3e-7, 200))[:, None]).float()
     single = {i: r for i in range(200) if (r := rejection_reason(rows[i], 1000, 10.0))}
     assert 0 < len(single) < 200 and rejected_rows(rows, 10.0) == single
+
+
+def test_a_cuda_profile_is_deterministic_in_full_precision_and_restores_what_it_found():
+    from robust.compute import profile
+
+    flags = torch.backends.cudnn
+    saved = flags.allow_tf32, torch.backends.cuda.matmul.allow_tf32, torch.are_deterministic_algorithms_enabled()
+    flags.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True  # PyTorch's cuDNN default: TF32 convolutions
+    try:
+        with profile(1, "cuda"):  # the flags are process-wide: settable without a GPU
+            assert not flags.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+            assert torch.are_deterministic_algorithms_enabled()
+        assert flags.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+        assert torch.are_deterministic_algorithms_enabled() == saved[2]
+    finally:
+        flags.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved[:2]
