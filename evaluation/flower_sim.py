@@ -69,10 +69,11 @@ def server_app(cells: list[Cell], root: Path, save: Callable[[Cell, dict], None]
                                             wait_nodes=WAIT_SECONDS)
             threat = ThreatModel(cell.attack, setup.byzantine, cell.seed)
             coord, start = Coordinator(coord_dir, hook=threat), time.perf_counter()
-            serve(grid, coord, poll=POLL_SECONDS, introductions=True, clock=clock_of(setup, coord))
+            clock = clock_of(setup, coord)
+            serve(grid, coord, poll=POLL_SECONDS, introductions=True, clock=clock)
             wall = time.perf_counter() - start
             rounds, w = federation.rounds_and_model(coord_dir)
-            federation.check_complete(rounds, folder)
+            federation.check_complete(rounds, folder, scheduled=clock is not None)
             save(cell, cell_record(setup, rounds, w, threat.kappa, wall, None, "flower"))
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -233,11 +233,7 @@ class Loop:
                 break
             self.tend()
             time.sleep(self.roster.poll)
-        carry = coord.settings.late == "carry"
-        for ticket in coord.ledger:
-            if ticket.number == barrier.number:  # late: a failure of this round, not a lie
-                inbox.failed[ticket.node] = "late: no reply by the deadline" + ("; carried" if carry else "")
-        if not carry:
+        if coord.settings.late == "drop":
             coord.ledger.cancel(barrier.number)
         self.tend()
         checkers = Checkers(sorted(set(nodes.values())), lambda asked: ask_checks(self.roster, nodes, asked))

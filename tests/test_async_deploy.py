@@ -242,11 +242,10 @@ def test_a_late_reply_carried_counts_in_the_round_it_arrives_in_and_the_audit_ve
         TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
     first, second, third = records(coord_dir)
     late = fingerprint(nodes[3])
-    assert first["asked"] == 4 and first["failed"] == {late: "late: no reply by the deadline; carried"}
-    assert not first["missing"] and first["staleness"] == dict.fromkeys(first["ids"], 0)
+    assert first["asked"] == 4 and first["missing"] == [late] and first["staleness"] == dict.fromkeys(first["ids"], 0)
     assert second["asked"] == 4 and late in second["ids"] and second["staleness"][late] == 1  # not asked, but read
     assert second["updates"][late]["task"] == 1  # its base, round 1's model, is checked by the audit below
-    assert third["asked"] == 4 and list(third["failed"]) == [late]  # asked again in round 3, answers in round 4: never
+    assert third["asked"] == 4 and third["missing"] == [late]  # asked again in round 3, answers in round 4: never
     assert audit.verify(coord_dir) == ([], 3, True)
 
 
@@ -262,7 +261,7 @@ def test_a_round_whose_every_node_is_carried_waits_for_their_replies_instead_of_
     loop = Loop(roster, coord, WallClock(coord.settings.deadline))
     try:
         first = loop.play_round(True)  # a slow first round: every node misses it
-        assert first["accepted"] == 0 and len(first["failed"]) == 4 and len(coord.ledger) == 4
+        assert first["accepted"] == 0 and len(first["missing"]) == 4 and len(coord.ledger) == 4
         grid.release()  # their replies arrive during round 2, which has no node to ask
         second = loop.play_round(False)
     finally:
