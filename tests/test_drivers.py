@@ -92,10 +92,11 @@ def test_async_and_carried_cells_give_the_same_bits_through_flower_and_run_deplo
         assert shas(tmp_path / f"{name}-flower")[0] == want, name  # the same loop, on the local driver's clock
 
     # real processes run on the wall: their buffers follow real arrival times (see the README)
-    deploy = bench(tmp_path / "deploy", TIMED + ["round=async", 'attacks=["none"]'], "--engine", "deploy", home=home)
+    deploy = bench(tmp_path / "deploy", TIMED + ["round=async", "rounds=1", 'attacks=["none"]'], "--engine", "deploy",
+                   home=home)
     assert deploy.returncode == 0, deploy.stderr[-3000:]
     _, rows = shas(tmp_path / "deploy")
-    assert rows[0]["engine"] == "deploy" and rows[0]["final_accuracy"] > 0.3
+    assert rows[0]["engine"] == "deploy" and len(rows[0]["accuracy"]) == 2  # two buffers of 3 of the 4 nodes
 
 
 def test_drivers_refuse_what_they_cannot_run(tmp_path):
