@@ -22,7 +22,7 @@ the scenario and the rows (ties in time go to the lower node id): the same cell 
 same bits, each round's record keeps its ``staleness`` (the schedule).
 
 Each task is computed when it is sent, from the model it carries, by the volunteer's own
-function (``nodes.volunteer.compute``, node by node: tasks start from different models);
+function (``nodes.training.compute``, node by node: tasks start from different models);
 its ``round`` (which keys the node's batches) is the run's task count, so two tasks of one
 node never draw the same batches.
 """

@@ -4,7 +4,7 @@ Each round the engine selects the nodes to ask (quarantined ones are not), this 
 computes their rows, and :meth:`nodes.engine.Engine.step` plays the round with the threat
 model's hook (``evaluation.threat``). Rows are computed
 
-- one node at a time (``vectorize=False``) by :func:`nodes.volunteer.compute`, the very
+- one node at a time (``vectorize=False``) by :func:`nodes.training.compute`, the very
   function a volunteer calls, with the node's data, identity and momentum, so the cell ends
   with the bits a federation of real volunteers gives (``tests/test_drivers.py``); or
 - all at once: hand-written batched products for ``logreg``/``mlp``
@@ -35,7 +35,7 @@ from nodes.ledger import TaskLedger, Ticket
 from nodes.protocol import Protocol
 from nodes.root import Root
 from nodes.spotcheck import Verdict, referee
-from nodes.volunteer import compute
+from nodes.training import compute
 from nodes.wire import Task
 from robust.compute import profile
 from robust.batches import draw_batches, node_key

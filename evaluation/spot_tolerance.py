@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from nodes.spotcheck import TOLERANCE, distance
-from nodes.volunteer import compute, part_of
+from nodes.training import compute, part_of
 from nodes.wire import Task
 from robust.data import load
 from robust.models import build_model

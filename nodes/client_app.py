@@ -32,7 +32,8 @@ from robust import keys
 from robust.code import use_path
 
 from . import faults
-from .volunteer import NodeConfig, NodeData, check, pick_device, prepare_data, work
+from .training import NodeData
+from .volunteer import NodeConfig, check, pick_device, prepare_data, work
 from .wire import UPDATE, Reply, identity_content, read_introduction, read_task, reply_content
 
 WORK_LOG = "work.jsonl"

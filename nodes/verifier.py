@@ -30,7 +30,7 @@ from robust.params import sha256
 from .audit import keep_row
 from .ledger import Ticket
 from .spotcheck import SELF, Verdict, assign, compare, distance, profile_of, referee, round_seed
-from .volunteer import NodeData, compute, part_of, transmitted
+from .training import NodeData, compute, part_of, transmitted
 from .wire import Reply, Task, read_reply, reply_payload, task_content
 
 CPU = torch.device("cpu")

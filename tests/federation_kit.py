@@ -14,7 +14,8 @@ from flwr.app import RecordDict
 from nodes import commands, faults, volunteer
 from nodes.coordinator import Coordinator, Inbox
 from nodes.settings import Settings
-from nodes.volunteer import NodeData, work
+from nodes.training import NodeData
+from nodes.volunteer import work
 from robust import keys
 
 

@@ -25,7 +25,8 @@ from nodes.coordinator import Coordinator
 from nodes.clocks import WallClock
 from nodes.server_app import Loop, Roster, serve
 from nodes.settings import Settings
-from nodes.volunteer import NodeData, work
+from nodes.training import NodeData
+from nodes.volunteer import work
 from nodes.wire import read_task
 from robust import keys
 

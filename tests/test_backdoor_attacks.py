@@ -17,7 +17,8 @@ from evaluation.local import CellRun, run_cell
 from evaluation.report import write_summary
 from evaluation.scenario import grid, load_scenario
 from nodes.protocol import Protocol
-from nodes.volunteer import NodeData, compute, forge, recall, remember, work
+from nodes.training import NodeData, compute
+from nodes.volunteer import forge, recall, remember, work
 from nodes.wire import Task
 from robust import keys
 from robust.models import build_model

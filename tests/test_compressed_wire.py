@@ -21,7 +21,8 @@ from nodes.client_app import content as wire_content
 from nodes.coordinator import Coordinator, Inbox
 from nodes.settings import Settings
 from nodes.verifier import Checkers
-from nodes.volunteer import NodeData, check, compute, load_residual, prepare_data, work
+from nodes.training import NodeData, compute
+from nodes.volunteer import check, load_residual, prepare_data, work
 from nodes.wire import UPDATE, read_reply, read_task, reply_content, reply_payload, task_content
 from robust import codecs, keys
 from robust.params import sha256

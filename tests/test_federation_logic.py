@@ -131,7 +131,8 @@ def test_a_volunteer_refuses_a_model_that_does_not_match_its_hash(federation):
     coord_dir, nodes = federation
     coord = Coordinator(coord_dir)
     task, w = coord.task()
-    from nodes.volunteer import NodeData, work
+    from nodes.training import NodeData
+    from nodes.volunteer import work
     import torch
 
     w = w.copy()
@@ -146,7 +147,8 @@ def test_a_volunteer_refuses_a_model_that_does_not_match_its_hash(federation):
 def test_a_round_asked_again_gets_the_same_row_under_the_momentum_protocol(tmp_path):
     """A coordinator killed after its nodes computed round t asks round t again on restart:
     each node answers from the momentum it had before round t, not after."""
-    from nodes.volunteer import NodeData, work
+    from nodes.training import NodeData
+    from nodes.volunteer import work
     import torch
 
     coord_dir, nodes = make_federation(tmp_path, 3, dataclasses.replace(SETTINGS, protocol="momentum"))

@@ -16,7 +16,8 @@ from nodes.admission import CONVICTED, admit
 from nodes.coordinator import Coordinator, short
 from nodes.settings import Settings
 from nodes.verifier import Checkers
-from nodes.volunteer import NodeData, check, prepare_data
+from nodes.training import NodeData
+from nodes.volunteer import check, prepare_data
 from nodes.wire import read_task, reply_content, reply_payload
 from robust import keys
 from robust.params import sha256

@@ -8,7 +8,7 @@ from torch.func import vmap
 
 from nodes.protocol import Protocol, loss_fn
 from nodes.rows import canonical, rejected_rows, rejection_reason
-from nodes.volunteer import compute
+from nodes.training import compute
 from nodes.wire import Task
 from robust.batches import draw_batches, node_key
 from robust.models import build_model
