@@ -16,8 +16,8 @@ import torch
 
 from nodes import checkpoint, codetrust, launch
 from nodes.commands import local_federation
-from nodes.training import NodeData
-from nodes.volunteer import NodeConfig
+from nodes.engine.training import NodeData
+from nodes.volunteer.volunteer import NodeConfig
 
 from .cell import KEY_SEED, CellSetup, cell_settings
 from .scenario import cell_id

@@ -2,9 +2,9 @@
 
 Their ClientApps reply with trained weights, as for FedAvg. Each training round,
 :meth:`RobustStrategy.aggregate_train` turns every reply into an update ``w_reply - w_sent``
-(float32), validates it (``nodes.rows``), orders the valid ones by node id, aggregates them
-(``aggregators``), scores them (``nodes.detectors``) and applies the flag policy
-(``nodes.flags``), as the round engine does. A malformed reply is rejected with its reason
+(float32), validates it (``nodes.engine.rows``), orders the valid ones by node id, aggregates them
+(``aggregators``), scores them (``nodes.engine.detectors``) and applies the flag policy
+(``nodes.engine.flags``), as the round engine does. A malformed reply is rejected with its reason
 and flagged, an error reply recorded without a flag (a crash is not a lie); the round goes
 on. Quarantined nodes are not asked. Float32 arrays are aggregated; others (BatchNorm's
 ``num_batches_tracked``) keep the values sent. :attr:`RobustStrategy.history` has one
@@ -31,9 +31,9 @@ from robust.compute import profile
 from robust.constraints import Flag, Interval, Param, table
 from robust.params import sha256
 
-from .engine import judge, sample
-from .flags import FlagPolicy
-from .rows import rejection_reason
+from .engine.engine import judge, sample
+from .engine.flags import FlagPolicy
+from .engine.rows import rejection_reason
 from .settings import RUN
 from .wire import HEADER_CAP
 

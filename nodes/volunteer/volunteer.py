@@ -1,5 +1,5 @@
 """What a volunteer does with a task, with no Flower in sight: check it, train (the engine's
-:func:`~nodes.training.compute`), sign.
+:func:`~nodes.engine.training.compute`), sign.
 
 Under the ``momentum`` protocol a node keeps its worker momentum between rounds, in its
 folder (``state/<run>.pt``: the momentum before and after the last round it computed), so a
@@ -37,12 +37,12 @@ from robust.codecs import Codec, Encoded
 from robust.data import load
 from robust.params import sha256
 
+from ..checkpoint import write_atomic
+from ..engine.protocol import Protocol
+from ..engine.spotcheck import profile_of
+from ..engine.training import NodeData, compute, parse_part, part_of, playing
+from ..wire import Reply, Task, reply_payload
 from . import faults
-from .checkpoint import write_atomic
-from .protocol import Protocol
-from .spotcheck import profile_of
-from .training import NodeData, compute, parse_part, part_of, playing
-from .wire import Reply, Task, reply_payload
 
 STATE, CONFIG = "state", "node.json"
 

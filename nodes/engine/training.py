@@ -8,8 +8,8 @@ round, step)`` (``robust.batches``), its poisoned data (a Byzantine test node) o
 ``(run seed, fingerprint, round)``, and it runs under the compute profile the task states.
 
 The coordinator runs it too: a spot check's referee recomputes a volunteer's row
-(``nodes.verifier``) and the root data's row is computed like a volunteer's
-(``nodes.root``). So it is the engine's, not either side's: :class:`NodeData` and
+(``nodes.coordinator.verifier``) and the root data's row is computed like a volunteer's
+(``nodes.engine.root``). So it is the engine's, not either side's: :class:`NodeData` and
 :func:`part_of` say what a node holds, :func:`transmitted` what an honest row decodes to.
 """
 
@@ -32,9 +32,9 @@ from robust.params import unflatten
 from robust.partition import partition
 from robust.seeds import derive, generator
 
-from .checkpoint import write_atomic
+from ..checkpoint import write_atomic
+from ..wire import Task
 from .protocol import Protocol
-from .wire import Task
 
 
 @dataclass
@@ -89,7 +89,7 @@ def compute(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, class
     for ``task`` from the global model ``w``, on its data ``x, y``, with its momentum ``m``
     (zeros if ``None``). A node-side ``attack`` poisons the data first and may bend the
     training (its :meth:`~attacks.base.NodeAttack.shaping`, from ``last``: what the node
-    remembers of its previous round); what the node then sends is :func:`~nodes.volunteer.forge`'s.
+    remembers of its previous round); what the node then sends is :func:`~nodes.volunteer.volunteer.forge`'s.
     ``ValueError`` if ``w`` does not fit the model or the task is malformed."""
     protocol = Protocol.of(task)
     played = playing(attack, task.round)
