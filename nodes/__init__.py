@@ -3,7 +3,7 @@
 By role, imports pointing one way (``tests/test_layout.py`` checks it):
 
 - ``nodes.engine``: the one round engine and the one training protocol, which every side
-  and driver runs (no Flower transport, no folders of either side);
+  and every driver runs;
 - ``nodes.coordinator``: the coordinator's side (its state, ServerApp, admission, audit,
   spot-check referee, status);
 - ``nodes.volunteer``: the volunteer's side (its work, ClientApp, test faults).
