@@ -5,7 +5,7 @@ only): they see the round's honest updates, the aggregator actually deployed, th
 aggregate and a seeded generator, and return the ``f`` Byzantine rows. Byzantine nodes may
 collude: one call crafts all ``f`` rows. *Node-side* attacks change what a Byzantine node
 trains on; its update is then computed like an honest one, by the one training function
-(``nodes.protocol.Protocol.node_update``), which an attack may bend through a :class:`Shaping`
+(``nodes.engine.protocol.Protocol.node_update``), which an attack may bend through a :class:`Shaping`
 hook (an extra loss term, a per-step gradient transform) but never replace.
 """
 
@@ -37,7 +37,7 @@ class Context:
     own: torch.Tensor | None = None  # the Byzantine nodes' own honest updates, (f, d)
     round: int = 0
     state: dict = field(default_factory=dict)
-    # the deployment's detectors (``nodes.detectors``): rows -> {detector: score per row}, and
+    # the deployment's detectors (``nodes.engine.detectors``): rows -> {detector: score per row}, and
     # the flag policy's per-round rule: those scores -> which rows it flags (bool)
     detectors: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None
     flagged: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None
@@ -111,7 +111,7 @@ class Memory:
 @dataclass(frozen=True)
 class Shaping:
     """How a node-side attacker bends its local training: the hook of the one training function
-    (``nodes.protocol.Protocol.node_update``); an honest node has none. Both act at every step.
+    (``nodes.engine.protocol.Protocol.node_update``); an honest node has none. Both act at every step.
 
     - ``loss(ce, local, start)``: the loss the node descends instead of its class loss ``ce``,
       from its local parameters and those the round started from (parameter dicts);

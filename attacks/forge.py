@@ -1,6 +1,6 @@
 """``forge:scale``: the honest update, scaled: a fabricated reply that looks honest.
 
-Not from a paper: the case spot checks (``nodes.spotcheck``) exist for. The node trains
+Not from a paper: the case spot checks (``nodes.engine.spotcheck``) exist for. The node trains
 honestly and sends::
 
     row <- scale * row          (default 0.9)

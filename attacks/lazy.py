@@ -7,7 +7,7 @@ federated learning: attacks and defenses"; Fraboni, Vidal & Lorenzi, AISTATS 202
 
     row_t <- row_{t-1}
 
-Honest-looking, and caught only by recomputation (``nodes.spotcheck``).
+Honest-looking, and caught only by recomputation (``nodes.engine.spotcheck``).
 """
 
 from __future__ import annotations

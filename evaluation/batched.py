@@ -1,6 +1,6 @@
 """A fast path for the vectorised engine: dense models trained on stacked per-node weights.
 
-The generic path (``nodes.protocol.Protocol.node_update`` under ``vmap``) differentiates any
+The generic path (``nodes.engine.protocol.Protocol.node_update`` under ``vmap``) differentiates any
 model with ``torch.func``; it stays the reference. For a model that is ``Flatten, Linear
 (ReLU, Linear)*`` (``logreg``, ``mlp``) the forward and backward passes of all nodes are a
 few batched matrix products over the parameter rows, written out by hand: about 3x faster,
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nodes.protocol import Protocol
+from nodes.engine.protocol import Protocol
 
 
 class DenseNet:

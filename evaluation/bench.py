@@ -16,7 +16,7 @@ import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
-from nodes.status import live_bar
+from nodes.coordinator.status import live_bar
 
 from .cell import Cell
 from .local import run_cell

@@ -22,8 +22,8 @@ import torch
 import attacks
 from attacks.base import NodeAttack
 from attacks.backdoor import Backdoor
-from nodes.coordinator import short
-from nodes.protocol import Protocol
+from nodes.coordinator.coordinator import short
+from nodes.engine.protocol import Protocol
 from nodes.settings import RUN, Settings
 from robust import keys
 from robust.compute import profile

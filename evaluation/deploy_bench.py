@@ -17,9 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from nodes import checkpoint, codetrust, commands, launch, volunteer
+from nodes import checkpoint, codetrust, commands, launch
 from nodes.settings import Settings
-from nodes.volunteer import NodeConfig
+from nodes.volunteer import volunteer
+from nodes.volunteer.volunteer import NodeConfig
 from robust import tls
 
 from .flower_fedavg import RESULT as FEDAVG_RESULT

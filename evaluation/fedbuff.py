@@ -3,7 +3,7 @@
 Every online node is kept busy: it gets a task with the current model as soon as it has
 replied (or comes back after leaving), and its reply arrives at the time the cell's
 :class:`~evaluation.timeline.Timeline` gives (speed, link, codec bytes). Which reply goes into
-which buffer is the deployment's schedule, ``nodes.buffers``: one reply per node (a fast
+which buffer is the deployment's schedule, ``nodes.engine.buffers``: one reply per node (a fast
 node's next reply waits for a later buffer), and a buffer is full when it holds ``buffer``
 *valid* replies, checked on arrival as the coordinator checks them (the row's validity, and
 staleness within ``max-staleness``). Then the round engine plays one round on it, with each
@@ -11,7 +11,7 @@ row's staleness (how many aggregations happened since its task was sent), which 
 turns into the ``staleness`` weight. Omniscient attacks craft the
 Byzantine rows of each buffer through the engine's hook, as in synchronous rounds.
 
-Every task is out in the deployment's task ledger (``nodes.ledger``), with the reply in
+Every task is out in the deployment's task ledger (``nodes.engine.ledger``), with the reply in
 flight as its transport handle. A node that leaves (``churn``) while its task runs never
 replies: its task is given up at its TTL (``deadline`` + 30 simulated seconds, the
 deployment's), and it gets a new one then, or when it is back. Who may still answer (a buffer
@@ -22,7 +22,7 @@ the scenario and the rows (ties in time go to the lower node id): the same cell 
 same bits, each round's record keeps its ``staleness`` (the schedule).
 
 Each task is computed when it is sent, from the model it carries, by the volunteer's own
-function (``nodes.volunteer.compute``, node by node: tasks start from different models);
+function (``nodes.engine.training.compute``, node by node: tasks start from different models);
 its ``round`` (which keys the node's batches) is the run's task count, so two tasks of one
 node never draw the same batches.
 """
@@ -34,9 +34,9 @@ from typing import NamedTuple
 
 import torch
 
-from nodes.buffers import Buffers, Full
-from nodes.ledger import TaskLedger, Ticket
-from nodes.rows import rejection_reason
+from nodes.engine.buffers import Buffers, Full
+from nodes.engine.ledger import TaskLedger, Ticket
+from nodes.engine.rows import rejection_reason
 from nodes.wire import Task
 
 from .clock import EventQueue

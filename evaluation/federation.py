@@ -16,7 +16,8 @@ import torch
 
 from nodes import checkpoint, codetrust, launch
 from nodes.commands import local_federation
-from nodes.volunteer import NodeConfig, NodeData
+from nodes.engine.training import NodeData
+from nodes.volunteer.volunteer import NodeConfig
 
 from .cell import KEY_SEED, CellSetup, cell_settings
 from .scenario import cell_id

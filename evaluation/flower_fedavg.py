@@ -1,7 +1,7 @@
 """Flower's own FedAvg strategy (``Strategy.start``) on the same volunteers, data and model:
 the baseline beside which ``robust deploy-bench`` reports the deployment's round overhead.
 
-The ClientApp trains exactly as a robust volunteer does (:func:`nodes.volunteer.compute`,
+The ClientApp trains exactly as a robust volunteer does (:func:`nodes.engine.training.compute`,
 the ``delta`` protocol) and returns weights, as FedAvg expects; the ServerApp records, per round, the wall time and
 the slowest node's training time (from the replies' metrics), and evaluates centrally, as
 the robust coordinator does. Results go to ``<state-dir>/fedavg.json``.
@@ -19,9 +19,10 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from nodes.protocol import Protocol
+from nodes.engine.protocol import Protocol
+from nodes.engine.training import NodeData, compute
 from nodes.settings import Settings
-from nodes.volunteer import NodeConfig, NodeData, compute, pick_device
+from nodes.volunteer.volunteer import NodeConfig, pick_device
 from nodes.wire import Task
 from robust import keys
 from robust.data import load

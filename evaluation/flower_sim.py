@@ -1,9 +1,9 @@
 """``robust bench --engine flower``: cells through Flower's simulation engine, on the product's apps.
 
 Each simulated SuperNode is one node of the cell: the ClientApp is the volunteer's own
-(``nodes.client_app.make_app``), working in the node folder the cell's federation gives it
+(``nodes.volunteer.client_app.make_app``), working in the node folder the cell's federation gives it
 (``evaluation.federation``), keeping its worker momentum there. The ServerApp runs the
-coordinator's own round loop (``nodes.server_app.serve``) on a :class:`Coordinator` whose
+coordinator's own round loop (``nodes.coordinator.server_app.serve``) on a :class:`Coordinator` whose
 engine carries the threat model's hook (``evaluation.threat``): signed replies, checks,
 canonical order, the round engine. Simulated nodes have no authenticated key, so they
 introduce themselves (their signatures prove it). A cell ends with the same
@@ -29,10 +29,10 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from nodes.client_app import make_app
-from nodes.coordinator import Coordinator
+from nodes.coordinator.coordinator import Coordinator
+from nodes.coordinator.server_app import serve
 from nodes.launch import free_port
-from nodes.server_app import serve
+from nodes.volunteer.client_app import make_app
 
 from . import federation
 from .cell import Cell, CellSetup, cell_record

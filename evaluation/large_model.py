@@ -34,8 +34,8 @@ from flwr.app import RecordDict
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 from nodes import checkpoint, commands, launch
+from nodes.coordinator.status import read_rounds
 from nodes.settings import Settings
-from nodes.status import read_rounds
 from nodes.wire import Reply, Task, reply_content, task_content
 from robust import tls
 from robust.data import load

@@ -1,10 +1,10 @@
 """The local driver: one benchmark cell in-process, on the round engine the coordinator runs.
 
 Each round the engine selects the nodes to ask (quarantined ones are not), this driver
-computes their rows, and :meth:`nodes.engine.Engine.step` plays the round with the threat
+computes their rows, and :meth:`nodes.engine.engine.Engine.step` plays the round with the threat
 model's hook (``evaluation.threat``). Rows are computed
 
-- one node at a time (``vectorize=False``) by :func:`nodes.volunteer.compute`, the very
+- one node at a time (``vectorize=False``) by :func:`nodes.engine.training.compute`, the very
   function a volunteer calls, with the node's data, identity and momentum, so the cell ends
   with the bits a federation of real volunteers gives (``tests/test_drivers.py``); or
 - all at once: hand-written batched products for ``logreg``/``mlp``
@@ -30,12 +30,12 @@ import torch
 from torch.func import vmap
 
 from attacks.base import Memory, NodeAttack
-from nodes.engine import Engine
-from nodes.ledger import TaskLedger, Ticket
-from nodes.protocol import Protocol
-from nodes.root import Root
-from nodes.spotcheck import Verdict, referee
-from nodes.volunteer import compute
+from nodes.engine.engine import Engine
+from nodes.engine.ledger import TaskLedger, Ticket
+from nodes.engine.protocol import Protocol
+from nodes.engine.root import Root
+from nodes.engine.spotcheck import Verdict, referee
+from nodes.engine.training import compute
 from nodes.wire import Task
 from robust.compute import profile
 from robust.batches import draw_batches, node_key
@@ -238,7 +238,7 @@ class CellRun:
     def play_round(self) -> dict | None:
         """One round: a buffer of asynchronous replies (``round = async``, :mod:`evaluation.fedbuff`;
         ``None`` when no node can reply any more), or a synchronous round: the task ledger
-        (``nodes.ledger``) plus a barrier. The online nodes without a task out are asked; their
+        (``nodes.engine.ledger``) plus a barrier. The online nodes without a task out are asked; their
         replies, decoded as the coordinator decodes them, travel as their tasks' handles and
         count if they arrive by the deadline (every one without). Late tasks are cancelled, or
         with ``late = carry`` stay out (their nodes busy, not asked) until their replies arrive:

@@ -1,6 +1,6 @@
 """Metrics of a benchmark run: how detectable an attack is, and how much damage it does.
 
-Detection (per round, from ``nodes.detectors`` scores and the true Byzantine rows):
+Detection (per round, from ``nodes.engine.detectors`` scores and the true Byzantine rows):
 ``roc_auc``, ``tpr_at_fpr`` and their summary over a run, ``summarize_detection``.
 Damage: ``kappa_hat`` (the empirical robustness coefficient of one aggregate) against
 ``kappa_bound`` (the best any rule can do), and ``leaves_band`` (the first round at which

@@ -1,4 +1,4 @@
-"""The bench's simulated clock for the coordinator's own serve loop (``nodes.clocks``).
+"""The bench's simulated clock for the coordinator's own serve loop (``nodes.engine.clocks``).
 
 ``robust bench --engine flower`` runs the product's ServerApp loop against simulated
 SuperNodes, which answer in milliseconds in whatever order Ray schedules them. With this clock
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from nodes.clocks import Barrier
-from nodes.ledger import TaskLedger, Ticket
+from nodes.engine.clocks import Barrier
+from nodes.engine.ledger import TaskLedger, Ticket
 
 from .timeline import Timeline
 

@@ -3,8 +3,9 @@
 ``python -m evaluation.spot_tolerance [--checks 1000]`` recomputes honest updates (digits,
 the ``delta`` protocol, MLP and CNN, many nodes and rounds from a moving base model) with
 1 thread and again with 2 and 4 threads, as volunteers on different compute profiles would
-(with ``--cuda``, also on the GPU: a GPU volunteer checked by a CPU coordinator), and prints the largest relative distance seen, the false convictions
-(distance above ``nodes.spotcheck.TOLERANCE``) and, beside them, the distance of the
+(with ``--cuda``, also on the GPU: a GPU volunteer checked by a CPU coordinator), and prints
+the largest relative distance seen, the false convictions
+(distance above ``nodes.engine.spotcheck.TOLERANCE``) and, beside them, the distance of the
 subtlest forgery the bound must catch (an update scaled by 0.999).
 """
 
@@ -17,8 +18,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from nodes.spotcheck import TOLERANCE, distance
-from nodes.volunteer import compute, part_of
+from nodes.engine.spotcheck import TOLERANCE, distance
+from nodes.engine.training import compute, part_of
 from nodes.wire import Task
 from robust.data import load
 from robust.models import build_model

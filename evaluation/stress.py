@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodes import checkpoint, commands, launch
-from nodes.client_app import WORK_LOG
-from nodes.coordinator import RUN_ID
+from nodes.coordinator.coordinator import RUN_ID
+from nodes.coordinator.status import read_rounds
 from nodes.settings import Settings
-from nodes.status import read_rounds
-from nodes.volunteer import check_attack
+from nodes.volunteer.client_app import WORK_LOG
+from nodes.volunteer.volunteer import check_attack
 from robust import keys, tls
 
 POLL = 0.5

@@ -1,4 +1,4 @@
-"""The bench's threat model, played through the round engine's hook (``nodes.engine.ThreatHook``).
+"""The bench's threat model, played through the round engine's hook (``nodes.engine.engine.ThreatHook``).
 
 Before the rule (in a round that steps), an omniscient attacker sees the round's valid rows
 and replaces those of the Byzantine nodes still asked with the rows its attack crafts from
@@ -21,7 +21,7 @@ import torch
 import attacks
 from attacks.base import OmniscientAttack
 from robust.params import trained
-from nodes.detectors import score_round
+from nodes.engine.detectors import score_round
 from robust.seeds import generator
 
 from .metrics import kappa_hat

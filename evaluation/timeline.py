@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from nodes.ledger import ttl
+from nodes.engine.ledger import ttl
 from nodes.wire import DOWNLINK_BYTES
 from robust import codecs
 
@@ -49,7 +49,7 @@ class Timeline:
 
     def life(self, asynchronous: bool, settings_deadline: float) -> float:
         """How long a task lives (simulated seconds), as in a deployment: ``deadline`` + 30 s
-        (``nodes.ledger.ttl``) of the scenario's deadline (an asynchronous run without one: the
+        (``nodes.engine.ledger.ttl``) of the scenario's deadline (an asynchronous run without one: the
         coordinator's ``settings_deadline``); a synchronous round without a deadline waits for
         every reply."""
         if self.deadline or asynchronous:

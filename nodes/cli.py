@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
 
         return demo(args.seed, args.rounds, args.json, args.keep, args.attack, args.spot_check)
     if args.command == "audit":
-        from .audit import main
+        from .coordinator.audit import main
 
         return main(args.dir)
     folder = Path(getattr(args, "dir", None) or args.key)
@@ -32,11 +32,11 @@ def run(args: argparse.Namespace) -> int:
             commands.coordinator_admit(folder, Path(args.public))
             return 0
         if args.action == "status":
-            from .status import main
+            from .coordinator.status import main
 
             return main(folder, args.json)
         if args.action == "replay":
-            from .audit import replay_main
+            from .coordinator.audit import replay_main
 
             return replay_main(str(folder))
         return commands.coordinator_start(folder, _overrides(args))

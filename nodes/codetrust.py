@@ -29,7 +29,7 @@ import zipfile
 from pathlib import Path
 
 TRUSTED, REQUESTS, GATE_DIR = "trusted-code", "code-requests", "bin"
-OWN_CLIENTAPP = "nodes.client_app:app"
+OWN_CLIENTAPP = "nodes.volunteer.client_app:app"
 SHA = re.compile(r"[0-9a-f]{64}")
 
 

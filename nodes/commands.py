@@ -16,10 +16,10 @@ from pathlib import Path
 from robust import keys, tls
 
 from . import checkpoint, codetrust, launch
-from .admission import ADMITTED, admit, scan
-from .coordinator import RUN_ID, Coordinator, short
+from .coordinator.admission import ADMITTED, admit, scan
+from .coordinator.coordinator import RUN_ID, Coordinator, short
+from .coordinator.status import live_bar, read_rounds
 from .settings import COORDINATOR, SETTINGS_FILE, Settings
-from .status import live_bar, read_rounds
 
 
 def coordinator_init(folder: Path, hosts: list[str], settings: Settings, run_id: str | None = None) -> None:
@@ -204,7 +204,7 @@ def local_federation(root: Path, nodes: int, settings: Settings, run_id: str, ke
 
 def node_join(folder: Path, coordinator: str, ca: Path, device: str, dataset: str, root: str | None,
               part: str, attack: str, slow: float, code: str = "", trust_code: list[str] = ()) -> int:
-    from .volunteer import NodeConfig, check_attack, pick_device, prepare_data
+    from .volunteer.volunteer import NodeConfig, check_attack, pick_device, prepare_data
 
     key = keys.load_private(folder)
     if not ca.is_file():

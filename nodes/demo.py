@@ -21,7 +21,7 @@ from pathlib import Path
 from robust import keys, tls
 
 from . import commands, launch
-from .coordinator import short
+from .coordinator.coordinator import short
 from .settings import Settings
 
 NODES, BYZANTINE = 5, (5,)
@@ -29,7 +29,7 @@ NODES, BYZANTINE = 5, (5,)
 
 def demo(seed: int, rounds: int, as_json: bool, keep: str | None, attack: str = "label-flip",
          spot_check: float = 0.0) -> int:
-    from .volunteer import check_attack
+    from .volunteer.volunteer import check_attack
 
     check_attack(attack)
     settings = Settings(seed=seed, rounds=rounds, aggregator="trimmed-mean", tolerate=1, deadline=60.0,

@@ -151,7 +151,7 @@ def write_app(folder: Path, serverapp: str, clientapp: str, code: str = "", **co
 def prepare_coordinator(folder: Path, port: int, code: str = "") -> None:
     """Write the robust Flower App folder (with the user's ``code``) and the ``flwr`` CLI's
     connection to our SuperLink."""
-    write_app(folder / APP_DIR, "nodes.server_app:app", "nodes.client_app:app", code)
+    write_app(folder / APP_DIR, "nodes.coordinator.server_app:app", "nodes.volunteer.client_app:app", code)
     (folder / CODE_SHA).unlink(missing_ok=True)
     if code:  # what volunteers are asked to trust, for the user to publish
         (folder / CODE_SHA).write_text(app_sha256(folder / APP_DIR) + "\n")

@@ -54,7 +54,7 @@ def _aggregator(spec: str) -> None:
 
 
 def _staleness(spec: str) -> None:
-    from .staleness import weight_of
+    from .engine.staleness import weight_of
 
     weight_of(spec)
 
@@ -66,7 +66,7 @@ def _codec(spec: str) -> None:
 
 
 def _protocol(spec: str) -> None:
-    from .protocol import Protocol
+    from .engine.protocol import Protocol
 
     Protocol.parse(spec, lr=0.1, momentum=0.0, batch_size=1)
 

@@ -5,7 +5,7 @@ Their ClientApps reply with trained weights, as for FedAvg. Each training round,
 ``w_reply - w_sent`` of the model's float arrays, and plays the round engine's own pieces on
 the rows (``nodes.engine``: canonical order, validation, the skip rule of quorum and rule size,
 the rule, the detectors and the flag policy, the record), then the ``delta`` protocol's step
-(``nodes.protocol``: ``w + server_lr F``, or outer momentum). What is its own is Flower's side:
+(``nodes.engine.protocol``: ``w + server_lr F``, or outer momentum). What is its own is Flower's side:
 replies into rows (a malformed reply rejected with its reason and flagged, an error reply
 recorded without a flag: a crash is not a lie) and rows back into the model's arrays. Whatever
 nodes send, the run goes on: a round without enough valid rows makes no step and says why.
@@ -40,9 +40,9 @@ import aggregators
 from robust.compute import profile
 from robust.constraints import Flag, Interval, Param, table
 
-from .engine import canonical, cannot_step, judge, record, sample, valid
-from .flags import FlagPolicy
-from .protocol import Protocol
+from .engine.engine import canonical, cannot_step, judge, record, sample, valid
+from .engine.flags import FlagPolicy
+from .engine.protocol import Protocol
 from .settings import RUN
 from .wire import HEADER_CAP
 

@@ -43,7 +43,7 @@ class Task:
     seed: int
     dataset: str
     model: str
-    protocol: str       # nodes.protocol spec: what the row is
+    protocol: str       # nodes.engine.protocol spec: what the row is
     batch_size: int
     lr: float
     momentum: float
@@ -70,7 +70,7 @@ class Reply:
     refused: str = ""   # non-empty: the node declined the work, and why
     seconds: float = 0.0  # the node's own training time (not signed: for overhead figures only)
     part: str = ""      # the data the update was computed on: part I/N of the data set
-    profile: str = ""   # the compute profile it ran on (nodes.spotcheck.profile_of)
+    profile: str = ""   # the compute profile it ran on (nodes.engine.spotcheck.profile_of)
     author: str = ""    # a spot check: the node whose update this recomputes ("" for own work)
 
 

@@ -11,10 +11,12 @@ import torch
 
 from flwr.app import RecordDict
 
-from nodes import commands, faults, volunteer
-from nodes.coordinator import Coordinator, Inbox
+from nodes import commands
+from nodes.coordinator.coordinator import Coordinator, Inbox
+from nodes.engine.training import NodeData
 from nodes.settings import Settings
-from nodes.volunteer import NodeData, work
+from nodes.volunteer import faults, volunteer
+from nodes.volunteer.volunteer import work
 from robust import keys
 
 
@@ -59,7 +61,7 @@ def take(coord: Coordinator, fp: str, content: RecordDict, inbox: Inbox) -> None
 def play(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None = None, shuffle: int | None = None,
          checkers=None) -> dict:
     """One round in-process: every selected node replies (in a shuffled order if asked);
-    ``checkers`` (``nodes.verifier.Checkers``) answer the round's spot checks."""
+    ``checkers`` (``nodes.coordinator.verifier.Checkers``) answer the round's spot checks."""
     asked = coord.select([fingerprint(n) for n in nodes])
     got = [r for r in replies(coord, nodes, attacks) if r[0] in asked]
     for fp in set(coord.ledger.out) - set(asked):  # the nodes not asked have no task out

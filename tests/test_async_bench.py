@@ -11,9 +11,9 @@ from evaluation.cell import Cell
 from evaluation.local import CellRun, run_cell
 from evaluation.report import Results
 from evaluation.time_report import record_time_to_target, reference, time_section
-from nodes.ledger import Ticket
+from nodes.engine.ledger import Ticket
+from nodes.engine.staleness import weight_of
 from nodes.settings import Settings
-from nodes.staleness import weight_of
 
 BASE = {"dataset": "digits", "model": "mlp", "nodes": 10, "byzantine": 2, "rounds": 6, "partition": "iid",
         "alpha": 1.0, "protocol": "momentum", "step-seconds": 0.01}

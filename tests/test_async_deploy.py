@@ -1,6 +1,6 @@
 """Asynchronous rounds in the deployment (``round = async``, FedBuff), late replies carried
 (``late = carry``) and ``robust coordinator replay``. In-process: the coordinator's own methods
-(``ask``/``receive``) and the ServerApp's loop (``serve``) on a fake grid whose volunteers run the real ``nodes.volunteer.work``; one
+(``ask``/``receive``) and the ServerApp's loop (``serve``) on a fake grid whose volunteers run the real ``nodes.volunteer.volunteer.work``; one
 loopback federation with a slow volunteer for real."""
 
 from __future__ import annotations
@@ -20,12 +20,15 @@ import pytest
 import torch
 from cryptography.hazmat.primitives import serialization
 
-from nodes import audit, checkpoint, faults, launch
-from nodes.coordinator import Coordinator
-from nodes.clocks import WallClock
-from nodes.server_app import Loop, Roster, serve
+from nodes import checkpoint, launch
+from nodes.coordinator import audit
+from nodes.coordinator.coordinator import Coordinator
+from nodes.coordinator.server_app import Loop, Roster, serve
+from nodes.engine.clocks import WallClock
+from nodes.engine.training import NodeData
 from nodes.settings import Settings
-from nodes.volunteer import NodeData, work
+from nodes.volunteer import faults
+from nodes.volunteer.volunteer import work
 from nodes.wire import read_task
 from robust import keys
 

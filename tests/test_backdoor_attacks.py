@@ -16,8 +16,9 @@ from evaluation.cell import Cell, backdoor_success
 from evaluation.local import CellRun, run_cell
 from evaluation.report import write_summary
 from evaluation.scenario import grid, load_scenario
-from nodes.protocol import Protocol
-from nodes.volunteer import NodeData, compute, forge, recall, remember, work
+from nodes.engine.protocol import Protocol
+from nodes.engine.training import NodeData, compute
+from nodes.volunteer.volunteer import forge, recall, remember, work
 from nodes.wire import Task
 from robust import keys
 from robust.models import build_model

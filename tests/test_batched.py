@@ -7,7 +7,7 @@ from torch.func import functional_call, vmap
 
 from evaluation.batched import DenseNet, local_updates
 from evaluation.local import BatchDraws
-from nodes.protocol import Protocol
+from nodes.engine.protocol import Protocol
 from robust.batches import draw_batches, node_key
 from robust.models import build_model
 from robust.params import flat_params, unflatten

@@ -196,7 +196,7 @@ def test_selecting_rules_quarantine_no_honest_node_in_20_rounds(aggregator):
 
 
 def engine_with(threat, features=4):
-    from nodes.engine import Engine
+    from nodes.engine.engine import Engine
     from nodes.settings import Settings
     from robust.models import build_model
 

@@ -1,8 +1,8 @@
-"""FedBuff's schedule (``nodes.buffers``), the one both the coordinator and the bench drive."""
+"""FedBuff's schedule (``nodes.engine.buffers``), the one both the coordinator and the bench drive."""
 
 import pytest
 
-from nodes.buffers import Buffers
+from nodes.engine.buffers import Buffers
 
 
 def test_a_buffer_counts_valid_replies_only_and_keeps_the_others_for_its_record():

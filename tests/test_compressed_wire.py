@@ -16,12 +16,14 @@ import torch
 from flwr.app import RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 
-from nodes import audit, checkpoint
-from nodes.client_app import content as wire_content
-from nodes.coordinator import Coordinator, Inbox
+from nodes import checkpoint
+from nodes.coordinator import audit
+from nodes.coordinator.coordinator import Coordinator, Inbox
+from nodes.coordinator.verifier import Checkers
+from nodes.engine.training import NodeData, compute
 from nodes.settings import Settings
-from nodes.verifier import Checkers
-from nodes.volunteer import NodeData, check, compute, load_residual, prepare_data, work
+from nodes.volunteer.client_app import content as wire_content
+from nodes.volunteer.volunteer import check, load_residual, prepare_data, work
 from nodes.wire import UPDATE, read_reply, read_task, reply_content, reply_payload, task_content
 from robust import codecs, keys
 from robust.params import sha256

@@ -18,8 +18,8 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from nodes import checkpoint, launch
-from nodes.admission import ADMITTED, KEY_CAP, admit, scan
-from nodes.coordinator import Coordinator, Inbox
+from nodes.coordinator.admission import ADMITTED, KEY_CAP, admit, scan
+from nodes.coordinator.coordinator import Coordinator, Inbox
 from nodes.settings import Settings
 from nodes.wire import REPLY, UPDATE, signed_payload
 from robust import keys, tls

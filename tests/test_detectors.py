@@ -1,4 +1,4 @@
-"""Detectors (``nodes.detectors``) and detection/damage metrics (``evaluation.metrics``).
+"""Detectors (``nodes.engine.detectors``) and detection/damage metrics (``evaluation.metrics``).
 
 Hand-computed examples carry their arithmetic in comments; detector values are checked
 against direct float64 formulas (SVD, cosine similarity, brute-force distances), not against
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregators.krum import krum_scores
-from nodes.detectors import DETECTORS, score_round
+from nodes.engine.detectors import DETECTORS, score_round
 from evaluation.metrics import (
     kappa_bound,
     kappa_hat,

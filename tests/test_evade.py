@@ -13,8 +13,8 @@ from evaluation.cell import Cell
 from evaluation.local import CellRun, run_cell
 from evaluation.metrics import roc_auc
 from evaluation.scenario import grid, load_scenario
-from nodes.detectors import DETECTORS, score_round
-from nodes.flags import FlagPolicy
+from nodes.engine.detectors import DETECTORS, score_round
+from nodes.engine.flags import FlagPolicy
 
 F64 = torch.float64
 F, RATIO, MAX, STEPS, Q = 3, 1.5, 10.0, 12, 0.95

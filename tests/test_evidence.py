@@ -1,4 +1,4 @@
-"""Evidence over rounds (``nodes.evidence``): the CUSUM's threshold, and what it quarantines."""
+"""Evidence over rounds (``nodes.engine.evidence``): the CUSUM's threshold, and what it quarantines."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import torch
 
 from evaluation.cell import Cell
 from evaluation.local import run_cell
-from nodes import evidence
-from nodes.flags import FlagPolicy
+from nodes.engine import evidence
+from nodes.engine.flags import FlagPolicy
 
 
 def test_the_threshold_grows_with_persistence_and_never_lets_one_round_quarantine():

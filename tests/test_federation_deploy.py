@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from evaluation.stress import kill
-from nodes import checkpoint, commands, launch, volunteer
-from nodes.coordinator import Coordinator
+from nodes import checkpoint, commands, launch
+from nodes.coordinator.coordinator import Coordinator
 from nodes.settings import Settings
+from nodes.volunteer import volunteer
 
 from .federation_kit import fingerprint, make_federation, play
 

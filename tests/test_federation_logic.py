@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from nodes import checkpoint, faults
-from nodes.coordinator import Coordinator, Inbox
-from nodes.wire import read_reply, reply_content
+from nodes import checkpoint
+from nodes.coordinator.coordinator import Coordinator, Inbox
 from nodes.settings import Settings
+from nodes.volunteer import faults
+from nodes.wire import read_reply, reply_content
 from robust import keys
 
 from .federation_kit import fingerprint, make_federation, play, replies, take
@@ -131,7 +132,8 @@ def test_a_volunteer_refuses_a_model_that_does_not_match_its_hash(federation):
     coord_dir, nodes = federation
     coord = Coordinator(coord_dir)
     task, w = coord.task()
-    from nodes.volunteer import NodeData, work
+    from nodes.engine.training import NodeData
+    from nodes.volunteer.volunteer import work
     import torch
 
     w = w.copy()
@@ -146,7 +148,8 @@ def test_a_volunteer_refuses_a_model_that_does_not_match_its_hash(federation):
 def test_a_round_asked_again_gets_the_same_row_under_the_momentum_protocol(tmp_path):
     """A coordinator killed after its nodes computed round t asks round t again on restart:
     each node answers from the momentum it had before round t, not after."""
-    from nodes.volunteer import NodeData, work
+    from nodes.engine.training import NodeData
+    from nodes.volunteer.volunteer import work
     import torch
 
     coord_dir, nodes = make_federation(tmp_path, 3, dataclasses.replace(SETTINGS, protocol="momentum"))
@@ -198,7 +201,7 @@ def test_settings_round_trip(tmp_path):
 
 
 def test_protocol_faults_are_known_to_the_cli():
-    from nodes.volunteer import check_attack
+    from nodes.volunteer.volunteer import check_attack
 
     from robust.cli import _NODE_BEHAVIOURS
 

@@ -7,7 +7,7 @@ import torch
 
 from evaluation.cell import Cell
 from evaluation.local import CellRun, run_cell
-from nodes.root import Root
+from nodes.engine.root import Root
 from nodes.settings import Settings
 from nodes.strategy import RobustStrategy
 

@@ -11,12 +11,15 @@ import pytest
 import torch
 
 from .federation_kit import fingerprint, make_federation, play
-from nodes import audit, checkpoint, spotcheck
-from nodes.admission import CONVICTED, admit
-from nodes.coordinator import Coordinator, short
+from nodes import checkpoint
+from nodes.coordinator import audit
+from nodes.coordinator.admission import CONVICTED, admit
+from nodes.coordinator.coordinator import Coordinator, short
+from nodes.coordinator.verifier import Checkers
+from nodes.engine import spotcheck
+from nodes.engine.training import NodeData
 from nodes.settings import Settings
-from nodes.verifier import Checkers
-from nodes.volunteer import NodeData, check, prepare_data
+from nodes.volunteer.volunteer import check, prepare_data
 from nodes.wire import read_task, reply_content, reply_payload
 from robust import keys
 from robust.params import sha256

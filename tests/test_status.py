@@ -13,9 +13,9 @@ import pytest
 
 from evaluation.bench import Progress
 from nodes import checkpoint, commands, launch
-from nodes.coordinator import Coordinator, short
+from nodes.coordinator.coordinator import Coordinator, short
+from nodes.coordinator.status import read, read_rounds, sparkline
 from nodes.settings import Settings
-from nodes.status import read, read_rounds, sparkline
 from robust.cli import main
 
 from .federation_kit import fingerprint, make_federation, play

@@ -11,7 +11,7 @@ from evaluation.cell import Cell
 from evaluation.local import CellRun, run_cell
 from evaluation.scenario import grid, load_scenario
 from evaluation.threat import ThreatModel
-from nodes.engine import Engine
+from nodes.engine.engine import Engine
 from nodes.settings import Settings
 from robust.models import build_model
 from robust.params import unflatten

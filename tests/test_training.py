@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch.func import vmap
 
-from nodes.protocol import Protocol, loss_fn
-from nodes.rows import canonical, rejected_rows, rejection_reason
-from nodes.volunteer import compute
+from nodes.engine.protocol import Protocol, loss_fn
+from nodes.engine.rows import canonical, rejected_rows, rejection_reason
+from nodes.engine.training import compute
 from nodes.wire import Task
 from robust.batches import draw_batches, node_key
 from robust.models import AveragePool, build_model

@@ -165,8 +165,8 @@ def _bundle(files: dict[str, bytes]) -> bytes:
 
 def test_the_bundle_hash_is_of_the_files_and_only_code_needs_trust(tmp_path):
     own, with_code = tmp_path / "own", tmp_path / "with-code"
-    launch.write_app(own, "nodes.server_app:app", codetrust.OWN_CLIENTAPP)
-    launch.write_app(with_code, "nodes.server_app:app", codetrust.OWN_CLIENTAPP, str(EXAMPLE))
+    launch.write_app(own, "nodes.coordinator.server_app:app", codetrust.OWN_CLIENTAPP)
+    launch.write_app(with_code, "nodes.coordinator.server_app:app", codetrust.OWN_CLIENTAPP, str(EXAMPLE))
     assert (with_code / "mymodel.py").exists() and not (own / "mymodel.py").exists()
     from flwr.cli.build import build_fab_from_disk
 
@@ -199,7 +199,7 @@ def test_node_join_shows_refused_code_and_asks_on_a_terminal(tmp_path, monkeypat
     node = tmp_path / "node"
     (node / codetrust.REQUESTS).mkdir(parents=True)
     sha = "ab" * 32
-    (node / codetrust.REQUESTS / f"{sha}.json").write_text('{"files": {"m.py": 12}, "clientapp": "nodes.client_app:app"}')
+    (node / codetrust.REQUESTS / f"{sha}.json").write_text('{"files": {"m.py": 12}, "clientapp": "nodes.volunteer.client_app:app"}')
     asked: set[str] = set()
     monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))  # not a terminal: never asks
     commands._ask_about_code(node, asked)
@@ -211,7 +211,7 @@ def test_node_join_shows_refused_code_and_asks_on_a_terminal(tmp_path, monkeypat
         def isatty(self) -> bool:
             return True
 
-    (node / codetrust.REQUESTS / f"{sha}.json").write_text('{"files": {"m.py": 12}, "clientapp": "nodes.client_app:app"}')
+    (node / codetrust.REQUESTS / f"{sha}.json").write_text('{"files": {"m.py": 12}, "clientapp": "nodes.volunteer.client_app:app"}')
     monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
     commands._ask_about_code(node, set())
     assert "m.py (12 B)" in capsys.readouterr().out and codetrust.trusted(node) == {sha}

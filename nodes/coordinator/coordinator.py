@@ -1,10 +1,10 @@
-"""The coordinator: the round engine (``nodes.engine``) with a folder, keys and a transport.
+"""The coordinator: the round engine (``nodes.engine.engine``) with a folder, keys and a transport.
 
 :class:`Coordinator` reads its settings, admission list and run id from its folder, makes
 each round's task, files every reply as it arrives (:meth:`take`: decoded from its bytes,
 then :meth:`check`: run, round, base model, shape, signature, sample count), then
 :meth:`finish_round` hands the accepted rows to :meth:`Engine.step` and checkpoints. Nothing
-a node sends can raise out of :meth:`take`: an unexpected error is that node's rejection. The Flower ServerApp (``nodes/server_app.py``) only
+a node sends can raise out of :meth:`take`: an unexpected error is that node's rejection. The Flower ServerApp (``nodes/coordinator/server_app.py``) only
 moves messages. Everything is a function of the settings, the seed and the accepted
 replies, so the same replies give the same bits in any arrival order, and a restart
 resumes exactly.
@@ -18,7 +18,7 @@ travelled: ``bytes_up`` (the replies' arrays), ``bytes_down`` (the tasks' model 
 ``downlink = fp16`` tasks carry the model in half precision (``Engine.task_model``): half the
 bytes down, and each task names the SHA-256 of the rounded model the nodes train from.
 
-Every task out is in the coordinator's :class:`~nodes.ledger.TaskLedger` (:attr:`ledger`),
+Every task out is in the coordinator's :class:`~nodes.engine.ledger.TaskLedger` (:attr:`ledger`),
 issued by :meth:`issue` (or :meth:`ask`) when its message leaves. A reply must answer its
 node's task: the same task number and base model, no staler than ``max-staleness``; the reply
 closes the task whatever it holds, and a quarantined node's reply is not read. Each accepted
@@ -34,8 +34,8 @@ audit.
 Asynchronous rounds (``round = async``, FedBuff): each free node gets its own task, numbered
 by the run's task count (``DIR/tasks-sent``, so a resumed run never reuses a number a volunteer
 has seen), with the current model. Replies (:meth:`receive`) fill a buffer, one per node (a
-node's next reply waits for the following buffer; ``nodes.buffers`` is the schedule); every
-``buffer`` valid ones (or a reply from every node that may still answer: ``nodes.ledger``)
+node's next reply waits for the following buffer; ``nodes.engine.buffers`` is the schedule); every
+``buffer`` valid ones (or a reply from every node that may still answer: ``nodes.engine.ledger``)
 :meth:`finish_round` runs the engine. A *round* is a buffer: ``rounds`` counts buffers. Its
 record keeps the schedule: ``ids`` (which replies), ``staleness`` (from which base version),
 ``held`` (replies of nodes already in it, waiting for the next buffer), which ``robust
@@ -59,17 +59,18 @@ from robust.data import load
 from robust.models import build_model
 from robust.params import sha256, unflatten
 
-from . import admission, audit, checkpoint
+from .. import checkpoint
+from ..engine.buffers import Buffers
+from ..engine.engine import Engine, ThreatHook
+from ..engine.ledger import Ticket, TaskLedger, ttl
+from ..engine.root import Root
+from ..engine.rows import canonical, rejection_reason
+from ..settings import Settings
+from ..wire import Reply, Task, content_bytes, model_array, read_reply, reply_payload, task_content
+from . import admission, audit
 from .admission import scan
 from .attendance import Attendance
-from .buffers import Buffers
-from .engine import Engine, ThreatHook
-from .ledger import Ticket, TaskLedger, ttl
-from .root import Root
-from .rows import canonical, rejection_reason
-from .settings import Settings
 from .verifier import Checkers, SpotChecks
-from .wire import Reply, Task, content_bytes, model_array, read_reply, reply_payload, task_content
 
 log = logging.getLogger("robust.coordinator")
 RUN_ID = "run-id"
@@ -255,7 +256,7 @@ class Coordinator:
         wire, or the transport's ``error``; filed in the buffer (or, if the node is already in
         it, held for the next). ``online``: the nodes reachable now (with those that have a task
         out: who may still answer). Returns the records of the buffers this completed (the
-        engine ran on them; ``nodes.buffers`` is the schedule). Never raises on what a node sent."""
+        engine ran on them; ``nodes.engine.buffers`` is the schedule). Never raises on what a node sent."""
         single = Inbox()
         if not self.file(fp, content, error, single):
             return []
@@ -341,7 +342,7 @@ class Coordinator:
 
         Rejected replies (bad content) count as flags; failed ones (a transport error, or a
         node declining the task) are recorded without a flag: they are not lies. A node
-        without a usable reply ``rest_after`` rounds in a row is rested (``nodes.attendance``).
+        without a usable reply ``rest_after`` rounds in a row is rested (``nodes.coordinator.attendance``).
         The seconds nodes say their training took only feed the overhead figure."""
         ids, X = canonical(inbox.rows, self.engine.w.numel())
         if self._task_bytes is None:  # the model array's bytes: the same every round

@@ -1,14 +1,14 @@
-"""The volunteer's Flower ClientApp: decode the task, :func:`nodes.volunteer.work`, reply.
+"""The volunteer's Flower ClientApp: decode the task, :func:`nodes.volunteer.volunteer.work`, reply.
 
 A node is a folder: its key, its prepared data and ``node.json`` (device, and for Byzantine
 test nodes an attack). A deployed SuperNode's ``--node-config`` names the folder (written by
 ``robust node join``); the bench's Flower simulation builds the same app with
 :func:`make_app`, finding each simulated node's folder from its partition id.
 
-A spot-check task (``nodes.spotcheck``) is answered by recomputing the named node's update on
+A spot-check task (``nodes.engine.spotcheck``) is answered by recomputing the named node's update on
 its part of the data set (prepared in this node's folder the first time), honestly.
 
-The update travels as the task's codec encodes it (``nodes.volunteer.work``). A test node
+The update travels as the task's codec encodes it (``nodes.volunteer.volunteer.work``). A test node
 that lies about its update's bytes (``dtype-lie``, ``shape-lie``, ``oversize``) tells the
 same lie about the first array of a compressed update (:func:`content`).
 
@@ -31,9 +31,10 @@ from flwr.clientapp import ClientApp
 from robust import keys
 from robust.code import use_path
 
+from ..engine.training import NodeData
+from ..wire import UPDATE, Reply, identity_content, read_introduction, read_task, reply_content
 from . import faults
-from .volunteer import NodeConfig, NodeData, check, pick_device, prepare_data, work
-from .wire import UPDATE, Reply, identity_content, read_introduction, read_task, reply_content
+from .volunteer import NodeConfig, check, pick_device, prepare_data, work
 
 WORK_LOG = "work.jsonl"
 FolderOf = Callable[[Context, str], Path]  # (context, run id) -> the node's folder
@@ -82,7 +83,7 @@ def make_app(folder_of: FolderOf) -> ClientApp:
     def query(msg: Message, context: Context) -> Message:
         """An introduction (say who this node is: its public key), or a no-op the coordinator
         sends to a node that has not replied by mid-deadline: pulling it makes the SuperNode
-        push a reply it still holds (``nodes.server_app``)."""
+        push a reply it still holds (``nodes.coordinator.server_app``)."""
         run = read_introduction(msg.content)
         if run is not None:
             key = keys.load_private(folder_of(context, run)).public_key()

@@ -22,10 +22,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from . import checkpoint, launch
+from .. import checkpoint, launch
+from ..settings import Settings, coordinator_folder
 from .admission import scan
 from .coordinator import short
-from .settings import Settings, coordinator_folder
 
 RECENT, REJECTIONS, SPARK_WIDTH = 8, 5, 40  # accuracies listed, rejections listed, rounds in the sparkline
 SPARKS = "▁▂▃▄▅▆▇█"

@@ -26,7 +26,7 @@ kernels against a volunteer's, differ by a relative distance of at most ~1e-6; a
 update scaled by 0.999 is 1e-3 away. The bound sits between, at 1e-4.
 
 Compressed updates (``compression``): the author signed its *decoded* row, so a recomputation
-is compared as it would have travelled (``nodes.volunteer.transmitted``: encoded with the
+is compared as it would have travelled (``nodes.engine.training.transmitted``: encoded with the
 author's codec key, decoded). fp16, int8 and randk are deterministic functions of the row, so
 on one profile the comparison stays bitwise. Across profiles two honest rows a ~1e-6 apart can
 round to neighbouring codes, so the referee widens the bound by ``slack``: twice the codec's

@@ -7,7 +7,7 @@ answer.
   to the nodes it asks; at the round's deadline the tasks still out are cancelled
   (``late = drop``), or left out (``late = carry``): their nodes stay busy (not asked again)
   and a reply that comes later counts in the round it arrives in, with its staleness.
-- **Asynchronous rounds** are the ledger plus ``nodes.buffers``: every free node gets a task
+- **Asynchronous rounds** are the ledger plus ``nodes.engine.buffers``: every free node gets a task
   numbered by the run's task count, and its reply is filed in the buffer being filled.
 
 A task (:class:`Ticket`) keeps what a reply to it must match (its number and the SHA-256 of

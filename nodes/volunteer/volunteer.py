@@ -1,11 +1,5 @@
-"""What a volunteer does with a task, with no Flower in sight: check it, train, sign.
-
-:func:`compute` is a node's whole computation of a round, the one function that real
-volunteers, simulated ones and the bench's per-node driver all call: same task, data and
-node identity, same bits. A node's batches are a function of ``(run seed, node fingerprint,
-round, step)`` (``robust.batches``), its poisoned data (a Byzantine test node) of
-``(run seed, fingerprint)``, the random numbers its model draws as it trains (dropout) of
-``(run seed, fingerprint, round)``, and it runs under the compute profile the task states.
+"""What a volunteer does with a task, with no Flower in sight: check it, train (the engine's
+:func:`~nodes.engine.training.compute`), sign.
 
 Under the ``momentum`` protocol a node keeps its worker momentum between rounds, in its
 folder (``state/<run>.pt``: the momentum before and after the last round it computed), so a
@@ -38,42 +32,19 @@ import torch
 import attacks
 from attacks.base import Memory, NodeAttack
 from robust.code import use_path
-from robust.compute import profile
 from robust import codecs, keys
 from robust.codecs import Codec, Encoded
-from robust.batches import draw_batches, node_key
-from robust.data import Dataset, load
-from robust.partition import partition
-from robust.models import build_model
-from robust.params import sha256, unflatten
-from robust.seeds import derive, generator
+from robust.data import load
+from robust.params import sha256
 
+from ..checkpoint import write_atomic
+from ..engine.protocol import Protocol
+from ..engine.spotcheck import profile_of
+from ..engine.training import NodeData, compute, parse_part, part_of, playing
+from ..wire import Reply, Task, reply_payload
 from . import faults
-from .checkpoint import write_atomic
-from .protocol import Protocol
-from .spotcheck import profile_of
-from .wire import Reply, Task, reply_payload
 
 STATE, CONFIG = "state", "node.json"
-
-
-@dataclass
-class NodeData:
-    """A volunteer's training set (what ``robust node join`` prepares once, in its folder)."""
-
-    dataset: str
-    x: torch.Tensor
-    y: torch.Tensor
-    classes: int
-
-    def save(self, path: Path) -> None:
-        write_atomic(path, lambda out: torch.save({"dataset": self.dataset, "x": self.x, "y": self.y,
-                                                   "classes": self.classes}, out))
-
-    @classmethod
-    def load(cls, path: Path) -> NodeData:
-        raw = torch.load(path, weights_only=True)
-        return cls(raw["dataset"], raw["x"], raw["y"], int(raw["classes"]))
 
 
 @dataclass(frozen=True)
@@ -95,23 +66,6 @@ class NodeConfig:
     @classmethod
     def load(cls, folder: Path) -> NodeConfig:
         return cls(**json.loads((folder / CONFIG).read_text()))
-
-
-def parse_part(part: str) -> tuple[int, int]:
-    """``(I, N)`` of a part spec ``I/N`` (part I of N, 1-based); ``ValueError`` says how to write it."""
-    found = re.fullmatch(r"(\d{1,7})/(\d{1,7})", part)
-    if not found or not 1 <= int(found[1]) <= int(found[2]):
-        raise ValueError(f"partition {part[:40]!r}: write I/N with 1 <= I <= N, e.g. 1/5 for the first of five parts")
-    return int(found[1]), int(found[2])
-
-
-def part_of(data: Dataset, part: str) -> NodeData:
-    """Part ``I/N`` of ``data``'s training set (iid, seeded): what a volunteer holds."""
-    index, total = parse_part(part)
-    if total > len(data.y_train):
-        raise ValueError(f"partition {part}: {data.name} has only {len(data.y_train)} training samples")
-    rows = partition(data.y_train, total, "iid", seed=0)[index - 1]
-    return NodeData(data.name, data.x_train[rows].clone(), data.y_train[rows].clone(), data.classes)
 
 
 def prepare_data(folder: Path, dataset: str, root: str | None, part: str, code: str = "") -> Path:
@@ -145,41 +99,6 @@ def check_attack(spec: str) -> None:
             f"node-side attacks ({', '.join(n for n in attacks.names() if isinstance(attacks.build(n, 1), NodeAttack))}) "
             f"or protocol faults ({', '.join(faults.PROTOCOL_FAULTS)})"
         )
-
-
-def playing(attack: str, round: int) -> NodeAttack | None:
-    """The node-side attack a node plays in ``round``; ``None``: it is honest this round (no
-    attack, or one that stopped after an earlier round)."""
-    if attack in ("", "none"):
-        return None
-    played = attacks.build(attack, 1)
-    return played if played.active(round) else None
-
-
-def compute(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,
-            device: torch.device, attack: str = "", m: torch.Tensor | None = None,
-            last: Memory | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(row, new worker momentum)``, both CPU float32, of node ``node`` (its fingerprint)
-    for ``task`` from the global model ``w``, on its data ``x, y``, with its momentum ``m``
-    (zeros if ``None``). A node-side ``attack`` poisons the data first and may bend the
-    training (its :meth:`~attacks.base.NodeAttack.shaping`, from ``last``: what the node
-    remembers of its previous round); what the node then sends is :func:`forge`'s.
-    ``ValueError`` if ``w`` does not fit the model or the task is malformed."""
-    protocol = Protocol.of(task)
-    played = playing(attack, task.round)
-    # a model that draws random numbers as it trains (dropout) draws them from its own stream
-    with profile(task.threads, device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(derive(task.seed, node, task.round, "model"))
-        model = build_model(task.model, tuple(x.shape[1:]), classes, task.seed).to(device)  # frozen parameters as the coordinator has them
-        params = unflatten(w.to(device), model)
-        shaping = None
-        if played is not None:
-            x, y = played.poison(x, y, classes, generator(task.seed, node, "poison"))
-            shaping = played.shaping(task.round, w.to(device), last)
-        idx = draw_batches([len(y)], protocol.batch_size, [node_key(task.seed, node)], task.round, protocol.steps)[0]
-        m = torch.zeros_like(w) if m is None else m
-        row, m = protocol.node_update(model, params, x[idx].to(device), y[idx].to(device), m.to(device), shaping)
-    return row.detach().to("cpu", torch.float32), m.detach().to("cpu", torch.float32)
 
 
 def forge(attack: str, row: torch.Tensor, last: Memory | None, round: int) -> torch.Tensor:
@@ -255,12 +174,6 @@ def encode_update(codec: Codec, row: np.ndarray, key: tuple, residual: torch.Ten
     else:
         enc = codec.encode(t, key)
     return enc, codec.decode(enc, t.numel()).numpy(), after
-
-
-def transmitted(codec: Codec, row: torch.Tensor, key: tuple) -> torch.Tensor:
-    """The row the coordinator decodes from an honest node's ``row`` (no residual): what a spot
-    check's recomputation is compared as."""
-    return row if codec.name == "none" else codec.decode(codec.encode(row, key), row.numel())
 
 
 def _remembers(folder: Path | None, attack: str) -> bool:

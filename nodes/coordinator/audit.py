@@ -40,14 +40,14 @@ from robust.data import load
 from robust.models import build_model
 from robust.params import sha256
 
-from . import checkpoint
+from .. import checkpoint
+from ..engine.engine import Engine
+from ..engine.ledger import Ticket
+from ..engine.root import Root
+from ..engine.spotcheck import recorded
+from ..settings import Settings, coordinator_folder
+from ..wire import signed_payload
 from .admission import known_keys
-from .engine import Engine
-from .ledger import Ticket
-from .root import Root
-from .settings import Settings, coordinator_folder
-from .spotcheck import recorded
-from .wire import signed_payload
 
 UPDATES = "updates"
 COMPARED = ("ids", "rejected", "failed", "missing", "flagged", "quarantined", "skipped", "accuracy",

@@ -1,7 +1,7 @@
 """Who answers: nodes that keep declining or never reply are rested, not flagged.
 
 A declined task (the node says why), a node error, or no reply by the deadline is not a lie,
-so it is never a flag (``nodes.flags``). But a node that answers nothing round after round
+so it is never a flag (``nodes.engine.flags``). But a node that answers nothing round after round
 costs every round its deadline and its place in the quorum. After ``rest_after`` rounds in
 a row without a usable reply it is *rested*: not asked for as many rounds, then asked again.
 Refusals are also counted per node, for the run's result.

@@ -5,7 +5,7 @@ measures the quarantines a deployment would make, false ones included. Each roun
 flagged when
 
 - its reply was rejected (malformed, non-finite, above the norm bound, badly signed...), or
-- its row's ``distance-ratio`` score (``nodes.detectors``: its distance to the round's
+- its row's ``distance-ratio`` score (``nodes.engine.detectors``: its distance to the round's
   coordinate-wise median over the typical such distance) is above ``ratio``.
 
 A row that a selecting rule (Krum, Multi-Krum, Bulyan, MDA) merely did not use is *not*
@@ -13,11 +13,11 @@ flagged: those rules drop honest rows every round by design. A node flagged in `
 rounds is quarantined: it is no longer asked. Flags never change a round's aggregate.
 
 With a ``false_alarm`` target, a node is also quarantined when its evidence over rounds
-(``nodes.evidence``: a CUSUM of how atypical its update's direction is, round after round)
+(``nodes.engine.evidence``: a CUSUM of how atypical its update's direction is, round after round)
 crosses the threshold calibrated to that target over the run's ``rounds``: the patient
 attacker who never crosses a per-round threshold.
 
-A node whose update a spot check proved fabricated (``nodes.spotcheck``) is *convicted*:
+A node whose update a spot check proved fabricated (``nodes.engine.spotcheck``) is *convicted*:
 quarantined at once, whatever its flags, with the evidence kept in :attr:`convicted`.
 """
 

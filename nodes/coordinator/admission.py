@@ -2,7 +2,7 @@
 
 Keys are written atomically (a round that reads the list never sees half a file) and read
 with a size cap; a file that is not a key is skipped with a warning naming it, never the end
-of a running federation. A node convicted of lying (``nodes.spotcheck``) is banned: its key
+of a running federation. A node convicted of lying (``nodes.engine.spotcheck``) is banned: its key
 moves to ``DIR/convicted/``, where the audit still finds it to check its signatures, and
 ``admit`` refuses it.
 """
@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from robust import keys
 
-from .checkpoint import write_atomic
+from ..checkpoint import write_atomic
 
 ADMITTED, CONVICTED = "admitted", "convicted"
 KEY_CAP = 4096  # bytes: an OpenSSH P-384 public key line takes about 230

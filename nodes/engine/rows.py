@@ -1,6 +1,6 @@
 """A round's rows: why one cannot be used, and their canonical stack.
 
-The round engine (``nodes.engine``) validates every row with these, whoever computed it.
+The round engine (``nodes.engine.engine``) validates every row with these, whoever computed it.
 """
 
 from __future__ import annotations

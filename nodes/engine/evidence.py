@@ -2,7 +2,7 @@
 
 A patient attacker stays under any per-round threshold; what gives it away is that it is a
 little suspicious *every* round. Each round, each accepted node's ``median-cosine`` score
-(``nodes.detectors``: how far its update's direction is from the round's coordinate median,
+(``nodes.engine.detectors``: how far its update's direction is from the round's coordinate median,
 two-sided, in cosine units) becomes a robust z-score relative to the round's spread,
 
     z_i = (s_i - median_j s_j) / max(1.4826 * MAD_j s_j, FLOOR),     clipped to [-CAP, CAP],

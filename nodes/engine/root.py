@@ -4,7 +4,7 @@ samples the coordinator holds, and its own update on them each round.
 ``root = N`` (a setting and scenario key; 0: none) draws ``N`` samples of the training set,
 seeded by ``(run seed, "root")``, so the coordinator, the bench and a log's replay hold the
 same ones. The reference update of a round is computed as a volunteer computes its row
-(``nodes.volunteer.compute``, node id ``ROOT``): same protocol, batches and compute profile,
+(``nodes.engine.training.compute``, node id ``ROOT``): same protocol, batches and compute profile,
 so it has a row's meaning, sign and scale. Under the ``momentum`` protocol the root keeps
 its worker momentum from round to round, in :meth:`state` (checkpointed with the engine).
 A rule that ``needs`` the reference (``fltrust``) gets it through ``aggregators.RoundInputs``.
@@ -18,9 +18,9 @@ from robust.data import Dataset
 from robust.params import sha256
 from robust.seeds import generator
 
+from ..wire import Task
 from .protocol import Protocol
-from .volunteer import compute
-from .wire import Task
+from .training import compute
 
 ROOT = "root"  # the node id the root's batches and random streams are keyed by
 

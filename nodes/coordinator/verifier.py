@@ -1,4 +1,4 @@
-"""The coordinator's spot checks (``nodes.spotcheck``): who recomputes, and the verdicts.
+"""The coordinator's spot checks (``nodes.engine.spotcheck``): who recomputes, and the verdicts.
 
 :class:`SpotChecks` is the round engine's verifier in a deployment. With ``verifier =
 "nodes"`` each drawn update goes to another volunteer of the round (seeded choice, never
@@ -27,11 +27,11 @@ from robust.codecs import Codec
 from robust.codecs.sparse import SparseCodec
 from robust.params import sha256
 
+from ..engine.ledger import Ticket
+from ..engine.spotcheck import SELF, Verdict, assign, compare, distance, profile_of, referee, round_seed
+from ..engine.training import NodeData, compute, part_of, transmitted
+from ..wire import Reply, Task, read_reply, reply_payload, task_content
 from .audit import keep_row
-from .ledger import Ticket
-from .spotcheck import SELF, Verdict, assign, compare, distance, profile_of, referee, round_seed
-from .volunteer import NodeData, compute, part_of, transmitted
-from .wire import Reply, Task, read_reply, reply_payload, task_content
 
 CPU = torch.device("cpu")
 Ask = Callable[[dict[str, tuple[str, RecordDict]]], dict[str, RecordDict | str]]
@@ -135,6 +135,6 @@ class SpotChecks:
 
 
 def slack(codec: Codec, raw: torch.Tensor, sent: torch.Tensor) -> float:
-    """What ``codec``'s rounding adds to the cross-profile bound (``nodes.spotcheck``): twice its
+    """What ``codec``'s rounding adds to the cross-profile bound (``nodes.engine.spotcheck``): twice its
     relative error on the recomputation ``raw`` (decoded: ``sent``); 0 for a sparse codec."""
     return 0.0 if codec.name == "none" or isinstance(codec, SparseCodec) else 2 * distance(sent, raw)

@@ -8,7 +8,7 @@ rows the nodes sent:
     canonical order -> validate -> quorum -> threat-model hook (bench only) -> spot checks
     -> aggregate -> score -> flag -> apply -> evaluate -> record
 
-The deployed coordinator (``nodes.coordinator``, fed by the Flower ServerApp), the local
+The deployed coordinator (``nodes.coordinator.coordinator``, fed by the Flower ServerApp), the local
 bench driver (vectorised or per node) and the Flower simulation driver all call it, so a
 benchmark describes what users deploy. Everything runs under the run's compute profile
 (``threads``) and is a function of the settings and the rows: the same rows give the same
@@ -24,19 +24,19 @@ app holds the model.
 
 Rules that need more than the rows (``aggregators.RoundInputs``) get the rows' node ids, the
 global model the rows were computed from, and, for ``fltrust``, the coordinator's own update on
-its root data (``nodes.root``), computed once per round that steps.
+its root data (``nodes.engine.root``), computed once per round that steps.
 
-Every row comes with its task (``nodes.ledger.Ticket``: its number, the model it carried and
+Every row comes with its task (``nodes.engine.ledger.Ticket``: its number, the model it carried and
 that model's version). Asynchronous rounds (``round = async``, FedBuff) and carried late
 replies (``late = carry``) hold rows computed from older model versions: the engine rejects rows
 staler than ``max-staleness`` and, after the threat hook and the spot checks (which see the
 rows as their nodes sent them), scales the others by the ``staleness`` weight
-(``nodes.staleness``) before the rule. The record keeps each row's staleness: with the rows,
+(``nodes.engine.staleness``) before the rule. The record keeps each row's staleness: with the rows,
 the schedule that makes a round a pure function. With
-``lookahead``, tasks carry :meth:`Engine.task_model` (``nodes.lookahead``: the model
+``lookahead``, tasks carry :meth:`Engine.task_model` (``nodes.engine.lookahead``: the model
 extrapolated by the expected staleness), whose SHA-256 the record keeps as ``task_sha256``.
 
-Spot checks (``spot-check = p``, ``nodes.spotcheck``): the committed rows' hashes seed a draw
+Spot checks (``spot-check = p``, ``nodes.engine.spotcheck``): the committed rows' hashes seed a draw
 of the rows to recompute; the engine's ``verifier`` (the coordinator's, the bench's, or a
 log's replay) recomputes each drawn row from that row's own task (a straggler's from the older
 model it was sent) and returns the verdicts; a convicted node's row is dropped before the rule
@@ -160,7 +160,7 @@ class Engine:
         self.chain = aggregators.build(s.aggregator, s.tolerate)
         if "reference" in self.chain.needs and root is None:
             raise ValueError(f"{s.aggregator} needs the coordinator's root data: build the engine with "
-                             "nodes.root.Root.of(settings, data) (a driver's error)")
+                             "nodes.engine.root.Root.of(settings, data) (a driver's error)")
         self.root = root
         self.protocol = Protocol.of(s)
         self.flags = FlagPolicy(s.flag_ratio, s.quarantine_after, s.false_alarm, s.rounds)
@@ -184,7 +184,7 @@ class Engine:
 
     def task_model(self) -> tuple[torch.Tensor, str]:
         """The model a task sent now carries (float32), and its SHA-256: :attr:`w` (:attr:`base`);
-        with ``lookahead`` the model extrapolated by the expected staleness (``nodes.lookahead``);
+        with ``lookahead`` the model extrapolated by the expected staleness (``nodes.engine.lookahead``);
         with ``downlink = fp16`` rounded to half precision (``fp16``'s codec: saturating, round to
         nearest even), as it travels."""
         if self.lookahead is None and self.downlink is None:

@@ -6,7 +6,7 @@ or at its deadline, and a task is given up at its TTL. The bench's Flower simula
 hands the same loop a simulated clock (``evaluation.sim_clock``) that foresees when each
 reply arrives on the cell's simulated volunteers (speed, link), so that the loop's schedule
 is the local driver's, whatever order the replies physically come in. Either clock only
-reads the coordinator's task ledger (``nodes.ledger``); the loop files what it says.
+reads the coordinator's task ledger (``nodes.engine.ledger``); the loop files what it says.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Array, RecordDict
 
-from .wire import UPDATE, Reply, reply_content
+from ..wire import UPDATE, Reply, reply_content
 
 PROTOCOL_FAULTS = ("nan", "wrong-shape", "huge-norm", "inflated-count", "bad-signature", "replay", "stale-base",
                    "dtype-lie", "shape-lie", "oversize", "slow-drip", "decline")

@@ -4,7 +4,7 @@ Flower's ``Strategy.start`` drops late replies silently and one malformed reply 
 run, so the loop is ours (:func:`serve`): ask the selected nodes, collect until every one
 replied or the deadline passed, hand each reply to :meth:`Coordinator.take` (a bad reply is
 a rejection with a reason, never an exception), then :meth:`Coordinator.finish_round`, which
-runs the round engine; its spot checks (``nodes.verifier``) are sent to other volunteers of
+runs the round engine; its spot checks (``nodes.coordinator.verifier``) are sent to other volunteers of
 the round by :func:`ask_checks`, answered within one more deadline. A round with no node to ask fails the run, after ``wait-nodes``
 seconds, with what to do (never a "done" on an untrained model). The deployed app reads the coordinator's folder from the run
 config's ``state-dir``; the bench's Flower simulation driver calls :func:`serve` itself, on
@@ -26,11 +26,11 @@ SuperNode push the reply it holds. A node that is merely slow runs one more no-o
 real work; a fresh run never nudges.
 
 One loop (:class:`Loop`) serves every round mode: the coordinator's task ledger
-(``nodes.ledger``) says who has a task out and under which message id; the loop pushes tasks
+(``nodes.engine.ledger``) says who has a task out and under which message id; the loop pushes tasks
 as the mode allows, pulls the replies to every task out, files each with the coordinator, and
 gives up tasks past their TTL (``deadline`` + 30 s). A synchronous round is the ledger plus a
 barrier (every task of the round answered, or the deadline). Which replies count when is the
-loop's clock's (``nodes.clocks``): the wall in a deployment, simulated time in the bench.
+loop's clock's (``nodes.engine.clocks``): the wall in a deployment, simulated time in the bench.
 
 Late replies (``late = carry``): the tasks a round leaves unanswered stay out; their replies
 are pulled with the next rounds' and filed in the round they arrive in, until their TTL.
@@ -59,12 +59,12 @@ from flwr.serverapp import Grid, ServerApp
 
 from robust import keys
 
-from . import checkpoint
-from .clocks import Barrier, Clock, WallClock
+from .. import checkpoint
+from ..engine.clocks import Barrier, Clock, WallClock
+from ..engine.ledger import Ticket, ttl
+from ..wire import introduction_content, read_identity, task_content
 from .coordinator import Coordinator, Inbox, short
-from .ledger import Ticket, ttl
 from .verifier import Checkers
-from .wire import introduction_content, read_identity, task_content
 
 log = logging.getLogger("robust.coordinator")
 POLL = 0.5  # seconds between pulls: Flower's own polling (3 s) dominates anyway
@@ -311,7 +311,7 @@ def log_record(record: dict) -> None:
 def serve(grid: Grid, coord: Coordinator, poll: float = POLL, introductions: bool = False,
           clock: Clock | None = None) -> None:
     """Play ``coord``'s rounds (or, with ``round = async``, its buffers) until its run is done,
-    on the wall (a deployment) or on the bench's simulated ``clock`` (``nodes.clocks``)."""
+    on the wall (a deployment) or on the bench's simulated ``clock`` (``nodes.engine.clocks``)."""
     loop = Loop(Roster(grid, coord, introductions, poll), coord, clock or WallClock(coord.settings.deadline))
     if coord.asynchronous:
         loop.play_async()

@@ -1,7 +1,7 @@
 """Per-round suspicion scores: how suspicious each row of a round's update matrix looks.
 
-The round engine (``nodes.engine``) scores every round with :func:`score_round`: the flag
-policy (``nodes.flags``) reads ``distance-ratio``, the benchmark measures every detector's
+The round engine (``nodes.engine.engine``) scores every round with :func:`score_round`: the flag
+policy (``nodes.engine.flags``) reads ``distance-ratio``, the benchmark measures every detector's
 AUC against the true Byzantine rows.
 
 ``score_round(X, f, kept)`` returns one float64 ``(n,)`` tensor per detector, rows in the

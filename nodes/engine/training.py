@@ -1,0 +1,114 @@
+"""The training function of the one protocol: a node's whole computation of a round.
+
+:func:`compute` is a node's whole computation of a round, the one function that real
+volunteers, simulated ones and the bench's per-node driver all call: same task, data and
+node identity, same bits. A node's batches are a function of ``(run seed, node fingerprint,
+round, step)`` (``robust.batches``), its poisoned data (a Byzantine test node) of
+``(run seed, fingerprint)``, the random numbers its model draws as it trains (dropout) of
+``(run seed, fingerprint, round)``, and it runs under the compute profile the task states.
+
+The coordinator runs it too: a spot check's referee recomputes a volunteer's row
+(``nodes.coordinator.verifier``) and the root data's row is computed like a volunteer's
+(``nodes.engine.root``). So it is the engine's, not either side's: :class:`NodeData` and
+:func:`part_of` say what a node holds, :func:`transmitted` what an honest row decodes to.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import attacks
+from attacks.base import Memory, NodeAttack
+from robust.batches import draw_batches, node_key
+from robust.codecs import Codec
+from robust.compute import profile
+from robust.data import Dataset
+from robust.models import build_model
+from robust.params import unflatten
+from robust.partition import partition
+from robust.seeds import derive, generator
+
+from ..checkpoint import write_atomic
+from ..wire import Task
+from .protocol import Protocol
+
+
+@dataclass
+class NodeData:
+    """A volunteer's training set (what ``robust node join`` prepares once, in its folder)."""
+
+    dataset: str
+    x: torch.Tensor
+    y: torch.Tensor
+    classes: int
+
+    def save(self, path: Path) -> None:
+        write_atomic(path, lambda out: torch.save({"dataset": self.dataset, "x": self.x, "y": self.y,
+                                                   "classes": self.classes}, out))
+
+    @classmethod
+    def load(cls, path: Path) -> NodeData:
+        raw = torch.load(path, weights_only=True)
+        return cls(raw["dataset"], raw["x"], raw["y"], int(raw["classes"]))
+
+
+def parse_part(part: str) -> tuple[int, int]:
+    """``(I, N)`` of a part spec ``I/N`` (part I of N, 1-based); ``ValueError`` says how to write it."""
+    found = re.fullmatch(r"(\d{1,7})/(\d{1,7})", part)
+    if not found or not 1 <= int(found[1]) <= int(found[2]):
+        raise ValueError(f"partition {part[:40]!r}: write I/N with 1 <= I <= N, e.g. 1/5 for the first of five parts")
+    return int(found[1]), int(found[2])
+
+
+def part_of(data: Dataset, part: str) -> NodeData:
+    """Part ``I/N`` of ``data``'s training set (iid, seeded): what a volunteer holds."""
+    index, total = parse_part(part)
+    if total > len(data.y_train):
+        raise ValueError(f"partition {part}: {data.name} has only {len(data.y_train)} training samples")
+    rows = partition(data.y_train, total, "iid", seed=0)[index - 1]
+    return NodeData(data.name, data.x_train[rows].clone(), data.y_train[rows].clone(), data.classes)
+
+
+def playing(attack: str, round: int) -> NodeAttack | None:
+    """The node-side attack a node plays in ``round``; ``None``: it is honest this round (no
+    attack, or one that stopped after an earlier round)."""
+    if attack in ("", "none"):
+        return None
+    played = attacks.build(attack, 1)
+    return played if played.active(round) else None
+
+
+def compute(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,
+            device: torch.device, attack: str = "", m: torch.Tensor | None = None,
+            last: Memory | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(row, new worker momentum)``, both CPU float32, of node ``node`` (its fingerprint)
+    for ``task`` from the global model ``w``, on its data ``x, y``, with its momentum ``m``
+    (zeros if ``None``). A node-side ``attack`` poisons the data first and may bend the
+    training (its :meth:`~attacks.base.NodeAttack.shaping`, from ``last``: what the node
+    remembers of its previous round); what the node then sends is :func:`~nodes.volunteer.volunteer.forge`'s.
+    ``ValueError`` if ``w`` does not fit the model or the task is malformed."""
+    protocol = Protocol.of(task)
+    played = playing(attack, task.round)
+    # a model that draws random numbers as it trains (dropout) draws them from its own stream
+    with profile(task.threads, device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(derive(task.seed, node, task.round, "model"))
+        model = build_model(task.model, tuple(x.shape[1:]), classes, task.seed).to(device)  # frozen parameters as the coordinator has them
+        params = unflatten(w.to(device), model)
+        shaping = None
+        if played is not None:
+            x, y = played.poison(x, y, classes, generator(task.seed, node, "poison"))
+            shaping = played.shaping(task.round, w.to(device), last)
+        idx = draw_batches([len(y)], protocol.batch_size, [node_key(task.seed, node)], task.round, protocol.steps)[0]
+        m = torch.zeros_like(w) if m is None else m
+        row, m = protocol.node_update(model, params, x[idx].to(device), y[idx].to(device), m.to(device), shaping)
+    return row.detach().to("cpu", torch.float32), m.detach().to("cpu", torch.float32)
+
+
+def transmitted(codec: Codec, row: torch.Tensor, key: tuple) -> torch.Tensor:
+    """The row the coordinator decodes from an honest node's ``row`` (no residual): what a spot
+    check's recomputation is compared as."""
+    return row if codec.name == "none" else codec.decode(codec.encode(row, key), row.numel())
