@@ -32,12 +32,20 @@ def fingerprint(node: Path) -> str:
     return keys.fingerprint(keys.load_private(node).public_key())
 
 
+def ask(coord: Coordinator, fps: list[str]) -> tuple[dict, object]:
+    """The coordinator's tasks for ``fps``, each out at once (an in-process transport)."""
+    tasks, w = coord.tasks(fps)
+    for fp, task in tasks.items():
+        coord.issue(fp, task, 0.0)
+    return tasks, w
+
+
 def replies(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None = None) -> list[tuple[str, RecordDict]]:
-    """Every node's reply to this round's task, issued to it now (``Coordinator.ask``, in place
+    """Every node's reply to this round's task, issued to it now (:func:`ask`, in place
     of any task it had out), as it goes on the wire: ``(fp, content)``."""
     for node in nodes:
         coord.ledger.close(fingerprint(node))
-    tasks, w = coord.ask([fingerprint(node) for node in nodes])
+    tasks, w = ask(coord, [fingerprint(node) for node in nodes])
     out = []
     for i, node in enumerate(nodes, start=1):
         attack, task = (attacks or {}).get(i, ""), tasks[fingerprint(node)]
@@ -54,7 +62,7 @@ def take(coord: Coordinator, fp: str, content: RecordDict, inbox: Inbox) -> None
     transport; a node already in ``inbox`` is not read again)."""
     if fp not in inbox:
         coord.ledger.close(fp)
-        coord.ask([fp])
+        ask(coord, [fp])
     coord.take(fp, content, inbox)
 
 

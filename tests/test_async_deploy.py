@@ -1,6 +1,6 @@
 """Asynchronous rounds in the deployment (``round = async``, FedBuff), late replies carried
 (``late = carry``) and ``robust coordinator replay``. In-process: the coordinator's own methods
-(``ask``/``receive``) and the ServerApp's loop (``serve``) on a fake grid whose volunteers run the real ``nodes.volunteer.volunteer.work``; one
+(``tasks``/``issue``/``receive``) and the ServerApp's loop (``serve``) on a fake grid whose volunteers run the real ``nodes.volunteer.volunteer.work``; one
 loopback federation with a slow volunteer for real."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from nodes.volunteer.volunteer import work
 from nodes.wire import read_task
 from robust import keys
 
-from .federation_kit import fingerprint, make_federation
+from .federation_kit import ask, fingerprint, make_federation
 
 SETTINGS = Settings(rounds=4, round="async", buffer=3, aggregator="trimmed-mean", tolerate=1,
                     protocol="delta:steps=2", batch_size=16, compression="int8")
@@ -200,7 +200,7 @@ def test_stale_and_replayed_replies_are_rejected_with_their_reason(tmp_path):
     node = dict(zip((a, b, c, d), nodes))
 
     def reply(fp, attack=""):
-        tasks, w = coord.ask([fp])
+        tasks, w = ask(coord, [fp])
         return answer(node[fp], tasks[fp], w, attack)
 
     content_d = reply(d)  # sent at version 0, answered late
@@ -223,7 +223,7 @@ def test_stale_and_replayed_replies_are_rejected_with_their_reason(tmp_path):
     coord.receive(b, content)  # the same reply again: its task is answered
     assert coord.buffers.held[-1][1].rejected[b] == f"signed for task {coord.sent}, but this node has no task out (a replay?)"
     assert not len(coord.ledger)
-    coord.ask([c])
+    ask(coord, [c])
     coord.engine.flags.quarantined[c] = coord.round  # a quarantined node's reply is not read, its task is gone
     assert coord.receive(c, reply(d)) == [] and c not in coord.buffers.filling and not coord.ledger.busy(c)
     # a restarted coordinator never reuses a task number

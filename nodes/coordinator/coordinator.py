@@ -19,7 +19,7 @@ travelled: ``bytes_up`` (the replies' arrays), ``bytes_down`` (the tasks' model 
 bytes down, and each task names the SHA-256 of the rounded model the nodes train from.
 
 Every task out is in the coordinator's :class:`~nodes.engine.ledger.TaskLedger` (:attr:`ledger`),
-issued by :meth:`issue` (or :meth:`ask`) when its message leaves. A reply must answer its
+issued by :meth:`issue` when its message leaves. A reply must answer its
 node's task: the same task number and base model, no staler than ``max-staleness``; the reply
 closes the task whatever it holds, and a quarantined node's reply is not read. Each accepted
 row goes to the engine with its task, so its staleness and its spot check follow that task.
@@ -220,13 +220,6 @@ class Coordinator:
         unless given), as the transport's ``handle``."""
         life = ttl(self.settings.deadline) if life is None else life
         return self.ledger.issue(fp, task.round, self.round, task.base, self.engine.task_model()[0], now, life, handle)
-
-    def ask(self, nodes: list[str], now: float = 0.0) -> tuple[dict[str, Task], np.ndarray]:
-        """:meth:`tasks` for ``nodes``, each out at once (an in-process transport)."""
-        tasks, w = self.tasks(nodes)
-        for fp, task in tasks.items():
-            self.issue(fp, task, now)
-        return tasks, w
 
     def expire(self, now: float) -> None:
         """Give up the tasks past their TTL at ``now``: their nodes may be asked again."""
