@@ -256,10 +256,8 @@ class CellRun:
         for node, row in zip(asked, X):
             decoded, up = line.send(node, t, row)
             ledger.issue(node, t, self.engine.round, base, w, line.now, life, (line.arrival(node, line.now, up), decoded))
-        end = max((ledger.out[node].handle[0] for node in asked), default=line.now + line.deadline)
-        if line.deadline:
-            end = min(end, line.now + line.deadline)
-        arrived = [tk for tk in ledger if tk.handle[0] <= min(end, tk.expires) and ledger.reads(tk.node)]
+        end = line.round_end(line.now, (ledger.out[node].handle[0] for node in asked))
+        arrived = [tk for tk in ledger if line.counts(tk.handle[0], tk, end) and ledger.reads(tk.node)]
         for ticket in arrived:
             ledger.close(ticket.node)
         carry = self.setup.settings.late == "carry"

@@ -37,7 +37,7 @@ class SimClock:
                                                                line.up, line.down)
 
     def _counts(self, ticket: Ticket, end: float) -> bool:
-        return self.arrivals[ticket.handle] <= min(end, ticket.expires)
+        return self.line.counts(self.arrivals[ticket.handle], ticket, end)
 
     def due(self, ledger: TaskLedger, landed: Collection[object]) -> list[object]:
         """The next reply to arrive (ties to the lower node id), once it has come in; a task
@@ -58,9 +58,7 @@ class SimClock:
         """The replies that arrive by the round's end: the last of its own, or its deadline."""
         if barrier.end is None:
             fresh = [self.arrivals[t.handle] for t in ledger if t.number == barrier.number]
-            barrier.end = max(fresh, default=barrier.start + self.deadline)
-            if self.deadline:
-                barrier.end = min(barrier.end, barrier.start + self.deadline)
+            barrier.end = self.line.round_end(barrier.start, fresh)
         return [t.handle for t in ledger if t.handle in landed and self._counts(t, barrier.end)]
 
     def over(self, ledger: TaskLedger, barrier: Barrier) -> bool:

@@ -17,10 +17,11 @@ machine's; give it to compare machines bit for bit.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 
-from nodes.engine.ledger import ttl
+from nodes.engine.ledger import Ticket, ttl
 from nodes.wire import DOWNLINK_BYTES
 from robust import codecs
 
@@ -55,6 +56,18 @@ class Timeline:
         if self.deadline or asynchronous:
             return ttl(self.deadline or settings_deadline)
         return math.inf
+
+    def round_end(self, start: float, arrivals: Iterable[float]) -> float:
+        """When a synchronous round started at ``start`` ends: at its last task's reply, or at
+        its deadline if that is sooner (with no task of its own: at the deadline)."""
+        end = max(arrivals, default=start + self.deadline)
+        return min(end, start + self.deadline) if self.deadline else end
+
+    @staticmethod
+    def counts(arrival: float, ticket: Ticket, end: float) -> bool:
+        """Whether a reply arriving at ``arrival`` counts in a round ending at ``end``: it
+        arrives by then, and before its task is given up."""
+        return arrival <= min(end, ticket.expires)
 
     def measure(self, step) -> None:
         """Set ``step_seconds`` from one timed local step, unless the scenario gave it."""

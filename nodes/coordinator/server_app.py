@@ -4,10 +4,11 @@ Flower's ``Strategy.start`` drops late replies silently and one malformed reply 
 run, so the loop is ours (:func:`serve`): ask the selected nodes, collect until every one
 replied or the deadline passed, hand each reply to :meth:`Coordinator.take` (a bad reply is
 a rejection with a reason, never an exception), then :meth:`Coordinator.finish_round`, which
-runs the round engine; its spot checks (``nodes.coordinator.verifier``) are sent to other volunteers of
-the round by :func:`ask_checks`, answered within one more deadline. A round with no node to ask fails the run, after ``wait-nodes``
-seconds, with what to do (never a "done" on an untrained model). The deployed app reads the coordinator's folder from the run
-config's ``state-dir``; the bench's Flower simulation driver calls :func:`serve` itself, on
+runs the round engine; its spot checks (``nodes.coordinator.verifier``) are sent to other
+volunteers of the round by :func:`ask_checks`, answered within one more deadline. A round with
+no node to ask fails the run, after ``wait-nodes`` seconds, with what to do (never a "done" on
+an untrained model). The deployed app reads the coordinator's folder from the run config's
+``state-dir``; the bench's Flower simulation driver calls :func:`serve` itself, on
 a coordinator with its threat-model hook.
 
 Identity. A node is the fingerprint of its key: Flower authenticates deployed nodes by that
@@ -26,8 +27,8 @@ SuperNode push the reply it holds. A node that is merely slow runs one more no-o
 real work; a fresh run never nudges.
 
 One loop (:class:`Loop`) serves every round mode: the coordinator's task ledger
-(``nodes.engine.ledger``) says who has a task out and under which message id; the loop pushes tasks
-as the mode allows, pulls the replies to every task out, files each with the coordinator, and
+(``nodes.engine.ledger``) says who has a task out and under which message id; the loop pushes
+tasks as the mode allows, pulls the replies to every task out, files each with the coordinator, and
 gives up tasks past their TTL (``deadline`` + 30 s). A synchronous round is the ledger plus a
 barrier (every task of the round answered, or the deadline). Which replies count when is the
 loop's clock's (``nodes.engine.clocks``): the wall in a deployment, simulated time in the bench.
