@@ -1,10 +1,11 @@
-"""Per-coordinate order statistics: sort every column of ``X`` in cache-sized blocks.
+"""Per-coordinate order statistics: sort every column of the rows, block by block.
 
 Every coordinate-wise rule (median, trimmed mean, MeaMed, Bulyan's second stage) reads the
-sorted values of each column. Sorting is done on transposed blocks of ``BLOCK`` columns so
-the extra memory is O(n * BLOCK), blocks run on all of torch's threads, and the reduction of
-a sorted block is a function of the *sorted* values only, so the result is bitwise the same
-for any order of the rows.
+sorted values of each column. The rows are read as a source (``robust.source.Rows``, in
+memory or on disk) in blocks of ``BLOCK`` columns, each sorted transposed, so the extra
+memory is O(n * BLOCK) per thread; the blocks of a window run on all of torch's threads. The
+reduction of a sorted block is a function of the *sorted* values only, so the result is
+bitwise the same for any order of the rows, and for either kind of source.
 
 On CPU the sort is NumPy's (vectorised AVX-512/AVX2 sort: 9x faster than ``torch.sort`` on a
 (1e6, 100) block here); on CUDA it is ``torch.sort``.
@@ -17,11 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-BLOCK = 4096
+from robust.source import Rows, as_rows, windows
 
 
 def reduce_sorted_columns(
-    X: torch.Tensor,
+    X: torch.Tensor | Rows,
     reduce: Callable[[torch.Tensor], torch.Tensor],
     rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -29,28 +30,24 @@ def reduce_sorted_columns(
 
     ``reduce`` receives a ``(b, m)`` tensor whose rows are the sorted columns of a block and
     returns ``(b,)`` values (any float dtype); the result has ``X``'s dtype and device.
-    ``rows`` (default: all) selects the rows without copying ``X``.
+    ``rows`` (default: all) selects the rows.
     """
-    d = X.shape[1]
-    out = torch.empty(d, dtype=X.dtype, device=X.device)
+    source = as_rows(X)
+    out = torch.empty(source.d, dtype=source.dtype, device=source.device)
 
-    def work(start: int) -> None:
-        block = X[:, start : start + BLOCK]
-        # clone, not contiguous(): a column-major X would hand back its own memory to sort
-        block = (block if rows is None else block[rows]).T.clone(memory_format=torch.contiguous_format)
+    def work(item: tuple[int, torch.Tensor]) -> None:
+        start, block = item
+        block = (block if rows is None else block[rows]).T.contiguous()
         if block.is_cuda:
             block = torch.sort(block, dim=1).values
         else:
             block.numpy().sort(axis=1)
-        out[start : start + BLOCK] = reduce(block)
+        out[start : start + block.shape[0]] = reduce(block)
 
-    starts = range(0, d, BLOCK)
-    if X.is_cuda or torch.get_num_threads() == 1 or len(starts) == 1:
-        for s in starts:
-            work(s)
-    else:
-        with ThreadPoolExecutor(torch.get_num_threads()) as pool:
-            list(pool.map(work, starts))
+    threads = 1 if source.device.type == "cuda" else torch.get_num_threads()
+    with ThreadPoolExecutor(threads) as pool:
+        for window in windows(source, threads):
+            list(pool.map(work, window))
     return out + 0.0  # -0.0 -> +0.0, so signed zeros cannot reveal the row order
 
 

@@ -22,42 +22,48 @@ import hashlib
 
 import torch
 
-from robust.geometry import BLOCK, weighted_sum
+from robust.geometry import weighted_sum
 from robust.seeds import generator
+from robust.source import Rows
 
 F64 = torch.float64
 
 
-def content_order(X: torch.Tensor) -> tuple[torch.Tensor, str]:
+def content_order(X: Rows) -> tuple[torch.Tensor, str]:
     """``(order, digest)``: the row indices sorted by the SHA-256 of each row's bytes (equal
-    rows keep their relative order), and the hex SHA-256 of the sorted row digests."""
-    rows = X.detach()
-    digests = [hashlib.sha256(rows[i].cpu().contiguous().numpy()).digest() for i in range(rows.shape[0])]
+    rows keep their relative order), and the hex SHA-256 of the sorted row digests; one
+    pass over the blocks (a hash is fed a row's bytes block by block)."""
+    hashes = [hashlib.sha256() for _ in range(X.n)]
+    for _, block in X.blocks():
+        block = block.cpu()
+        for i, h in enumerate(hashes):
+            h.update(block[i].numpy())
+    digests = [h.digest() for h in hashes]
     order = sorted(range(len(digests)), key=digests.__getitem__)
     combined = hashlib.sha256(b"".join(digests[i] for i in order)).hexdigest()
     return torch.tensor(order, dtype=torch.long, device=X.device), combined
 
 
-def draws(X: torch.Tensor, name: str, seed: int) -> tuple[torch.Tensor, torch.Generator]:
+def draws(X: Rows, name: str, seed: int) -> tuple[torch.Tensor, torch.Generator]:
     """The content order of ``X``'s rows and the generator of this call (see the module docstring)."""
     order, digest = content_order(X)
     return order, generator("aggregator", name, seed, digest)
 
 
-def gram(X: torch.Tensor, order: torch.Tensor, pairs: bool) -> torch.Tensor:
+def gram(X: Rows, order: torch.Tensor, pairs: bool) -> torch.Tensor:
     """Float64 Gram matrix ``(n, n)`` of the rows ``X[order]`` (only its diagonal, the squared
-    norms ``(n,)``, when not ``pairs``), accumulated over column blocks without a copy of ``X``.
+    norms ``(n,)``, when not ``pairs``), accumulated over column blocks in one pass.
     A row's entries are computed from the rows in content order, so they are the same bits for
     the same rows in any order."""
-    n, d = X.shape
+    n = X.n
     out = torch.zeros((n, n) if pairs else (n,), dtype=F64, device=X.device)
-    for s in range(0, d, BLOCK):
-        block = X[order, s : s + BLOCK].to(F64)
+    for _, block in X.blocks():
+        block = block[order].to(F64)
         out += block @ block.T if pairs else block.square().sum(dim=1)
     return out
 
 
-def clipped_mean(X: torch.Tensor, order: torch.Tensor, kept: torch.Tensor, norms: torch.Tensor,
+def clipped_mean(X: Rows, order: torch.Tensor, kept: torch.Tensor, norms: torch.Tensor,
                  bound: torch.Tensor) -> torch.Tensor:
     """``(1/|K|) sum_{i in K} x_i min(1, bound / ||x_i||)``, with ``kept`` (bool) and ``norms``
     given for the rows in content ``order``; one pass over ``X``."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from robust.geometry import row_norms
+from robust.source import Rows
 from .base import PreAggregator, register
 from .clip import clip_rows
 
@@ -22,11 +23,11 @@ class ARC(PreAggregator):
     def check_n(self, n: int) -> None:
         self._require(n > 2 * self.f, "> 2f", n)
 
-    def transform(self, X: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    def transformed(self, X: Rows) -> Rows:
         n = X.shape[0]
         k = (2 * self.f * (n - self.f)) // n
         if k == 0:
             return X
         norms = row_norms(X)
         threshold = float(torch.sort(norms, descending=True, stable=True).values[k])
-        return clip_rows(X, norms, threshold, inplace)
+        return clip_rows(X, norms, threshold)

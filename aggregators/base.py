@@ -1,7 +1,9 @@
 """What every aggregation rule and pre-aggregator shares: parameters, checks, the registry.
 
 A *rule* maps a round's updates ``X`` of shape ``(n, d)`` to one ``(d,)`` aggregate; a
-*pre-aggregator* maps ``X`` to a new ``(n', d)`` matrix handed to the next link of the chain.
+*pre-aggregator* maps ``X`` to new ``(n', d)`` rows handed to the next link of the chain.
+Both read the rows as a source (``robust.source.Rows``: a tensor in memory or rows spooled on
+disk) in column blocks: one rule, two kinds of source, the same bits from either.
 Both are built from a spec component and validate their parameters in ``__init__``; the
 number of rows they can serve is checked before any work is done.
 
@@ -18,6 +20,7 @@ from typing import ClassVar
 import torch
 
 from robust.registry import Component, Registry
+from robust.source import Rows, as_rows
 
 REGISTRY: Registry[Stage] = Registry("aggregator")
 register = REGISTRY.register
@@ -125,12 +128,14 @@ class Rule(Stage):
     is_rule = True
     last_kept: torch.Tensor | None = None
 
-    def aggregate(self, X: torch.Tensor) -> torch.Tensor:
+    def aggregate(self, X: Rows) -> torch.Tensor:
         raise NotImplementedError
 
 
 class PreAggregator(Stage):
-    """A transformation applied before the rule: ``(n, d) -> (rows(n), d)``, same ``f``."""
+    """A transformation applied before the rule: ``(n, d) -> (rows(n), d)``, same ``f``.
+    Its output is a lazy source (``robust.source.Transformed``): a block of it is computed
+    when the next stage reads it, so a chain holds no intermediate ``(n, d)`` matrix."""
 
     is_rule = False
     keeps_rows: ClassVar[bool] = True  # output row i still stands for input row i alone
@@ -139,24 +144,36 @@ class PreAggregator(Stage):
         """How many rows this stage outputs for ``n`` input rows."""
         return n
 
-    def transform(self, X: torch.Tensor, inplace: bool = False) -> torch.Tensor:
-        """The transformed rows. ``inplace=True`` means ``X`` is an earlier stage's output,
-        owned by the chain, and may be overwritten: a chain then never holds more than one
-        extra copy of its input."""
+    def transform(self, X: torch.Tensor | Rows) -> torch.Tensor | Rows:
+        """The transformed rows: a tensor for a tensor, a lazy source for a source."""
+        out = self.transformed(as_rows(X))
+        return out.tensor() if isinstance(X, torch.Tensor) else out
+
+    def transformed(self, X: Rows) -> Rows:
+        """The transformed rows of the source ``X``, as a lazy source (what the chain calls)."""
         raise NotImplementedError
 
 
-def check_updates(X: torch.Tensor) -> None:
-    """Raise ``ValueError`` unless ``X`` is a finite float32/float64 matrix with n, d >= 1."""
-    if not isinstance(X, torch.Tensor):
+def check_updates(X: torch.Tensor | Rows) -> None:
+    """Raise ``ValueError`` unless ``X`` is a finite float32/float64 matrix with n, d >= 1
+    (a source marked ``validated`` is not read again)."""
+    if not isinstance(X, (torch.Tensor, Rows)):
         raise ValueError(f"updates must be a torch.Tensor of shape (n, d) (got {type(X).__name__})")
-    if X.dim() != 2 or X.shape[0] < 1 or X.shape[1] < 1:
+    if len(X.shape) != 2 or X.shape[0] < 1 or X.shape[1] < 1:
         raise ValueError(f"updates must have shape (n, d) with n, d >= 1 (got {tuple(X.shape)})")
     if X.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"updates must be float32 or float64 (got {X.dtype}): convert with X.float()")
-    # A row sum is finite only if the row is (inf and nan propagate); it may also overflow
-    # for finite huge values, so only the rows it flags are checked exactly.
-    suspects = (~torch.isfinite(X.sum(dim=1))).nonzero().flatten().tolist()
-    bad = [i for i in suspects if not bool(torch.isfinite(X[i]).all())]
+    if isinstance(X, Rows):
+        if X.validated:
+            return
+        finite = torch.ones(X.n, dtype=torch.bool, device=X.device)
+        for _, block in X.blocks():
+            finite &= torch.isfinite(block).all(dim=1)
+        bad = (~finite).nonzero().flatten().tolist()
+    else:
+        # A row sum is finite only if the row is (inf and nan propagate); it may also overflow
+        # for finite huge values, so only the rows it flags are checked exactly.
+        suspects = (~torch.isfinite(X.sum(dim=1))).nonzero().flatten().tolist()
+        bad = [i for i in suspects if not bool(torch.isfinite(X[i]).all())]
     if bad:
         raise ValueError(f"rows {bad} contain NaN or Inf: reject those updates before aggregation")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from robust.geometry import mix_rows
+from robust.source import Rows, mixed
 from .base import PreAggregator, register
 
 
@@ -29,13 +29,12 @@ class Bucketing(PreAggregator):
     def rows(self, n: int) -> int:
         return -(-n // self.s)
 
-    def transform(self, X: torch.Tensor, inplace: bool = False) -> torch.Tensor:
-        n, d = X.shape
+    def transformed(self, X: Rows) -> Rows:
+        n = X.n
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
         bucket = torch.empty(n, dtype=torch.long)
         bucket[perm] = torch.arange(n) // self.s
         sizes = torch.bincount(bucket, minlength=self.rows(n)).to(torch.float64)
         means = torch.zeros(self.rows(n), n, dtype=torch.float64)
         means[bucket, torch.arange(n)] = 1.0 / sizes[bucket]
-        out = X[: self.rows(n)] if inplace else X.new_empty(self.rows(n), d)
-        return mix_rows(X, means.to(X.device), out)
+        return mixed(X, means)

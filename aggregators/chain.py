@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from robust.source import Rows, as_rows
 from robust.spec import format_spec, parse
 
 from .base import REGISTRY, PreAggregator, Rule, RoundInputs, Stage, check_inputs, check_updates
@@ -11,7 +12,8 @@ from .base import REGISTRY, PreAggregator, Rule, RoundInputs, Stage, check_input
 
 class Chain:
     """``agg(X)`` or ``agg(X, RoundInputs(...))``: ``X`` of shape ``(n, d)`` -> aggregate of
-    shape ``(d,)``, same dtype/device.
+    shape ``(d,)``, same dtype/device. ``X`` is a tensor or a source (``robust.source.Rows``,
+    e.g. rows spooled on disk); both give the same bits.
 
     Built by :func:`aggregators.build`. The input is validated (finite float matrix), the row
     count is checked against every stage and the :class:`RoundInputs` fields the rule
@@ -60,13 +62,13 @@ class Chain:
                 continue
         raise ValueError(f"{self.spec} serves no number of rows up to {limit}")
 
-    def __call__(self, X: torch.Tensor, inputs: RoundInputs | None = None) -> torch.Tensor:
+    def __call__(self, X: torch.Tensor | Rows, inputs: RoundInputs | None = None) -> torch.Tensor:
         check_updates(X)
         self.check_n(X.shape[0])
         check_inputs(self.rule.name, self.needs, inputs, *X.shape)
-        original = X = X.detach()
+        X = as_rows(X)
         for stage in self.pre:
-            X = stage.transform(X, inplace=X is not original)
+            X = stage.transformed(X)
         if self.needs:
             return self.rule.aggregate(X, inputs)  # type: ignore[call-arg]
         return self.rule.aggregate(X)

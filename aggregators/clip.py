@@ -9,16 +9,16 @@ from __future__ import annotations
 import torch
 
 from robust.geometry import row_norms
+from robust.source import Rows, scaled
 from .base import PreAggregator, register
 
 
-def clip_rows(X: torch.Tensor, norms: torch.Tensor, c: float, inplace: bool) -> torch.Tensor:
+def clip_rows(X: Rows, norms: torch.Tensor, c: float) -> Rows:
     """Each row of ``X`` scaled to norm ``<= c`` (``norms`` are its row norms)."""
     # a tensor divided by a tensor: ``c / norms`` with a Python ``c`` is computed as
     # ``c * (1 / norms)``, which is ``0 * inf = nan`` for a subnormal norm
     ratio = torch.as_tensor(c, dtype=norms.dtype, device=norms.device) / norms
-    scale = torch.where(norms > c, ratio, 1.0).to(X.dtype)[:, None]
-    return X.mul_(scale) if inplace else X * scale
+    return scaled(X, torch.where(norms > c, ratio, 1.0))
 
 
 @register
@@ -30,5 +30,5 @@ class Clip(PreAggregator):
         self._check_param("c", c, c > 0, "> 0: it is the largest norm a row may keep")
         self.c = c
 
-    def transform(self, X: torch.Tensor, inplace: bool = False) -> torch.Tensor:
-        return clip_rows(X, row_norms(X), self.c, inplace)
+    def transformed(self, X: Rows) -> Rows:
+        return clip_rows(X, row_norms(X), self.c)

@@ -27,6 +27,7 @@ import math
 import torch
 
 from robust.geometry import weighted_sum
+from robust.source import Rows, take_columns
 from ._filtering import draws, in_input_order
 from .base import Rule, register
 
@@ -53,13 +54,16 @@ class DnC(Rule):
                 f"(c={self.c}, f={self.f}): lower c"
             )
 
-    def aggregate(self, X: torch.Tensor) -> torch.Tensor:
+    def aggregate(self, X: Rows) -> torch.Tensor:
         n, d = X.shape
         order, gen = draws(X, self.name, self.seed)
         times_removed = torch.zeros(n, dtype=torch.long, device=X.device)
-        for _ in range(self.iters):
-            columns = torch.randperm(d, generator=gen)[: self.b].sort().values.to(X.device)
-            sub = X.index_select(1, columns)[order].to(torch.float64)
+        # every subset drawn first, then read in one pass (the draws are the same)
+        subsets = [torch.randperm(d, generator=gen)[: self.b].sort().values for _ in range(self.iters)]
+        chosen = torch.unique(torch.cat(subsets))
+        values = take_columns(X, chosen)
+        for columns in subsets:
+            sub = values[:, torch.searchsorted(chosen, columns).to(X.device)][order].to(torch.float64)
             sub -= sub.mean(dim=0)
             eigvals, eigvecs = torch.linalg.eigh(sub @ sub.T)
             scores = eigvals[-1].clamp_min(0.0) * eigvecs[:, -1].square()

@@ -44,13 +44,13 @@ import hashlib
 
 import torch
 
-from robust.geometry import BLOCK
+from robust.geometry import weighted_sum
 from robust.seeds import generator
+from robust.source import BLOCK, Rows, unstack
 
 from ._columns import median_of_sorted, reduce_sorted_columns
 from ._filtering import F64
 from .base import RoundInputs, Rule, register
-from .fltrust import weighted_sum64
 
 BASES = ("median", "mean")
 
@@ -162,7 +162,7 @@ class FLDetector(Rule):
         self.rows = {k[4:]: v for k, v in state.items() if k.startswith("row.")}
         self.scores = {k[7:]: v for k, v in state.items() if k.startswith("scores.")}
 
-    def aggregate(self, X: torch.Tensor, inputs: RoundInputs) -> torch.Tensor:
+    def aggregate(self, X: Rows, inputs: RoundInputs) -> torch.Tensor:
         n, d = X.shape
         ids = inputs.ids
         if self.w is not None and self.w.shape[0] != d:
@@ -171,10 +171,11 @@ class FLDetector(Rule):
                 "build a new aggregator (or reset()) for a new model"
             )
         order = sorted(range(n), key=ids.__getitem__)
+        rows = unstack(X)  # this round's rows are kept for the next: read them once
         w = inputs.w.detach().to(device=X.device, dtype=F64)
         step = None if self.w is None else w - self.w.to(F64)
         if step is not None and self.S is not None:
-            self._score(X, ids, [i for i in order if ids[i] in self.rows], hessian_vector(self.S, self.Y, step))
+            self._score(rows, ids, [i for i in order if ids[i] in self.rows], hessian_vector(self.S, self.Y, step))
         kept = torch.ones(n, dtype=torch.bool, device=X.device)
         full = [i for i in order if ids[i] in self.scores and self.scores[ids[i]].numel() == self.window]
         if len(full) >= 3:
@@ -185,32 +186,27 @@ class FLDetector(Rule):
                 ranked = torch.sort(s, stable=True).indices.tolist()
                 kept[[full[j] for j in ranked[lower:]]] = False
         self.last_kept = kept
-        rows = None if bool(kept.all()) else kept.nonzero().flatten()
+        selected = None if bool(kept.all()) else kept.nonzero().flatten()
         if self.base == "median":
-            out = reduce_sorted_columns(X, median_of_sorted, rows)
+            out = reduce_sorted_columns(X, median_of_sorted, selected)
         else:
-            out = weighted_sum64(X, kept.to(F64) / int(kept.sum()))
+            out = weighted_sum(X, kept.to(F64) / int(kept.sum()))
         if step is not None and self.out is not None and bool((step != 0).any()):
             self.S = push(self.S, step.to(X.dtype), self.window)
             self.Y = push(self.Y, (out.to(F64) - self.out.to(F64)).to(X.dtype), self.window)
         self.w, self.out = inputs.w.detach().clone(), out.clone()
-        rows_now = {}
-        for i in order:  # each old row is let go before its copy is made: no second copy at peak
-            self.rows.pop(ids[i], None)
-            rows_now[ids[i]] = X[i].detach().clone()
-        self.rows = rows_now  # the rows of absent nodes are dropped
+        self.rows = {ids[i]: rows[i] for i in order}  # the rows of absent nodes are dropped
         return out
 
-    def _score(self, X: torch.Tensor, ids: tuple[str, ...], scored: list[int], hv: torch.Tensor) -> None:
+    def _score(self, rows: list[torch.Tensor], ids: tuple[str, ...], scored: list[int], hv: torch.Tensor) -> None:
         """Append this round's normalised prediction error to each scored node's window."""
         if not scored or not bool(torch.isfinite(hv).all()):
             return
-        index = torch.tensor(scored, dtype=torch.long, device=X.device)
-        sq = torch.zeros(len(scored), dtype=F64, device=X.device)
-        for s in range(0, X.shape[1], BLOCK):
+        sq = torch.zeros(len(scored), dtype=F64, device=hv.device)
+        for s in range(0, hv.shape[0], BLOCK):
             block = torch.stack([self.rows[ids[i]][s : s + BLOCK] for i in scored]).to(F64)
             block += hv[s : s + BLOCK]
-            block -= X[index, s : s + BLOCK].to(F64)
+            block -= torch.stack([rows[i][s : s + BLOCK] for i in scored]).to(F64)
             sq += block.square().sum(dim=1)
         dist = torch.nan_to_num(sq.sqrt(), nan=torch.finfo(F64).max, posinf=torch.finfo(F64).max)
         top = dist.max()

@@ -24,47 +24,30 @@ from __future__ import annotations
 
 import torch
 
-from robust.geometry import BLOCK
+from robust.geometry import pow2_scale, weighted_sum
+from robust.source import Rows
 
 from ._filtering import F64, content_order
 from .base import RoundInputs, Rule, register
 
 
-def weighted_sum64(X: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``sum_i weights_i x_i`` accumulated in float64 over column blocks (extra memory
-    O(n * BLOCK)), returned in ``X``'s dtype; ``weights`` is float64 ``(n,)`` in ``X``'s order."""
-    d = X.shape[1]
-    out = torch.empty(d, dtype=F64, device=X.device)
-    weights = weights.to(device=X.device, dtype=F64)
-    for s in range(0, d, BLOCK):
-        out[s : s + BLOCK] = weights @ X[:, s : s + BLOCK].to(F64)
-    return out.to(X.dtype)
-
-
-def pow2_scale(v: torch.Tensor) -> torch.Tensor:
-    """The power of two ``2^-e`` that brings ``max |v|`` into [0.5, 1): scaling by it is exact,
-    and the float64 squares of the scaled values cannot overflow."""
-    e = torch.frexp(v.abs().max().to(F64)).exponent.clamp(-1000, 1000)
-    return torch.ldexp(torch.ones((), dtype=F64, device=v.device), -e)
-
-
-def cosines_and_norms(X: torch.Tensor, order: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def cosines_and_norms(X: Rows, order: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos(x_i, u), ||x_i||)`` in float64 for the rows ``X[order]``, ``u`` a float64 unit
-    vector, over column blocks. A zero row has cosine 0. Rows whose float64 squares overflow
-    (float64 values above ~1e154) are recomputed exactly scaled by a power of two."""
-    n, d = X.shape
+    vector, one pass over the blocks. A zero row has cosine 0. Rows whose float64 squares
+    overflow (float64 values above ~1e154) are recomputed exactly scaled by a power of two."""
+    n = X.n
     dots = torch.zeros(n, dtype=F64, device=X.device)
     sq = torch.zeros(n, dtype=F64, device=X.device)
-    for s in range(0, d, BLOCK):
-        block = X[order, s : s + BLOCK].to(F64)
-        dots += block @ u[s : s + BLOCK]
+    for s, block in X.blocks():
+        block = block[order].to(F64)
+        dots += block @ u[s : s + block.shape[1]]
         sq += block.square().sum(dim=1)
     norms = sq.sqrt()
     cos = torch.where(norms > 0, dots / torch.where(norms > 0, norms, 1.0), 0.0)
     for i in (~torch.isfinite(norms) | ~torch.isfinite(dots)).nonzero().flatten().tolist():
-        row = X[order[i]].to(F64)
+        row = X.row(int(order[i])).to(F64)
         c = pow2_scale(row)
-        row = row * c  # not in place: for float64 X, ``row`` is a view of the input
+        row *= c
         scaled = torch.linalg.vector_norm(row)
         cos[i], norms[i] = (row @ u) / scaled, scaled / c  # ||x_i|| may still be inf
     return cos.clamp(-1.0, 1.0), norms
@@ -78,7 +61,7 @@ class FLTrust(Rule):
     def check_n(self, n: int) -> None:
         self._require(n >= 1, ">= 1", n)
 
-    def aggregate(self, X: torch.Tensor, inputs: RoundInputs) -> torch.Tensor:
+    def aggregate(self, X: Rows, inputs: RoundInputs) -> torch.Tensor:
         g0 = inputs.reference.detach().to(device=X.device, dtype=F64)
         c0 = pow2_scale(g0)
         scaled = torch.linalg.vector_norm(g0 * c0)  # neither overflows nor underflows
@@ -97,4 +80,4 @@ class FLTrust(Rule):
         scale = torch.where(trust > 0, trust * g0_norm / torch.where(trust > 0, norms, 1.0), 0.0) / total
         weights = torch.empty_like(scale)
         weights[order] = scale
-        return weighted_sum64(X, weights)
+        return weighted_sum(X, weights)

@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import torch
 
-from robust.geometry import BLOCK
+from robust.geometry import pow2_scale, weighted_sum
+from robust.source import BLOCK, Rows, unstack
 
 from ._filtering import F64
 from .base import RoundInputs, Rule, register
-from .fltrust import pow2_scale, weighted_sum64
 
 
 def _gram(rows: list[torch.Tensor], scale: torch.Tensor) -> torch.Tensor:
@@ -108,7 +108,7 @@ class FoolsGold(Rule):
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
         self.history = {k[len("history."):]: v for k, v in state.items() if k.startswith("history.")}
 
-    def aggregate(self, X: torch.Tensor, inputs: RoundInputs) -> torch.Tensor:
+    def aggregate(self, X: Rows, inputs: RoundInputs) -> torch.Tensor:
         n, d = X.shape
         ids = inputs.ids
         known = next(iter(self.history.values()), None)
@@ -118,9 +118,11 @@ class FoolsGold(Rule):
                 "build a new aggregator (or reset()) for a new model"
             )
         order = sorted(range(n), key=ids.__getitem__)
+        rows = unstack(X)
         for i in order:  # new tensors, never in place: a state() handed out stays as it was
             old = self.history.get(ids[i])
-            self.history[ids[i]] = X[i].detach().clone() if old is None else old + X[i].to(old.device, old.dtype)
+            self.history[ids[i]] = rows[i] if old is None else old + rows[i].to(old.device, old.dtype)
+            rows[i] = None  # let this round's copy go as soon as it is added
         weights = foolsgold_weights(cosine_matrix([self.history[ids[i]] for i in order]), self.kappa)
         index = torch.tensor(order, dtype=torch.long, device=X.device)
         self.last_weights = torch.empty_like(weights)
@@ -131,4 +133,4 @@ class FoolsGold(Rule):
             return torch.zeros(d, dtype=X.dtype, device=X.device)
         scale = torch.empty_like(weights)
         scale[index] = weights / total
-        return weighted_sum64(X, scale)
+        return weighted_sum(X, scale)

@@ -31,4 +31,4 @@ class Krum(Rule):
     def aggregate(self, X: torch.Tensor) -> torch.Tensor:
         best = int(torch.argmin(krum_scores(sq_distances(X), self.f)))
         self.last_kept = torch.arange(X.shape[0], device=X.device) == best
-        return X[best].clone()
+        return X.row(best)

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import torch
 
+from robust.geometry import weighted_sum
+from robust.source import Rows
+
 from .base import Rule, register
 
 
@@ -14,5 +17,5 @@ from .base import Rule, register
 class Mean(Rule):
     name = "mean"
 
-    def aggregate(self, X: torch.Tensor) -> torch.Tensor:
-        return X.mean(dim=0)
+    def aggregate(self, X: Rows) -> torch.Tensor:
+        return weighted_sum(X, torch.full((X.n,), 1.0 / X.n, dtype=torch.float64))

@@ -27,18 +27,17 @@ from __future__ import annotations
 
 import torch
 
-from robust.geometry import BLOCK
+from robust.source import Rows, column_blocks
 
 from ._filtering import F64, clipped_mean, draws, gram, in_input_order
 from .base import Rule, register
 
 
-def sign_statistics(X: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-    """Each row's fractions of positive, zero and negative values among ``columns``, ``(n, 3)``
-    float64, counted on blocks of columns (extra memory O(n * BLOCK))."""
-    counts = torch.zeros(X.shape[0], 3, dtype=torch.long, device=X.device)
-    for s in range(0, columns.numel(), BLOCK):
-        sub = X.index_select(1, columns[s : s + BLOCK])
+def sign_statistics(X: Rows, columns: torch.Tensor) -> torch.Tensor:
+    """Each row's fractions of positive, zero and negative values among the sorted
+    ``columns``, ``(n, 3)`` float64, counted block by block (extra memory O(n * BLOCK))."""
+    counts = torch.zeros(X.n, 3, dtype=torch.long, device=X.device)
+    for _, sub in column_blocks(X, columns):
         counts += torch.stack([(sub > 0).sum(dim=1), (sub == 0).sum(dim=1), (sub < 0).sum(dim=1)], dim=1)
     return counts.to(F64) / columns.numel()
 
@@ -111,7 +110,7 @@ class SignGuard(Rule):
     def check_n(self, n: int) -> None:
         self._require(n > 2 * self.f, "> 2f", n)
 
-    def aggregate(self, X: torch.Tensor) -> torch.Tensor:
+    def aggregate(self, X: Rows) -> torch.Tensor:
         d = X.shape[1]
         order, gen = draws(X, self.name, self.seed)
         norms = gram(X, order, pairs=False).sqrt()

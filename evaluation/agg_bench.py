@@ -76,7 +76,7 @@ def our_method(spec: str, f: int, X: torch.Tensor) -> Callable[[object], object]
     if len(comps) == 1 and entry is not None and not entry.is_rule:
         stage = entry.from_params(f, comps[0].params)
         stage.check_n(X.shape[0])
-        return lambda _: stage.transform(X, inplace=False)
+        return lambda _: stage.transform(X)
     agg = aggregators.build(spec, f)
     agg.check_n(X.shape[0])
     inputs = round_inputs(X)

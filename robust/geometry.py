@@ -3,8 +3,8 @@
 Why not ``||a||^2 + ||b||^2 - 2 a.b`` in the input dtype: when rows share a large common
 component (model updates usually do) the float32 Gram matrix cancels catastrophically and
 Krum picks essentially at random. Here the rows are centred on a reference row and the Gram
-matrix is accumulated block by block (``BLOCK`` columns at a time, so the extra memory is
-O(n * BLOCK)) into float64:
+matrix is accumulated block by block (``BLOCK`` columns of a ``robust.source.Rows`` at a
+time, so the extra memory is O(n * BLOCK), and the rows may live on disk) into float64:
 
 - ``exact=True`` computes each block in float64: the distances match a float64 computation
   of the differences. Rules that make discrete choices (Krum, Multi-Krum, Bulyan, NNM, MDA)
@@ -14,45 +14,67 @@ O(n * BLOCK)) into float64:
   error ~1e-6, enough for rules that solve a continuous problem (geometric median, CAF). If
   a float32 block overflows (rows above ~1e19) the exact path is taken.
 
-The reference is the row of median norm: it lies inside the honest rows' range even when
-``f < n/2`` rows are huge, so Byzantine values never swamp the honest rows' precision.
+The reference is, block by block, the row of median block norm: it lies inside the honest
+rows' range even when ``f < n/2`` rows are huge, so Byzantine values never swamp the honest
+rows' precision.
 """
 
 from __future__ import annotations
 
 import torch
 
-BLOCK = 8192  # columns per block: 100 rows * 8192 * 8 B = 6.5 MB, cache-friendly
+from .source import BLOCK, Rows, as_rows
+
+F64 = torch.float64
 
 
-def row_norms(X: torch.Tensor, center: torch.Tensor | None = None) -> torch.Tensor:
-    """``||x_i - center||`` for every row (float64, shape ``(n,)``), without a copy of ``X``."""
-    if center is None:
-        norms = torch.linalg.vector_norm(X, dim=1)
-    else:  # direct differences, never the cancelling ||x||^2 - 2 x.c + ||c||^2
-        c = center.to(X.dtype)[None]
-        norms = torch.cdist(X, c, compute_mode="donot_use_mm_for_euclid_dist")[:, 0]
-    norms = norms.to(torch.float64)
-    for i in (~torch.isfinite(norms)).nonzero().flatten().tolist():  # overflow of finite rows
-        row = X[i].to(torch.float64)
-        norms[i] = torch.linalg.vector_norm(row if center is None else row - center.to(torch.float64))
+def row_norms(X: torch.Tensor | Rows, center: torch.Tensor | None = None) -> torch.Tensor:
+    """``||x_i - center||`` for every row (float64, shape ``(n,)``), one pass over the blocks.
+
+    Squares are summed in float64 over direct differences, never the cancelling
+    ``||x||^2 - 2 x.c + ||c||^2``. A row whose float64 squares overflow (float64 values above
+    ~1e154) is measured again scaled by a power of two."""
+    rows = as_rows(X)
+    sq = torch.zeros(rows.n, dtype=F64, device=rows.device)
+    c = None if center is None else center.to(device=rows.device, dtype=F64)
+    for s, block in rows.blocks():
+        b = block.to(F64)  # the block is ours: shifting it in place is free
+        if c is not None:
+            b -= c[s : s + b.shape[1]]
+        sq += b.square().sum(dim=1)
+    norms = sq.sqrt()
+    for i in (~torch.isfinite(norms)).nonzero().flatten().tolist():
+        row = rows.row(i).to(F64)
+        if c is not None:
+            row = row - c
+        scale = pow2_scale(row)
+        norms[i] = torch.linalg.vector_norm(row * scale) / scale
     return norms
 
 
-def sq_distances(X: torch.Tensor, exact: bool = True) -> torch.Tensor:
-    """Symmetric ``(n, n)`` float64 matrix of squared Euclidean distances between rows."""
-    n, d = X.shape
-    dtype = torch.float64 if exact else X.dtype
-    ref = X[_median_index(row_norms(X))].to(dtype)
-    gram = torch.zeros(n, n, dtype=torch.float64, device=X.device)
-    buf = torch.empty(n, min(BLOCK, d), dtype=dtype, device=X.device)
-    for s in range(0, d, BLOCK):
-        block = buf[:, : min(BLOCK, d - s)]
-        block.copy_(X[:, s : s + BLOCK])
-        block -= ref[s : s + BLOCK]
-        gram += block @ block.T
+def pow2_scale(v: torch.Tensor) -> torch.Tensor:
+    """The power of two ``2^-e`` that brings ``max |v|`` into [0.5, 1): scaling by it is exact,
+    and the float64 squares of the scaled values cannot overflow."""
+    e = torch.frexp(v.abs().max().to(F64)).exponent.clamp(-1000, 1000)
+    return torch.ldexp(torch.ones((), dtype=F64, device=v.device), -e)
+
+
+def sq_distances(X: torch.Tensor | Rows, exact: bool = True) -> torch.Tensor:
+    """Symmetric ``(n, n)`` float64 matrix of squared Euclidean distances between rows, from
+    one pass over the blocks.
+
+    Each block is centred on its own row of median block norm before its Gram matrix is
+    added: distances do not change under a shift, so any shift per block is allowed, and this
+    one lies inside the honest rows' range even when ``f < n/2`` rows are huge."""
+    rows = as_rows(X)
+    dtype = F64 if exact else rows.dtype
+    gram = torch.zeros(rows.n, rows.n, dtype=F64, device=rows.device)
+    for _, block in rows.blocks():
+        b = block.to(dtype)
+        b -= b[_median_index(torch.linalg.vector_norm(b, dim=1, dtype=F64))].clone()
+        gram += b @ b.T
     if not exact and not bool(torch.isfinite(gram).all()):
-        return sq_distances(X, exact=True)
+        return sq_distances(rows, exact=True)
     sq = gram.diagonal()
     dist = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min_(0.0)
     dist = 0.5 * (dist + dist.T)  # exactly symmetric whatever the BLAS did
@@ -60,17 +82,15 @@ def sq_distances(X: torch.Tensor, exact: bool = True) -> torch.Tensor:
     return dist
 
 
-def mix_rows(X: torch.Tensor, M: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out = M @ X`` computed on column blocks, so ``out`` may be (a view of) ``X`` itself."""
-    M = M.to(X.dtype)
-    for s in range(0, X.shape[1], BLOCK):
-        out[:, s : s + BLOCK] = M @ X[:, s : s + BLOCK]
+def weighted_sum(X: torch.Tensor | Rows, w: torch.Tensor) -> torch.Tensor:
+    """``sum_i w_i x_i`` accumulated in float64 block by block, as a ``(d,)`` tensor in the
+    rows' dtype (one pass)."""
+    rows = as_rows(X)
+    w = w.to(device=rows.device, dtype=F64)
+    out = torch.empty(rows.d, dtype=rows.dtype, device=rows.device)
+    for s, block in rows.blocks():
+        out[s : s + block.shape[1]] = w @ block.to(F64)
     return out
-
-
-def weighted_sum(X: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``sum_i w_i x_i`` as a ``(d,)`` tensor in ``X``'s dtype (one pass over ``X``)."""
-    return w.to(X.dtype) @ X
 
 
 def _median_index(values: torch.Tensor) -> int:
