@@ -146,6 +146,10 @@ def main(args: argparse.Namespace) -> int:
     sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
     if args.sizes:
         sizes = parse_sizes(args.sizes)
+    if args.out_of_core:
+        from .spool_bench import main as out_of_core
+
+        return out_of_core(args, sizes)
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1 (got {args.repeats})")
     specs = args.rules.split(",") if args.rules else aggregators.rules() + aggregators.pre_aggregators()

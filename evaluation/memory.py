@@ -21,9 +21,21 @@ def _status_kib(field: str) -> int:
 
 def peak_extra_bytes(work: Callable[[], T]) -> tuple[T, int]:
     """Run ``work()``; return its result and the most resident memory it added at any moment."""
+    before = _reset_peak()
+    result = work()
+    return result, max(0, _status_kib("VmHWM") - before) * 1024
+
+
+def peak_rss_bytes(work: Callable[[], T]) -> tuple[T, int]:
+    """Run ``work()``; return its result and the process's peak resident memory while it ran."""
+    _reset_peak()
+    result = work()
+    return result, _status_kib("VmHWM") * 1024
+
+
+def _reset_peak() -> int:
+    """Reset the high-water mark to the resident size now (KiB), which it returns."""
     _libc.malloc_trim(0)  # give freed heap back, so earlier work cannot hide this work's peak
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")  # reset VmHWM to the current resident size
-    before = _status_kib("VmRSS")
-    result = work()
-    return result, max(0, _status_kib("VmHWM") - before) * 1024
+    return _status_kib("VmRSS")

@@ -199,6 +199,10 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-flower", action="store_true", help="skip Flower's implementations")
     bench.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    bench.add_argument("--out-of-core", action="store_true", help="spool the rows to disk first (one file per row) "
+                       "and run each rule from the spool: seconds, peak memory, bytes read, x one read of the spool")
+    bench.add_argument("--spool", metavar="DIR", help="where --out-of-core writes its spool (default: the temp folder)")
+    bench.add_argument("--keep-spool", action="store_true", help="leave the --out-of-core spool on disk")
     bench.set_defaults(run=_agg_bench)
     return p
 

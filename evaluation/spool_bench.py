@@ -1,0 +1,129 @@
+"""``robust agg-bench --out-of-core``: every rule run from rows spooled on disk.
+
+For each size, ``n`` rows of ``d`` float32 values are written one ``.npy`` file per row (what
+the coordinator's spool and audit store hold), then one plain sequential read of the spool is
+timed, then each rule is run from the spool (``robust.source.Spooled``). Per rule: seconds,
+peak resident memory of the process while it ran (the kernel's high-water mark, reset before
+each rule), bytes read from the spool, and seconds as a multiple of the one read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+import aggregators
+from robust.geometry import weighted_sum
+from robust.source import Spooled, write_row
+
+from .memory import peak_rss_bytes
+
+DEFAULT_RULES = ["mean", "median", "trimmed-mean", "meamed", "krum", "multi-krum", "geometric-median",
+                 "centered-clipping", "bulyan", "caf", "dnc", "signguard", "flame", "fltrust",
+                 "nnm+trimmed-mean", "nnm+krum", "bucketing:s=2+krum", "arc+nnm+trimmed-mean"]
+
+
+def write_spool(folder: Path, n: int, d: int, progress: Progress) -> list[Path]:
+    """``n`` rows like a round's updates (a shared direction plus noise), one file each."""
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randn(d, generator=g)
+    paths = []
+    for i in progress.track(range(n), description=f"spooling {n} rows of {d:,}"):
+        row = shared + 0.5 * torch.randn(d, generator=g)
+        paths.append(folder / f"row{i:04d}.npy")
+        write_row(paths[-1], row)
+        del row
+    return paths
+
+
+def read_once(paths: list[Path]) -> float:
+    """Seconds of one sequential read of the whole spool, through the same reader."""
+    start = time.perf_counter()
+    for _ in Spooled(paths, validated=True).blocks():
+        pass
+    return time.perf_counter() - start
+
+
+def check_disk(folder: Path, need: int) -> None:
+    free = shutil.disk_usage(folder).free
+    if free < need * 1.05:
+        raise ValueError(
+            f"the spool needs {need / 1e9:.1f} GB and {folder} has {free / 1e9:.1f} GB free: "
+            "pass --spool DIR on a larger disk, or a smaller --sizes"
+        )
+
+
+def bench_size(n: int, d: int, specs: list[str], args: argparse.Namespace, emit: Callable[[dict], None]) -> None:
+    f = n // 5
+    root = Path(args.spool) if args.spool else Path(tempfile.gettempdir())
+    check_disk(root, n * d * 4)
+    folder = Path(tempfile.mkdtemp(prefix="robust-spool-", dir=root))
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=Console(stderr=True), transient=True)
+    try:
+        with progress:
+            paths = write_spool(folder, n, d, progress)
+            reading = progress.add_task("one read of the spool", total=None)
+            read_seconds = read_once(paths)
+            progress.remove_task(reading)
+            ids = tuple(f"node{i}" for i in range(n))
+            mean = torch.full((n,), 1.0 / n, dtype=torch.float64)
+            inputs = aggregators.RoundInputs(ids=ids, w=torch.zeros(d),
+                                             reference=weighted_sum(Spooled(paths, validated=True), mean))
+            for spec in progress.track(specs, description=f"rules at {n}x{d:,}"):
+                agg = aggregators.build(spec, f)
+                try:
+                    agg.check_n(n)
+                except ValueError as err:
+                    print(f"{n:>4}x{d:<10} {spec:<28} skipped: {err}", flush=True)
+                    continue
+                source = Spooled(paths, validated=True)
+                start = time.perf_counter()
+                result, peak = peak_rss_bytes(lambda: agg(source, inputs))
+                seconds = time.perf_counter() - start
+                del result
+                emit({"rule": spec, "n": n, "d": d, "f": f, "seconds": seconds, "peak_rss_mb": peak / 2**20,
+                      "bytes_read": source.bytes_read, "read_seconds": read_seconds,
+                      "reads": seconds / read_seconds, "spool_bytes": n * d * 4})
+    finally:
+        if args.keep_spool:
+            print(f"spool kept in {folder}", file=sys.stderr)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def print_row(row: dict) -> None:
+    print(f"{row['n']:>4}x{row['d']:<10} {row['rule']:<28} {row['seconds']:>9.1f} {row['reads']:>7.2f} "
+          f"{row['peak_rss_mb']:>9.0f} {row['bytes_read'] / row['spool_bytes']:>9.2f}", flush=True)
+
+
+def main(args: argparse.Namespace, sizes: list[tuple[int, int]]) -> int:
+    specs = args.rules.split(",") if args.rules else DEFAULT_RULES
+    for spec in specs:  # fail on a bad spec before any disk is spent
+        aggregators.build(spec, 0)
+    print(f"robust agg-bench --out-of-core: {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
+          "float32 rows spooled one file per row, f = n // 5")
+    print(f"{'size':<15} {'rule':<28} {'seconds':>9} {'x read':>7} {'peak MB':>9} {'x spool':>9}")
+    results: list[dict] = []
+
+    def emit(row: dict) -> None:
+        results.append(row)
+        print_row(row)
+
+    for n, d in sizes:
+        bench_size(n, d, specs, args, emit)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"results": results}, out, indent=1)
+        print(f"results written to {args.json}")
+    return 0
