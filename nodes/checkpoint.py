@@ -30,13 +30,18 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def write_atomic(path: Path, write) -> None:
-    """Call ``write(file)`` on a temporary file, then move it over ``path`` atomically."""
+    """Call ``write(file)`` on a temporary file, then move it over ``path`` atomically (a
+    write that fails, a full disk say, leaves ``path`` as it was and no temporary file)."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as out:
-        write(out)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as out:
+            write(out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
 
 

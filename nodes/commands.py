@@ -18,6 +18,7 @@ from robust import keys, tls
 from . import checkpoint, codetrust, launch
 from .coordinator.admission import ADMITTED, admit, scan
 from .coordinator.coordinator import RUN_ID, Coordinator, short
+from .coordinator.disk import check as check_disk
 from .coordinator.status import live_bar, read_rounds
 from .settings import COORDINATOR, SETTINGS_FILE, Settings
 
@@ -92,15 +93,19 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
     found, _ = scan(folder)  # the Coordinator below warns of each file it skips
     if not found:
         raise ValueError(f"no volunteer is admitted yet: `robust coordinator admit {folder} NODE.pub` first")
-    done_rounds = Coordinator(folder).round  # settings, checkpoint and round log checked before any process starts
+    coordinator = Coordinator(folder)  # settings, checkpoint and round log checked before any process starts
+    done_rounds = coordinator.round
     if done_rounds >= settings.rounds:
         print(f"{folder} already finished {done_rounds} rounds: pass --rounds N (N > {done_rounds}) to train more")
         return 0
+    disk = coordinator.disk()
+    check_disk(disk, folder, settings.rounds - done_rounds)
     launch.prepare_coordinator(folder, settings.port, settings.code)
     (folder / checkpoint.RESULT).unlink(missing_ok=True)
     (folder / checkpoint.FAILED).unlink(missing_ok=True)
     print(f"starting SuperLink on {settings.bind}:{settings.port} (TLS, node authentication on), "
           f"{len(found)} admitted node(s)" + (f", resuming after round {done_rounds}" if done_rounds else ""), flush=True)
+    print(f"  the run {disk.describe(settings.rounds - done_rounds)}", flush=True)
     _say_code(folder, settings)
     superlink = launch.start_superlink(folder, settings.bind, settings.port)
     run_id = None

@@ -132,6 +132,9 @@ DEPLOY = table(
           "rounds in a row a node may decline or not reply before it is rested (not asked) for as many rounds"),
     Param("verifier", OneOf(("nodes", "self")), "nodes",
           "who recomputes a spot-checked update: another volunteer (the coordinator referees a mismatch), or self"),
+    Param("spool", OneOf(("auto", "memory", "disk")), "auto",
+          "where a round's accepted updates wait for the rule: memory, or disk as they arrive (DIR/updates, "
+          "read in column blocks, so memory does not grow with nodes x parameters); auto: disk past 1 GiB a round"),
     Param("keep-updates", OneOf(("all", "spot", "none")), "all",
           "accepted updates stored in DIR/updates for `robust audit verify`: all, the spot-checked ones, none"),
     Param("bind", Host(), "127.0.0.1", "address the SuperLink listens on (0.0.0.0 for other machines)"),

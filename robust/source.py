@@ -14,6 +14,8 @@ from the input's block when read, so a chain holds no intermediate ``(n, d)`` ma
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from .params import sha256
 
 BLOCK = 8192  # columns per block: 64 rows * 8192 * 8 B = 4 MB in float64, cache-friendly
 CHUNK_BYTES = 128 * 2**20  # what one read of a spool brings in (two are held: read-ahead)
@@ -58,6 +62,20 @@ class Rows:
             out[:, s : s + block.shape[1]] = block
         return out
 
+    def take(self, index: list[int]) -> Rows:
+        """The rows ``index`` (in that order), as a source."""
+        return Transformed(self, lambda _, block: block[index], n=len(index))
+
+    def sha256s(self) -> list[str]:
+        """Each row's ``robust.params.sha256`` (its identity in the audit store), one pass."""
+        prefix = f"{self.dtype}:{(self.d,)}:".encode()
+        hashes = [hashlib.sha256(prefix) for _ in range(self.n)]
+        for _, block in self.blocks():
+            block = block.cpu()
+            for i, h in enumerate(hashes):
+                h.update(block[i].numpy())
+        return [h.hexdigest() for h in hashes]
+
 
 class Memory(Rows):
     """A tensor ``X`` of shape ``(n, d)``, read block by block (``X`` is never modified)."""
@@ -77,14 +95,22 @@ class Memory(Rows):
     def tensor(self) -> torch.Tensor:
         return self.X
 
+    def take(self, index: list[int]) -> Rows:
+        return Memory(self.X[index], self.validated)
+
+    def sha256s(self) -> list[str]:
+        return [sha256(row) for row in self.X]
+
 
 class Spooled(Rows):
     """Rows stored one ``.npy`` file per row (each of shape ``(d,)``, one dtype for all), read
     in chunks of whole blocks with the next chunk read ahead while this one is used.
-    ``bytes_read`` counts what the reads brought in."""
+    ``bytes_read`` counts what the reads brought in. ``shas``: each row's SHA-256, where the
+    files are a content-addressed store that the caller wrote (``None``: computed when asked)."""
 
     def __init__(self, paths: Sequence[str | Path], validated: bool = False,
-                 device: torch.device | str = "cpu", chunk_bytes: int = CHUNK_BYTES) -> None:
+                 device: torch.device | str = "cpu", chunk_bytes: int = CHUNK_BYTES,
+                 shas: Sequence[str] | None = None) -> None:
         if not paths:
             raise ValueError("a spool needs at least one row file")
         self.paths = [Path(p) for p in paths]
@@ -101,6 +127,15 @@ class Spooled(Rows):
         per_block = self.n * BLOCK * self.np_dtype.itemsize
         self.width = BLOCK * max(1, chunk_bytes // per_block)  # columns per read
         self.bytes_read = 0
+        self.shas = None if shas is None else list(shas)
+        self.chunk_bytes = chunk_bytes
+
+    def take(self, index: list[int]) -> Rows:
+        return Spooled([self.paths[i] for i in index], self.validated, self.device, self.chunk_bytes,
+                       None if self.shas is None else [self.shas[i] for i in index])
+
+    def sha256s(self) -> list[str]:
+        return super().sha256s() if self.shas is None else list(self.shas)
 
     def blocks(self) -> Iterator[tuple[int, torch.Tensor]]:
         fds = [os.open(p, os.O_RDONLY) for p in self.paths]
@@ -203,6 +238,18 @@ def take_columns(source: Rows, columns: torch.Tensor) -> torch.Tensor:
     out = torch.empty(source.n, columns.numel(), dtype=source.dtype, device=source.device)
     for positions, values in column_blocks(source, columns[order]):
         out[:, order.to(out.device)[positions]] = values
+    return out
+
+
+def take(X: torch.Tensor | Rows, index: list[int]) -> torch.Tensor | Rows:
+    """The rows ``index`` of ``X``, of ``X``'s kind (a tensor or a source)."""
+    return X[index] if isinstance(X, torch.Tensor) else X.take(index)
+
+
+def validated(X: Rows) -> Rows:
+    """``X`` marked as known finite (a shallow copy: the caller's source is not changed)."""
+    out = copy.copy(X)
+    out.validated = True
     return out
 
 

@@ -39,6 +39,7 @@ from robust import keys
 from robust.data import load
 from robust.models import build_model
 from robust.params import sha256
+from robust.source import Spooled
 
 from .. import checkpoint
 from ..engine.engine import Engine
@@ -63,10 +64,15 @@ def line_hash(record: dict) -> str:
     return hashlib.sha256(checkpoint.line(record).encode()).hexdigest()
 
 
+def row_path(folder: Path, sha: str) -> Path:
+    """Where the update of SHA-256 ``sha`` is stored."""
+    return Path(folder) / UPDATES / f"{sha}.npy"
+
+
 def keep_row(folder: Path, row: torch.Tensor, sha: str | None = None) -> str:
     """Store ``row`` under its SHA-256 (``sha``, if already known), once; return the hash."""
     sha = sha or sha256(row)
-    path = Path(folder) / UPDATES / f"{sha}.npy"
+    path = row_path(folder, sha)
     if not path.exists():
         path.parent.mkdir(exist_ok=True)
         checkpoint.write_atomic(path, lambda out: np.save(out, row.numpy(), allow_pickle=False))
@@ -75,30 +81,38 @@ def keep_row(folder: Path, row: torch.Tensor, sha: str | None = None) -> str:
 
 def store(folder: Path, keep: str, record: dict, inbox) -> dict:
     """The round's ``updates`` entry (every row it used or convicted, with what its author
-    signed); the rows ``keep`` says to keep go to ``DIR/updates``."""
+    signed); the rows ``keep`` says to keep go to ``DIR/updates``, and the rows the round
+    spooled there (``inbox.spooled``) that it does not keep are removed."""
     checked = {v["author"] for v in record["spot"]}
     used = sorted(set(record["ids"]) | (set(record["convicted"]) & set(inbox.rows)))
-    out = {}
+    out, kept = {}, set()
     for fp in used:
         reply, sha = inbox.replies[fp], inbox.hashes[fp]
         if keep == "all" or (keep == "spot" and fp in checked):
-            keep_row(folder, inbox.rows[fp], sha)
+            if not isinstance(inbox.rows[fp], Path):  # a spooled row is stored already
+                keep_row(folder, inbox.rows[fp], sha)
+            kept.add(sha)
         out[fp] = {"sha256": sha, "signature": reply.signature.hex(), "count": reply.count, "part": reply.part,
                    "profile": reply.profile}
         if "staleness" in record:  # rows may be stale: the task each answered, and the model it was computed from
             out[fp].update(task=reply.round, base=reply.base)
+    for sha in inbox.spooled - kept:
+        row_path(folder, sha).unlink(missing_ok=True)
     return out
 
 
-def _row(folder: Path, sha: str) -> torch.Tensor | str:
-    path = folder / UPDATES / f"{sha}.npy"
+def _row(folder: Path, sha: str) -> Path | str:
+    """The stored update of SHA-256 ``sha`` (its path, once its bytes are hashed block by
+    block: the replay reads it from disk, never the round's rows all in memory), or what is
+    wrong with it."""
+    path = row_path(folder, sha)
     if not path.exists():
         return f"{path.relative_to(folder)} is missing"
     try:
-        row = torch.from_numpy(np.load(path, allow_pickle=False))
+        actual = Spooled([path]).sha256s()[0]
     except Exception as err:  # noqa: BLE001 - a damaged file is a finding, not a crash
         return f"{path.relative_to(folder)} does not load ({type(err).__name__})"
-    return row if sha256(row) == sha else f"{path.relative_to(folder)} does not match its SHA-256 (changed)"
+    return path if actual == sha else f"{path.relative_to(folder)} does not match its SHA-256 (changed)"
 
 
 def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]:
@@ -186,7 +200,8 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
         # needed: the spot checks' verdicts are the log's)
         tasks = {fp: Ticket(fp, int(updates[fp].get("task", t)), t - 1 - int((staleness or {}).get(fp, 0)),
                             str(updates[fp].get("base", models[t - 1])), None) for fp in ids}
-        X = torch.stack([rows[fp] for fp in ids]) if ids else torch.empty(0, engine.w.numel())
+        X = Spooled([rows[fp] for fp in ids], shas=[updates[fp]["sha256"] for fp in ids]) if ids \
+            else torch.empty(0, engine.w.numel())
         convicted = set(r["convicted"])
         rejected = {fp: why for fp, why in r["rejected"].items() if fp not in convicted}
         asked = sorted(set(ids) | set(r["rejected"]) | set(r["failed"]) | set(r["missing"]))

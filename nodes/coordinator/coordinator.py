@@ -58,6 +58,7 @@ from robust import codecs, keys
 from robust.data import load
 from robust.models import build_model
 from robust.params import sha256, unflatten
+from robust.source import Spooled
 
 from .. import checkpoint
 from ..engine.buffers import Buffers
@@ -70,6 +71,7 @@ from ..wire import Reply, Task, content_bytes, model_array, read_reply, reply_pa
 from . import admission, audit
 from .admission import scan
 from .attendance import Attendance
+from .disk import Projection, project
 from .verifier import Checkers, SpotChecks
 
 log = logging.getLogger("robust.coordinator")
@@ -96,18 +98,22 @@ class Inbox:
     hashes: dict[str, str] = field(default_factory=dict)  # each accepted update's SHA-256
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of each node's reply arrays
     tasks: dict[str, Ticket] = field(default_factory=dict)  # the task each accepted row answers
+    spooled: set[str] = field(default_factory=set)  # SHA-256 of the rows this inbox wrote to DIR/updates
 
     @classmethod
     def of(cls, singles: Iterable[Inbox]) -> Inbox:
         """One inbox filing the entries of ``singles`` (each one node's reply)."""
         inbox = cls()
         for single in singles:
-            for name in ("rows", "rejected", "failed", "seconds", "replies", "hashes", "sizes", "tasks"):
+            for name in ("rows", "rejected", "failed", "seconds", "replies", "hashes", "sizes", "tasks", "spooled"):
                 getattr(inbox, name).update(getattr(single, name))
         return inbox
 
     def __contains__(self, fp: str) -> bool:
         return fp in self.rows or fp in self.rejected or fp in self.failed
+
+
+SPOOL_ABOVE = 2**30  # spool = auto: a round's rows past this many bytes wait on disk
 
 
 class Coordinator:
@@ -302,8 +308,44 @@ class Coordinator:
         if isinstance(result, str):
             inbox.rejected[fp] = result
         else:
-            inbox.rows[fp], inbox.hashes[fp] = result
+            row, inbox.hashes[fp] = result
+            inbox.rows[fp] = self.spool(row, inbox.hashes[fp], inbox) if self.spooling else row
             inbox.replies[fp], inbox.tasks[fp] = reply, ticket
+
+    def disk(self) -> Projection:
+        """What the rounds left will store in this folder (``nodes.coordinator.disk``)."""
+        return project(self.folder, self.settings, self.engine.w.numel(), len(self.keys),
+                       self.settings.rounds - self.round, self.spooling)
+
+    @property
+    def spooling(self) -> bool:
+        """Whether accepted rows wait on disk (``spool``; auto: once the admitted nodes' rows
+        would pass ``SPOOL_ABOVE`` bytes a round)."""
+        spool = self.settings.spool
+        return spool == "disk" or (spool == "auto" and len(self.keys) * self.engine.w.numel() * 4 > SPOOL_ABOVE)
+
+    def spool(self, row: torch.Tensor, sha: str, inbox: Inbox) -> Path:
+        """Write an accepted ``row`` to the round's spool (the audit's store) and let it go."""
+        path = audit.row_path(self.folder, sha)
+        if not path.exists():
+            try:
+                audit.keep_row(self.folder, row, sha)
+            except OSError as err:  # the disk, not the node: the round fails, the checkpoint stands
+                raise OSError(err.errno, f"round {self.round + 1} stopped: an update could not be spooled to "
+                              f"{path.parent} ({err.strerror or err}): free disk space, then `robust coordinator "
+                              f"start {self.folder}` resumes after round {self.round}") from err
+            inbox.spooled.add(sha)
+        return path
+
+    def rows(self, inbox: Inbox) -> tuple[list[str], torch.Tensor | Spooled]:
+        """The accepted rows in canonical order: stacked in memory, or read from the spool
+        (the rows still in memory, if spooling began mid-round, are spooled first)."""
+        if not any(isinstance(row, Path) for row in inbox.rows.values()):
+            return canonical(inbox.rows, self.engine.w.numel())
+        ids = sorted(inbox.rows)
+        paths = [inbox.rows[fp] if isinstance(inbox.rows[fp], Path) else self.spool(inbox.rows[fp], inbox.hashes[fp], inbox)
+                 for fp in ids]
+        return ids, Spooled(paths, validated=True, shas=[inbox.hashes[fp] for fp in ids])
 
     def check(self, fp: str, reply: Reply, row: np.ndarray | None, ticket: Ticket | None
               ) -> tuple[torch.Tensor, str] | str:
@@ -337,7 +379,7 @@ class Coordinator:
         node declining the task) are recorded without a flag: they are not lies. A node
         without a usable reply ``rest_after`` rounds in a row is rested (``nodes.coordinator.attendance``).
         The seconds nodes say their training took only feed the overhead figure."""
-        ids, X = canonical(inbox.rows, self.engine.w.numel())
+        ids, X = self.rows(inbox)
         if self._task_bytes is None:  # the model array's bytes: the same every round
             self._task_bytes = content_bytes(task_content(*self.task()))
         self.checks.begin(inbox.replies, checkers)

@@ -43,7 +43,8 @@ import torch
 from aggregators._columns import median_of_sorted, reduce_sorted_columns
 from aggregators.base import check_updates
 from aggregators.krum import krum_scores
-from robust.geometry import BLOCK, row_norms, sq_distances
+from robust.geometry import row_norms, sq_distances
+from robust.source import Rows, as_rows
 
 DETECTORS: tuple[str, ...] = (
     "norm",
@@ -59,7 +60,7 @@ F64 = torch.float64
 
 
 def score_round(
-    X: torch.Tensor, f: int, kept: torch.Tensor | None = None
+    X: torch.Tensor | Rows, f: int, kept: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
     """Suspicion scores of every row of ``X`` (float ``(n, d)``), keyed by detector name.
 
@@ -68,7 +69,8 @@ def score_round(
     malformed ``X``, ``f`` or ``kept``.
     """
     check_updates(X)
-    n = X.shape[0]
+    X = as_rows(X)
+    n = X.n
     if isinstance(f, bool) or not isinstance(f, int) or f < 0:
         raise ValueError(f"f must be a whole number >= 0 (got {f!r})")
     if kept is not None and (kept.dtype != torch.bool or tuple(kept.shape) != (n,)):
@@ -105,11 +107,11 @@ def ratio_to_median(distance: torch.Tensor) -> torch.Tensor:
     return torch.where(distance > 0, torch.inf, 0.0).to(distance.dtype)
 
 
-def median_cosine(X: torch.Tensor, med: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+def median_cosine(X: Rows, med: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
     """``1 - <x_i, m> / (||x_i|| ||m||)``; 1 (cosine 0) where either vector is zero."""
-    dots = torch.zeros(X.shape[0], dtype=F64, device=X.device)
-    for s in range(0, X.shape[1], BLOCK):  # float64 dot products without a float64 copy of X
-        dots += X[:, s : s + BLOCK].to(F64) @ med[s : s + BLOCK]
+    dots = torch.zeros(X.n, dtype=F64, device=X.device)
+    for s, block in X.blocks():  # float64 dot products, block by block
+        dots += block.to(F64) @ med[s : s + block.shape[1]]
     denom = norms * torch.linalg.vector_norm(med)
     cos = torch.where(denom > 0, dots / torch.where(denom > 0, denom, 1.0), 0.0)
     return 1.0 - cos.clamp(-1.0, 1.0)

@@ -57,6 +57,7 @@ from robust.compute import profile
 from robust.models import accuracy
 from robust.params import flat_params, sha256, unflatten
 from robust.seeds import generator
+from robust.source import Rows, as_rows, scaled, take, validated
 
 from .detectors import score_round
 from .flags import FlagPolicy
@@ -89,23 +90,25 @@ def judge(chain, flags: FlagPolicy, t: int, ids: list, X: torch.Tensor, rejected
     return aggregate, scores, flags.update(t, ids, scores, rejected)
 
 
-def canonical(ids: list, X: torch.Tensor) -> tuple[list, torch.Tensor]:
+def canonical(ids: list, X: torch.Tensor | Rows) -> tuple[list, torch.Tensor | Rows]:
     """The rows ``X`` of ``ids`` sorted by node identity: a rule's input, and so its bits, do
     not depend on the order the replies arrived in."""
     order = sorted(range(len(ids)), key=ids.__getitem__)
     if order == list(range(len(ids))):
         return ids, X
-    return [ids[i] for i in order], X[order]
+    return [ids[i] for i in order], take(X, order)
 
 
-def valid(ids: list, X: torch.Tensor, max_norm: float, rejected: dict) -> tuple[list, torch.Tensor]:
-    """The rows that can be used; the others go to ``rejected`` with their reason."""
-    bad = rejected_rows(X, max_norm)
-    if not bad:
-        return ids, X
-    rejected.update({ids[i]: reason for i, reason in bad.items()})
-    keep = [i for i in range(len(ids)) if i not in bad]
-    return [ids[i] for i in keep], X[keep]
+def valid(ids: list, X: torch.Tensor | Rows, max_norm: float, rejected: dict) -> tuple[list, torch.Tensor | Rows]:
+    """The rows that can be used (a source comes back marked ``validated``; one marked already,
+    such as a coordinator's spool of rows checked one by one as they arrived, is not read
+    again); the others go to ``rejected`` with their reason."""
+    bad = {} if isinstance(X, Rows) and X.validated else rejected_rows(X, max_norm)
+    if bad:
+        rejected.update({ids[i]: reason for i, reason in bad.items()})
+        keep = [i for i in range(len(ids)) if i not in bad]
+        ids, X = [ids[i] for i in keep], take(X, keep)
+    return ids, (validated(X) if isinstance(X, Rows) else X)
 
 
 def cannot_step(chain, quorum: int, n: int) -> str:
@@ -239,19 +242,19 @@ class Engine:
         tasks = {i: (tasks or {}).get(i) or self.ticket(i) for i in ids}
         staleness = {i: tasks[i].staleness(self.round) for i in ids} if self.stale_rows else None
         with profile(self.settings.threads):
-            ids, X = valid(*canonical(ids, X), self.settings.max_norm, rejected)
+            ids, X = valid(*canonical(ids, as_rows(X)), self.settings.max_norm, rejected)
             if staleness is not None:
                 ids, X = self._fresh_enough(ids, X, staleness, rejected)
             skipped = cannot_step(self.chain, self.quorum, len(ids))
             if self.hook is not None and not skipped:  # an attack crafts only for a round that steps
-                ids, X = valid(ids, self.hook.rows(self, t, ids, X), self.settings.max_norm, rejected)
+                ids, X = valid(ids, as_rows(self.hook.rows(self, t, ids, X.tensor())), self.settings.max_norm, rejected)
                 skipped = cannot_step(self.chain, self.quorum, len(ids))  # crafted rows may have been rejected
             verdicts, convicted = [], []
             if self.settings.spot_check and not skipped:
                 ids, X, verdicts, convicted = self._spot_check(t, ids, X, tasks, rejected)
                 skipped = cannot_step(self.chain, self.quorum, len(ids))
             if staleness is not None:
-                X = X * torch.tensor([self.weight(staleness[i]) for i in ids], dtype=X.dtype)[:, None]
+                X = scaled(X, torch.tensor([self.weight(staleness[i]) for i in ids], dtype=X.dtype))
             inputs = None if skipped or not self.chain.needs else self.inputs(ids)
             aggregate, scores, flagged = judge(self.chain, self.flags, t, ids, X, rejected, not skipped, inputs)
             if aggregate is not None:
@@ -260,7 +263,7 @@ class Engine:
                 if self.lookahead is not None:
                     self.lookahead.observe(w_old, self.w, [staleness[i] for i in ids] if staleness else [])
             if self.hook is not None:
-                self.hook.observe(ids, X, aggregate)
+                self.hook.observe(ids, X.tensor(), aggregate)
             self.round = t
             acc = self.accuracy()
         rows = {
@@ -272,16 +275,16 @@ class Engine:
         return record(t, asked, ids, rejected, failed or {}, self.flags, flagged, skipped, aggregate, scores,
                       {"accuracy": acc, "model_sha256": self.base}, rows)
 
-    def _spot_check(self, t: int, ids: list[str], X: torch.Tensor, tasks: Mapping[str, Ticket],
-                    rejected: dict[str, str]) -> tuple[list[str], torch.Tensor, list, list[str]]:
+    def _spot_check(self, t: int, ids: list[str], X: Rows, tasks: Mapping[str, Ticket],
+                    rejected: dict[str, str]) -> tuple[list[str], Rows, list, list[str]]:
         """Draw round ``t``'s checks from its committed rows, ask the verifier to recompute each
         from its own task, and ban the convicted: ``(ids, X without their rows, verdicts, convicted)``."""
-        seed = round_seed(self.settings.seed, t, ids, [sha256(row) for row in X])
+        seed = round_seed(self.settings.seed, t, ids, X.sha256s())
         drawn = draw(seed, ids, self.settings.spot_check)
         if not drawn:
             return ids, X, [], []
         index = {fp: i for i, fp in enumerate(ids)}
-        verdicts = self.verifier(t, {fp: (tasks[fp], X[index[fp]]) for fp in drawn})
+        verdicts = self.verifier(t, {fp: (tasks[fp], X.row(index[fp])) for fp in drawn})
         convicted = sorted({fp for v in verdicts for fp in v.guilty})
         for v in verdicts:
             for fp in v.guilty:
@@ -291,17 +294,17 @@ class Engine:
                     rejected[fp] = (f"convicted: {what} differs from the coordinator's recomputation"
                                     + (f" (relative distance {v.distance:.3g})" if fp == v.author else ""))
         keep = [i for i, fp in enumerate(ids) if fp not in convicted]
-        return [ids[i] for i in keep], X[keep], verdicts, convicted
+        return [ids[i] for i in keep], X.take(keep), verdicts, convicted
 
-    def _fresh_enough(self, ids: list[str], X: torch.Tensor, staleness: dict[str, int], rejected: dict[str, str]
-                      ) -> tuple[list[str], torch.Tensor]:
+    def _fresh_enough(self, ids: list[str], X: Rows, staleness: dict[str, int], rejected: dict[str, str]
+                      ) -> tuple[list[str], Rows]:
         """The rows no staler than ``max-staleness``; the others go to ``rejected``."""
         stale = {i: reason for i in ids if (reason := stale_reason(staleness[i], self.settings.max_staleness))}
         if not stale:
             return ids, X
         rejected.update(stale)
         keep = [k for k, i in enumerate(ids) if i not in stale]
-        return [ids[k] for k in keep], X[keep]
+        return [ids[k] for k in keep], X.take(keep)
 
     def state(self) -> dict:
         """What a checkpoint keeps: :meth:`load_state` resumes to the same bits."""

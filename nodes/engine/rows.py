@@ -9,6 +9,9 @@ import math
 
 import torch
 
+from robust.geometry import row_norms
+from robust.source import Rows, as_rows
+
 
 def rejection_reason(row: torch.Tensor, d: int, max_norm: float | None) -> str | None:
     """Why a node's row cannot be used (``None`` if it can)."""
@@ -32,17 +35,18 @@ def canonical(rows: dict[str, torch.Tensor], d: int) -> tuple[list[str], torch.T
     return ids, torch.stack([rows[i] for i in ids]) if ids else torch.empty(0, d)
 
 
-def rejected_rows(rows: torch.Tensor, max_norm: float | None) -> dict[int, str]:
-    """Reasons for the rows of a stacked ``(n, d)`` matrix that cannot be used.
+def rejected_rows(rows: torch.Tensor | Rows, max_norm: float | None) -> dict[int, str]:
+    """Reasons for the rows of a stacked ``(n, d)`` matrix (or a source) that cannot be used.
 
     One vectorised screen (a row norm is finite and in bounds only if the row is), then
     :func:`rejection_reason` on the screened rows alone, so the reasons are the same words and
     the bound is decided in float64, as for a single reply: the screen takes rows a rounding
-    error inside the bound too.
+    error inside the bound too. A source is screened block by block (one pass).
     """
-    norms = torch.linalg.vector_norm(rows, dim=1)
+    source = as_rows(rows)
+    norms = row_norms(source)
     flagged = ~torch.isfinite(norms)
     if max_norm is not None:
         flagged |= norms > max_norm * (1 - 1e-4)
-    reasons = {i: rejection_reason(rows[i], rows.shape[1], max_norm) for i in flagged.nonzero().flatten().tolist()}
+    reasons = {i: rejection_reason(source.row(i), source.d, max_norm) for i in flagged.nonzero().flatten().tolist()}
     return {i: r for i, r in reasons.items() if r is not None}

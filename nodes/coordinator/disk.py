@@ -1,0 +1,58 @@
+"""What a run will store, said before it is spent.
+
+A round stores its kept updates in ``DIR/updates`` (``keep-updates``: all of them, the
+spot-checked ones, none), one float32 row of the model's ``d`` trained parameters each; a
+spooled round (``spool``) also holds all its accepted rows there until the round ends. The
+projection is the rounds left times what a round keeps, plus one round's spool; a run whose
+projection passes the folder's free disk is refused before any process starts.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..settings import Settings
+
+
+@dataclass(frozen=True)
+class Projection:
+    row: int  # bytes of one stored update
+    per_round: int  # bytes a round keeps
+    spool: int  # bytes a round holds on disk while it runs (0: rows wait in memory)
+    total: int  # bytes the rounds left will add
+    free: int  # bytes free in the coordinator's folder
+
+    def describe(self, rounds: int) -> str:
+        what = f"stores {_size(self.per_round)} a round in updates/ ({_size(self.total)} over {rounds} rounds)"
+        spool = f", spools up to {_size(self.spool)} a round" if self.spool else ""
+        return f"{what}{spool}; {_size(self.free)} free"
+
+
+def project(folder: Path, settings: Settings, d: int, nodes: int, rounds_left: int, spooling: bool) -> Projection:
+    """The disk the ``rounds_left`` rounds of ``nodes`` asked nodes will use in ``folder``."""
+    row = 4 * d
+    asked = min(nodes, settings.per_round) if settings.per_round else nodes
+    kept = {"all": asked, "spot": math.ceil(settings.spot_check * asked), "none": 0}[settings.keep_updates]
+    spool = asked * row if spooling else 0
+    total = rounds_left * kept * row + spool
+    return Projection(row, kept * row, spool, total, shutil.disk_usage(folder).free)
+
+
+def check(projection: Projection, folder: Path, rounds: int) -> None:
+    """Raise ``ValueError`` (what to do) when the projection passes the free disk."""
+    if projection.total > projection.free:
+        raise ValueError(
+            f"this run would store {_size(projection.total)} in {folder} ({_size(projection.per_round)} a round "
+            f"x {rounds} rounds) and it has {_size(projection.free)} free: set keep-updates = spot (or none), "
+            "train fewer rounds, or move the coordinator folder to a larger disk"
+        )
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
