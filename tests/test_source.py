@@ -1,5 +1,9 @@
 """Rows spooled on disk give every rule and chain the same bits as the same rows in memory."""
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -101,3 +105,21 @@ def test_a_non_finite_spooled_row_is_refused_unless_validated(tmp_path):
     X[6, D - 2] = float("nan")
     with pytest.raises(ValueError, match=r"rows \[6\] contain NaN"):
         aggregators.build("median", f=2)(spool(tmp_path, X))
+
+
+def test_agg_bench_out_of_core_runs_each_rule_from_a_spool(tmp_path):
+    out = tmp_path / "ooc.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "robust.cli", "agg-bench", "--out-of-core", "--sizes", "10x20000", "--spool",
+         str(tmp_path), "--rules", "median,nnm+krum,bulyan", "--json", str(out)],
+        capture_output=True, text=True, check=True,
+    )
+    rows = {r["rule"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {"median", "nnm+krum"}  # bulyan needs n >= 4f + 3 = 11: skipped, saying why
+    assert "bulyan" in proc.stdout and "skipped: bulyan needs n >= 4f + 3" in proc.stdout
+    spool = 10 * 20000 * 4
+    assert rows["median"]["bytes_read"] == spool  # one pass
+    assert rows["nnm+krum"]["bytes_read"] == 3 * spool  # distances, the mixed rows' distances, the chosen row
+    for r in rows.values():
+        assert {"seconds", "peak_rss_mb", "read_seconds"} <= set(r) and r["peak_rss_mb"] > 0
+    assert list(tmp_path.glob("robust-spool-*")) == []  # the spool is removed

@@ -77,15 +77,14 @@ def score_round(
         raise ValueError(
             f"kept must be a bool tensor of shape ({n},) (got {kept.dtype}, {tuple(kept.shape)})"
         )
-    med = reduce_sorted_columns(X, median_of_sorted)
+    med = reduce_sorted_columns(X, median_of_sorted).to(F64)
     dist = sq_distances(X)
-    norms = row_norms(X)
-    to_median = row_norms(X, center=med)
+    norms, to_median, dots = median_terms(X, med)
     scores = {
         "norm": two_sided(norms),
         "median-distance": two_sided(to_median),
         "distance-ratio": ratio_to_median(to_median),
-        "median-cosine": two_sided(median_cosine(X, med.to(F64), norms)),
+        "median-cosine": two_sided(median_cosine(dots, med, norms)),
         "krum-score": two_sided(krum_score(dist, f)),
         "spectral": spectral(dist),
     }
@@ -107,11 +106,28 @@ def ratio_to_median(distance: torch.Tensor) -> torch.Tensor:
     return torch.where(distance > 0, torch.inf, 0.0).to(distance.dtype)
 
 
-def median_cosine(X: Rows, med: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
-    """``1 - <x_i, m> / (||x_i|| ||m||)``; 1 (cosine 0) where either vector is zero."""
-    dots = torch.zeros(X.n, dtype=F64, device=X.device)
-    for s, block in X.blocks():  # float64 dot products, block by block
-        dots += block.to(F64) @ med[s : s + block.shape[1]]
+def median_terms(X: Rows, med: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(||x_i||, ||x_i - m||, <x_i, m>)`` in float64 from one pass over the blocks (the
+    same sums as ``robust.geometry.row_norms``, whose rescaled path takes over for a row whose
+    float64 squares overflow)."""
+    sq = torch.zeros(X.n, dtype=F64, device=X.device)
+    to_med = torch.zeros_like(sq)
+    dots = torch.zeros_like(sq)
+    for s, block in X.blocks():
+        b, m = block.to(F64), med[s : s + block.shape[1]]
+        sq += b.square().sum(dim=1)
+        dots += b @ m
+        b -= m
+        to_med += b.square().sum(dim=1)
+    norms, to_median = sq.sqrt(), to_med.sqrt()
+    if not (bool(torch.isfinite(norms).all()) and bool(torch.isfinite(to_median).all())):
+        norms, to_median = row_norms(X), row_norms(X, center=med)
+    return norms, to_median, dots
+
+
+def median_cosine(dots: torch.Tensor, med: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+    """``1 - <x_i, m> / (||x_i|| ||m||)`` from the dot products; 1 (cosine 0) where either
+    vector is zero."""
     denom = norms * torch.linalg.vector_norm(med)
     cos = torch.where(denom > 0, dots / torch.where(denom > 0, denom, 1.0), 0.0)
     return 1.0 - cos.clamp(-1.0, 1.0)
