@@ -147,9 +147,28 @@ def main(args: argparse.Namespace) -> int:
     if args.sizes:
         sizes = parse_sizes(args.sizes)
     if args.out_of_core:
-        from .spool_bench import main as out_of_core
+        from . import spool_bench
 
-        return out_of_core(args, sizes)
+        specs, bench, show = spool_bench.prepare(args)
+    else:
+        specs, bench, show = prepare(args)
+    results: list[dict] = []
+
+    def emit(row: dict) -> None:
+        results.append(row)
+        show(row)
+
+    for n, d in sizes:
+        bench(n, d, specs, args, emit)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"results": results}, out, indent=1)
+        print(f"results written to {args.json}")
+    return 0
+
+
+def prepare(args: argparse.Namespace) -> tuple[list[str], Callable, Callable[[dict], None]]:
+    """The specs to time (checked), with the header printed; the timing and printing functions."""
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1 (got {args.repeats})")
     specs = args.rules.split(",") if args.rules else aggregators.rules() + aggregators.pre_aggregators()
@@ -166,16 +185,4 @@ def main(args: argparse.Namespace) -> int:
         f"{'size':<13} {'method':<44} {'ms':>10} {'calls':>5} {'vs flwr':>8} "
         f"{'peak MB':>9} {'xinput':>6} {'target ms':>12}"
     )
-    results: list[dict] = []
-
-    def emit(row: dict) -> None:
-        results.append(row)
-        _print_row(row)
-
-    for n, d in sizes:
-        bench_size(n, d, specs, args, emit)
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"results": results}, out, indent=1)
-        print(f"results written to {args.json}")
-    return 0
+    return specs, bench_size, _print_row

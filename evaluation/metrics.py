@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from robust.geometry import BLOCK
+from robust.source import BLOCK
 
 F64 = torch.float64
 

@@ -10,7 +10,6 @@ each rule), bytes read from the spool, and seconds as a multiple of the one read
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -110,23 +109,13 @@ def print_row(row: dict) -> None:
           f"{row['peak_rss_mb']:>9.0f} {row['bytes_read'] / row['spool_bytes']:>9.2f}", flush=True)
 
 
-def main(args: argparse.Namespace, sizes: list[tuple[int, int]]) -> int:
+def prepare(args: argparse.Namespace) -> tuple[list[str], Callable, Callable[[dict], None]]:
+    """The specs to run (checked before any disk is spent), with the header printed; the
+    functions that run a size and print a row (``evaluation.agg_bench.main`` drives them)."""
     specs = args.rules.split(",") if args.rules else DEFAULT_RULES
-    for spec in specs:  # fail on a bad spec before any disk is spent
+    for spec in specs:
         aggregators.build(spec, 0)
     print(f"robust agg-bench --out-of-core: {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
           "float32 rows spooled one file per row, f = n // 5")
     print(f"{'size':<15} {'rule':<28} {'seconds':>9} {'x read':>7} {'peak MB':>9} {'x spool':>9}")
-    results: list[dict] = []
-
-    def emit(row: dict) -> None:
-        results.append(row)
-        print_row(row)
-
-    for n, d in sizes:
-        bench_size(n, d, specs, args, emit)
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"results": results}, out, indent=1)
-        print(f"results written to {args.json}")
-    return 0
+    return specs, bench_size, print_row

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .source import BLOCK, Rows, as_rows
+from .source import Rows, as_rows
 
 F64 = torch.float64
 
