@@ -48,7 +48,7 @@ def reduce_sorted_columns(
     with ThreadPoolExecutor(threads) as pool:
         for window in windows(source, threads):
             list(pool.map(work, window))
-    return out + 0.0  # -0.0 -> +0.0, so signed zeros cannot reveal the row order
+    return out.add_(0.0)  # -0.0 -> +0.0, so signed zeros cannot reveal the row order
 
 
 def median_of_sorted(S: torch.Tensor) -> torch.Tensor:
