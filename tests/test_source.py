@@ -15,7 +15,7 @@ from robust.source import BLOCK, Memory, Spooled, take_columns, unstack, write_r
 N = 13
 D = 3 * BLOCK + 123  # several blocks and a short last one
 CHAINS = [f"{p}+{r}" for p in aggregators.pre_aggregators() for r in ("trimmed-mean", "krum")]
-CHAINS += ["nnm+trimmed-mean", "arc+nnm+krum", "bucketing:s=2+multi-krum", "clip:c=5+nnm+centered-clipping",
+CHAINS += ["arc+nnm+krum", "bucketing:s=2+multi-krum", "clip:c=5+nnm+centered-clipping",
            "arc+foolsgold", "clip:c=3+fldetector:base=mean"]
 
 
