@@ -34,10 +34,12 @@ from flwr.app import RecordDict
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 from nodes import checkpoint, commands, launch
+from nodes.coordinator import audit
 from nodes.coordinator.status import read_rounds
 from nodes.settings import Settings
 from nodes.wire import Reply, Task, reply_content, task_content
 from robust import tls
+from robust.code import use_path
 from robust.data import load
 from robust.models import build_model
 from robust.params import flat_params, sha256
@@ -58,6 +60,7 @@ MB = 2**20
 
 def model_size(model: str) -> int:
     """Trainable parameters of ``model`` on digits (``d``)."""
+    use_path(str(CODE))
     data = load("digits", seed=0)
     return flat_params(build_model(model, data.shape, data.classes)).numel()
 
@@ -133,12 +136,13 @@ def _wait_submitted(coordinator, log: Path) -> None:
         time.sleep(SAMPLE)
 
 
-def deploy(root: Path, rounds: int) -> dict:
-    """A coordinator and ``VOLUNTEERS`` volunteers training ``MODEL`` on loopback, as users run them."""
-    settings = Settings(rounds=rounds, model=MODEL, code=str(CODE), aggregator=AGGREGATOR, tolerate=1,
-                        quorum=VOLUNTEERS, protocol=PROTOCOL, deadline=DEADLINE, wait_nodes=DEADLINE,
+def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNTEERS, attack: str = "") -> dict:
+    """A coordinator and ``volunteers`` volunteers training ``model`` on loopback, as users run
+    them; the last one plays ``attack`` (none if empty)."""
+    settings = Settings(rounds=rounds, model=model, code=str(CODE), aggregator=AGGREGATOR, tolerate=1,
+                        quorum=volunteers, protocol=PROTOCOL, deadline=DEADLINE, wait_nodes=DEADLINE,
                         port=launch.free_port())
-    coord, folders = commands.local_federation(root, VOLUNTEERS, settings, "large-model", ("large-model",))
+    coord, folders = commands.local_federation(root, volunteers, settings, "large-model", ("large-model",))
     sha = (coord / launch.CODE_SHA).read_text().strip()
     log, procs = coord / "start.log", []
     start = time.monotonic()
@@ -149,9 +153,10 @@ def deploy(root: Path, rounds: int) -> dict:
             peaks.watch("coordinator", coordinator.pid)
             _wait_submitted(coordinator, log)
             for i, folder in enumerate(folders, start=1):
+                plays = ["--attack", attack] if attack and i == volunteers else []
                 procs.append(robust_cli(["node", "join", "--coordinator", f"127.0.0.1:{settings.port}", "--ca",
                                          str(coord / "tls" / tls.CA_CERT), "--key", str(folder), "--partition",
-                                         f"{i}/{VOLUNTEERS}", "--device", "cpu", "--trust-code", sha],
+                                         f"{i}/{volunteers}", "--device", "cpu", "--trust-code", sha, *plays],
                                         folder, folder / "join.log"))
                 peaks.watch(f"node{i}", procs[-1].pid)
             try:
@@ -165,37 +170,48 @@ def deploy(root: Path, rounds: int) -> dict:
         raise RuntimeError(f"the coordinator exited with code {code}; last lines of {log}:\n{_tail(log)}\n"
                            f"volunteers' logs: {root}/node*/join.log")
     records = read_rounds(coord)
+    audited = time.monotonic()
+    problems, _, replayed = audit.verify(coord)
+    audit_seconds = round(time.monotonic() - audited, 1)
     volunteers = {k: v for k, v in peaks.mb.items() if k != "coordinator"}
     return {
-        "d": model_size(MODEL), "volunteers": VOLUNTEERS, "seconds": round(time.monotonic() - start, 1),
+        "model": model, "d": model_size(model), "volunteers": volunteers, "attack": attack,
+        "seconds": round(time.monotonic() - start, 1),
         "rounds": [{"round": r["round"], "seconds": r["seconds"], "train_seconds_max": r["train_seconds_max"],
                     "accepted": r["accepted"], "asked": r["asked"], "rejected": r["rejected"], "failed": r["failed"],
-                    "missing": r["missing"], "accuracy": r["accuracy"]} for r in records],
+                    "missing": r["missing"], "accuracy": r["accuracy"], "bytes_up": r["bytes_up"],
+                    "bytes_down": r["bytes_down"], "quarantined": r["quarantined"]} for r in records],
         "final_accuracy": json.loads((coord / checkpoint.RESULT).read_text())["final_accuracy"],
         "coordinator_peak_mb": round(peaks.mb.get("coordinator", 0.0), 1),
         "volunteer_peak_mb": round(max(volunteers.values(), default=0.0), 1),
         "volunteers_peak_mb": {k: round(v, 1) for k, v in volunteers.items()},
+        "audit_problems": problems, "audit_replayed": replayed, "audit_seconds": audit_seconds,
         **wire_sizes(settings), "folder": str(root),
     }
 
 
 def print_report(report: dict) -> None:
-    print("\nbench (one cell in this process; extra = peak resident memory the run added)")
-    print("| model | d | nodes (f) | engine | peak extra MB | x model | x n*d*4 | seconds | accuracy |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for b in report["bench"]:
-        print(f"| {b['model']} | {b['d']:,} | {b['nodes']} ({b['byzantine']}) | {b['engine']} | {b['peak_extra_mb']:.0f} "
-              f"| {b['x_model']:.1f} | {b['x_updates']:.2f} | {b['seconds']:.1f} | {b['accuracy']:.3f} |")
+    if report["bench"]:
+        print("\nbench (one cell in this process; extra = peak resident memory the run added)")
+        print("| model | d | nodes (f) | engine | peak extra MB | x model | x n*d*4 | seconds | accuracy |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for b in report["bench"]:
+            print(f"| {b['model']} | {b['d']:,} | {b['nodes']} ({b['byzantine']}) | {b['engine']} | {b['peak_extra_mb']:.0f} "
+                  f"| {b['x_model']:.1f} | {b['x_updates']:.2f} | {b['seconds']:.1f} | {b['accuracy']:.3f} |")
     dep = report["deploy"]
-    print(f"\ndeployment: coordinator + {dep['volunteers']} volunteers on loopback, {MODEL} (d = {dep['d']:,}), "
+    print(f"\ndeployment: coordinator + {dep['volunteers']} volunteers on loopback, {dep['model']} (d = {dep['d']:,}), "
+          f"{dep['attack'] or 'no'} attacker, "
           f"task {dep['task_bytes'] / MB:.1f} MB, reply {dep['reply_bytes'] / MB:.1f} MB (model {dep['model_bytes'] / MB:.1f} MB)")
-    print("| round | accepted | seconds | slowest training s | accuracy |")
-    print("|---|---|---|---|---|")
+    print("| round | accepted | seconds | slowest training s | MB up | MB down | quarantined | accuracy |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in dep["rounds"]:
-        print(f"| {r['round']} | {r['accepted']}/{r['asked']} | {r['seconds']:.1f} | {r['train_seconds_max']:.1f} | {r['accuracy']:.3f} |")
+        print(f"| {r['round']} | {r['accepted']}/{r['asked']} | {r['seconds']:.1f} | {r['train_seconds_max']:.1f} "
+              f"| {r['bytes_up'] / MB:.0f} | {r['bytes_down'] / MB:.0f} | {len(r['quarantined'])} | {r['accuracy']:.3f} |")
     print(f"peak resident MB: coordinator tree {dep['coordinator_peak_mb']:.0f}, largest volunteer tree "
           f"{dep['volunteer_peak_mb']:.0f} ({', '.join(f'{k} {v:.0f}' for k, v in dep['volunteers_peak_mb'].items())}); "
           f"final accuracy {dep['final_accuracy']:.3f}; {dep['seconds']:.0f} s")
+    verdict = "; ".join(dep["audit_problems"]) or ("passes, every round replayed" if dep["audit_replayed"] else "passes")
+    print(f"robust audit verify: {verdict} ({dep['audit_seconds']:.0f} s)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,13 +221,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, metavar="R", help="rounds of the bench cells and the deployment (default 3)")
     p.add_argument("--keep", metavar="DIR", help="run the deployment in DIR and keep it (default: a temporary folder)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--model", default=MODEL, help=f"the model factory in examples/large (default {MODEL}; "
+                   "hugenet:make has 100.8M parameters)")
+    p.add_argument("--volunteers", type=int, default=VOLUNTEERS, metavar="N", help=f"volunteers deployed (default {VOLUNTEERS})")
+    p.add_argument("--attack", default="", help="an attack the last volunteer plays (e.g. alie; default none)")
+    p.add_argument("--no-bench", action="store_true", help="the deployment only")
     args = p.parse_args(argv)
     if args.nodes_bench < 3 or args.rounds < 1:
         p.error("--nodes-bench must be >= 3 and --rounds >= 1")
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="robust-large-model-"))
     root.mkdir(parents=True, exist_ok=True)
-    report = {"bench": [bench(m, args.nodes_bench, args.rounds) for m in (BASELINE, MODEL)],
-              "deploy": deploy(root.resolve(), args.rounds)}
+    report = {"bench": [] if args.no_bench else [bench(m, args.nodes_bench, args.rounds) for m in (BASELINE, args.model)],
+              "deploy": deploy(root.resolve(), args.rounds, args.model, args.volunteers, args.attack)}
     if not args.keep:  # a failed run keeps its folder: the error names the logs in it
         shutil.rmtree(root, ignore_errors=True)
     print_report(report)
