@@ -136,11 +136,13 @@ def _wait_submitted(coordinator, log: Path) -> None:
         time.sleep(SAMPLE)
 
 
-def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNTEERS, attack: str = "") -> dict:
+def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNTEERS, attack: str = "",
+           quorum: int = 0) -> dict:
     """A coordinator and ``volunteers`` volunteers training ``model`` on loopback, as users run
-    them; the last one plays ``attack`` (none if empty)."""
+    them; the last one plays ``attack`` (none if empty); a round steps on ``quorum`` replies
+    (0: all of them)."""
     settings = Settings(rounds=rounds, model=model, code=str(CODE), aggregator=AGGREGATOR, tolerate=1,
-                        quorum=volunteers, protocol=PROTOCOL, deadline=DEADLINE, wait_nodes=DEADLINE,
+                        quorum=quorum or volunteers, protocol=PROTOCOL, deadline=DEADLINE, wait_nodes=DEADLINE,
                         port=launch.free_port())
     coord, folders = commands.local_federation(root, volunteers, settings, "large-model", ("large-model",))
     sha = (coord / launch.CODE_SHA).read_text().strip()
@@ -173,7 +175,7 @@ def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNT
     audited = time.monotonic()
     problems, _, replayed = audit.verify(coord)
     audit_seconds = round(time.monotonic() - audited, 1)
-    volunteers = {k: v for k, v in peaks.mb.items() if k != "coordinator"}
+    trees = {k: v for k, v in peaks.mb.items() if k != "coordinator"}
     return {
         "model": model, "d": model_size(model), "volunteers": volunteers, "attack": attack,
         "seconds": round(time.monotonic() - start, 1),
@@ -183,8 +185,8 @@ def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNT
                     "bytes_down": r["bytes_down"], "quarantined": r["quarantined"]} for r in records],
         "final_accuracy": json.loads((coord / checkpoint.RESULT).read_text())["final_accuracy"],
         "coordinator_peak_mb": round(peaks.mb.get("coordinator", 0.0), 1),
-        "volunteer_peak_mb": round(max(volunteers.values(), default=0.0), 1),
-        "volunteers_peak_mb": {k: round(v, 1) for k, v in volunteers.items()},
+        "volunteer_peak_mb": round(max(trees.values(), default=0.0), 1),
+        "volunteers_peak_mb": {k: round(v, 1) for k, v in trees.items()},
         "audit_problems": problems, "audit_replayed": replayed, "audit_seconds": audit_seconds,
         **wire_sizes(settings), "folder": str(root),
     }
@@ -225,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                    "hugenet:make has 100.8M parameters)")
     p.add_argument("--volunteers", type=int, default=VOLUNTEERS, metavar="N", help=f"volunteers deployed (default {VOLUNTEERS})")
     p.add_argument("--attack", default="", help="an attack the last volunteer plays (e.g. alie; default none)")
+    p.add_argument("--quorum", type=int, default=0, metavar="Q", help="replies a round steps on (default: every volunteer's)")
     p.add_argument("--no-bench", action="store_true", help="the deployment only")
     args = p.parse_args(argv)
     if args.nodes_bench < 3 or args.rounds < 1:
@@ -232,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="robust-large-model-"))
     root.mkdir(parents=True, exist_ok=True)
     report = {"bench": [] if args.no_bench else [bench(m, args.nodes_bench, args.rounds) for m in (BASELINE, args.model)],
-              "deploy": deploy(root.resolve(), args.rounds, args.model, args.volunteers, args.attack)}
+              "deploy": deploy(root.resolve(), args.rounds, args.model, args.volunteers, args.attack, args.quorum)}
     if not args.keep:  # a failed run keeps its folder: the error names the logs in it
         shutil.rmtree(root, ignore_errors=True)
     print_report(report)

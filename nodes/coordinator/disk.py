@@ -26,7 +26,7 @@ class Projection:
     free: int  # bytes free in the coordinator's folder
 
     def describe(self, rounds: int) -> str:
-        what = f"stores {_size(self.per_round)} a round in updates/ ({_size(self.total)} over {rounds} rounds)"
+        what = f"stores {_size(self.per_round)} a round in updates/ ({_size(self.total - self.spool)} over {rounds} rounds)"
         spool = f", spools up to {_size(self.spool)} a round" if self.spool else ""
         return f"{what}{spool}; {_size(self.free)} free"
 
