@@ -24,7 +24,7 @@ import torch
 
 from robust.geometry import weighted_sum
 from robust.seeds import generator
-from robust.source import Rows
+from robust.source import Rows, row_hashes
 
 F64 = torch.float64
 
@@ -33,12 +33,7 @@ def content_order(X: Rows) -> tuple[torch.Tensor, str]:
     """``(order, digest)``: the row indices sorted by the SHA-256 of each row's bytes (equal
     rows keep their relative order), and the hex SHA-256 of the sorted row digests; one
     pass over the blocks (a hash is fed a row's bytes block by block)."""
-    hashes = [hashlib.sha256() for _ in range(X.n)]
-    for _, block in X.blocks():
-        block = block.cpu()
-        for i, h in enumerate(hashes):
-            h.update(block[i].numpy())
-    digests = [h.digest() for h in hashes]
+    digests = [h.digest() for h in row_hashes(X)]
     order = sorted(range(len(digests)), key=digests.__getitem__)
     combined = hashlib.sha256(b"".join(digests[i] for i in order)).hexdigest()
     return torch.tensor(order, dtype=torch.long, device=X.device), combined

@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -68,13 +69,7 @@ class Rows:
 
     def sha256s(self) -> list[str]:
         """Each row's ``robust.params.sha256`` (its identity in the audit store), one pass."""
-        prefix = f"{self.dtype}:{(self.d,)}:".encode()
-        hashes = [hashlib.sha256(prefix) for _ in range(self.n)]
-        for _, block in self.blocks():
-            block = block.cpu()
-            for i, h in enumerate(hashes):
-                h.update(block[i].numpy())
-        return [h.hexdigest() for h in hashes]
+        return [h.hexdigest() for h in row_hashes(self, f"{self.dtype}:{(self.d,)}:".encode())]
 
 
 class Memory(Rows):
@@ -246,6 +241,16 @@ def take(X: torch.Tensor | Rows, index: list[int]) -> torch.Tensor | Rows:
     return X[index] if isinstance(X, torch.Tensor) else X.take(index)
 
 
+def row_hashes(source: Rows, prefix: bytes = b"") -> list:
+    """A SHA-256 per row, fed ``prefix`` then the row's bytes block by block (one pass)."""
+    hashes = [hashlib.sha256(prefix) for _ in range(source.n)]
+    for _, block in source.blocks():
+        block = block.cpu()
+        for i, h in enumerate(hashes):
+            h.update(block[i].numpy())
+    return hashes
+
+
 def validated(X: Rows) -> Rows:
     """``X`` marked as known finite (a shallow copy: the caller's source is not changed)."""
     out = copy.copy(X)
@@ -283,8 +288,9 @@ def npy_header(path: str | Path) -> tuple[int, tuple[int, ...], np.dtype]:
     return offset, shape, dtype
 
 
-def write_row(path: str | Path, row: torch.Tensor) -> None:
-    """Write ``row`` (1-D) as a ``.npy`` file that :class:`Spooled` reads."""
+def write_row(path: str | Path | BinaryIO, row: torch.Tensor) -> None:
+    """Write ``row`` (1-D) as a ``.npy`` file that :class:`Spooled` reads (to a path or an
+    open binary file)."""
     np.save(path, row.detach().cpu().contiguous().numpy(), allow_pickle=False)
 
 

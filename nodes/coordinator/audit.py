@@ -32,14 +32,13 @@ import hashlib
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from robust import keys
 from robust.data import load
 from robust.models import build_model
 from robust.params import sha256
-from robust.source import Spooled
+from robust.source import Spooled, write_row
 
 from .. import checkpoint
 from ..engine.engine import Engine
@@ -75,7 +74,7 @@ def keep_row(folder: Path, row: torch.Tensor, sha: str | None = None) -> str:
     path = row_path(folder, sha)
     if not path.exists():
         path.parent.mkdir(exist_ok=True)
-        checkpoint.write_atomic(path, lambda out: np.save(out, row.numpy(), allow_pickle=False))
+        checkpoint.write_atomic(path, lambda out: write_row(out, row))
     return sha
 
 
