@@ -152,10 +152,13 @@ HEADER_CAP = 1024  # bytes: the longest .npy header of a one-dimensional float32
 ROW_DTYPE = np.dtype("<f4")
 
 
-def read_reply(content: RecordDict, d: int, codec: Codec | None = None) -> tuple[Reply, np.ndarray | None]:
+def read_reply(content: RecordDict, d: int, codec: Codec | None = None
+               ) -> tuple[Reply, np.ndarray | None, Encoded | None]:
     """Decode a reply whose update must be ``d`` float32 values, encoded by ``codec`` (``None``
     or ``none``: the float32 row itself); ``ValueError`` says what is malformed. With codec
-    ``none`` the row is read-only (it views the message's bytes); otherwise it is the decoded row."""
+    ``none`` the row is read-only (it views the message's bytes) and the encoding ``None``;
+    otherwise the decoded row and the checked arrays it was decoded from (read-only views:
+    what the audit stores, at the codec's size)."""
     try:
         config = content.config_records[REPLY]
     except KeyError:
@@ -172,23 +175,24 @@ def read_reply(content: RecordDict, d: int, codec: Codec | None = None) -> tuple
         raise ValueError(f"reply field 'seconds' is {values['seconds']}, not a finite number >= 0")
     reply = Reply(**values)
     if reply.refused:
-        return reply, None
+        return reply, None, None
     if codec is not None and codec.name != "none":
         try:
             record = content.array_records[UPDATE]
         except KeyError:
             raise ValueError("no update array") from None
-        return reply, read_encoded(record, d, codec)
+        return (reply, *read_encoded(record, d, codec))
     try:
         array = content.array_records[UPDATE]["row"]
     except KeyError:
         raise ValueError("no update array") from None
-    return reply, read_row(array, d)
+    return reply, read_row(array, d), None
 
 
-def read_encoded(record: ArrayRecord, d: int, codec: Codec) -> np.ndarray:
-    """The ``(d,)`` float32 row ``codec`` decodes from ``record``'s arrays: their names first,
-    then each array's bytes (:func:`read_array`) against ``codec.layout(d)``, then the values."""
+def read_encoded(record: ArrayRecord, d: int, codec: Codec) -> tuple[np.ndarray, Encoded]:
+    """The ``(d,)`` float32 row ``codec`` decodes from ``record``'s arrays, and those arrays:
+    their names first, then each array's bytes (:func:`read_array`) against
+    ``codec.layout(d)``, then the values."""
     want = codec.layout(d)
     names = list(record.keys())
     if set(names) != set(want):
@@ -196,7 +200,7 @@ def read_encoded(record: ArrayRecord, d: int, codec: Codec) -> np.ndarray:
         raise ValueError(f"update has arrays [{shown}], expected {sorted(want)} (compression {codec.spec})")
     enc = {name: read_array(record[name], f"update array {name!r}", dtype, length)
            for name, (dtype, length) in want.items()}
-    return codec.decode(enc, d).numpy()
+    return codec.decode(enc, d).numpy(), enc
 
 
 def read_row(array: Array, d: int) -> np.ndarray:

@@ -172,11 +172,12 @@ def test_replay_detects_a_tampered_update_and_a_tampered_schedule(served, tmp_pa
     coord_dir, _ = served
     changed = shutil.copytree(coord_dir, tmp_path / "update")
     sha = records(changed)[1]["updates"][records(changed)[1]["ids"][0]]["sha256"]
-    row = np.load(changed / audit.UPDATES / f"{sha}.npy")
-    np.save(changed / audit.UPDATES / f"{sha}.npy", row * 1.01)
+    with np.load(changed / audit.UPDATES / f"{sha}.npz") as npz:  # an int8 run keeps what the node sent
+        enc = {name: npz[name] for name in npz.files}
+    np.savez(changed / audit.UPDATES / f"{sha}.npz", q=enc["q"], scale=enc["scale"] * np.float32(1.01))
     assert main(["coordinator", "replay", str(changed)]) == 1
     out = capsys.readouterr().out
-    assert f"MISMATCH buffer 2: updates/{sha}.npy does not match its SHA-256 (changed)" in out
+    assert f"MISMATCH buffer 2: updates/{sha}.npz does not match its SHA-256 (changed)" in out
     assert re.search(r"problem\(s\) in 4 buffers", out)
 
     changed = shutil.copytree(coord_dir, tmp_path / "schedule")

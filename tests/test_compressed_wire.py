@@ -97,7 +97,7 @@ def test_topk_keeps_its_residual_across_rounds_and_a_round_asked_again_gives_the
 
     def decoded(answer) -> torch.Tensor:
         reply, sent = answer
-        _, row = read_reply(_proto(reply_content(reply, sent)), d, codec)
+        _, row, _ = read_reply(_proto(reply_content(reply, sent)), d, codec)
         return torch.from_numpy(row)
 
     first, again = _answer(task2, w2, node), _answer(task2, w2, node)  # round 2 asked twice
@@ -298,9 +298,15 @@ def test_the_audit_verifies_a_topk_run(tmp_path):
     while not coord.done:
         record = play(coord, nodes)
     assert record["accepted"] == 4 and audit.verify(coord_dir) == ([], 3, True)
-    update = next((coord_dir / audit.UPDATES).glob("*.npy"))
-    stored = np.load(update)
-    assert stored.dtype == np.float32 and np.count_nonzero(stored) <= 49  # the decoded rows are what is kept
+    # what is kept is what the nodes sent, at the codec's size, named by the decoded row each signed
+    codec, d = codecs.build("topk:k=0.01"), coord.engine.w.numel()
+    stored = sorted((coord_dir / audit.UPDATES).glob("*"))
+    assert len(stored) == 3 * 4 and {p.suffix for p in stored} == {".npz"}
+    for update in stored:
+        with np.load(update, allow_pickle=False) as npz:
+            enc = {name: npz[name] for name in npz.files}
+        assert sha256(codec.decode(enc, d)) == update.stem
+        assert update.stat().st_size < codec.nbytes(d) + 1024 < 4 * d / 5
 
 
 def test_an_fp16_downlink_halves_the_bytes_down_and_nodes_checks_and_audit_follow_the_rounded_model(tmp_path):

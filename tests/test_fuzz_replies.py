@@ -118,7 +118,7 @@ class Ctx:
             self._honest = {k: v for k, v in self._honest.items() if k[:2] == key[:2]}  # this round's only
             (fp, content), = replies(self.coord, [self.nodes[i]])
             assert fp == self.fps[i]
-            reply, row = read_reply(content, self.d)
+            reply, row, _ = read_reply(content, self.d)
             self._honest[key] = (dict(content.config_records[REPLY]), np.array(row, dtype=np.float32))
         cfg, row = self._honest[key]
         return dict(cfg), row.copy()

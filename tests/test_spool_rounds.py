@@ -9,7 +9,10 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
+
+from robust import codecs
 
 from nodes import checkpoint, commands, launch
 from nodes.coordinator import audit, disk
@@ -25,8 +28,9 @@ SETTINGS = Settings(rounds=3, aggregator="nnm+trimmed-mean", tolerate=1, quorum=
 VARIES = ("seconds", "train_seconds_max", "prev")
 
 
-def run(root, spool: str, keep: str) -> tuple[list[dict], Coordinator]:
-    folder, nodes = make_federation(root, 5, dataclasses.replace(SETTINGS, spool=spool, keep_updates=keep))
+def run(root, spool: str, keep: str, compression: str = "none") -> tuple[list[dict], Coordinator]:
+    settings = dataclasses.replace(SETTINGS, spool=spool, keep_updates=keep, compression=compression)
+    folder, nodes = make_federation(root, 5, settings)
     coord = Coordinator(folder)
     while not coord.done:
         # node 5 sends a forged (scaled) update: spot checks and the flag policy act on spooled rows too
@@ -52,6 +56,31 @@ def test_rows_spooled_on_disk_play_the_rounds_of_rows_in_memory(tmp_path, keep):
     assert stored == kept and stored
     problems, rounds, replayed = audit.verify(coord.folder)
     assert problems == [] and rounds == 3 and replayed == (keep == "all")
+
+
+def test_a_compressed_run_stores_the_encodings_at_the_codecs_size_and_its_audit_decodes_them(tmp_path):
+    in_memory, _ = run(tmp_path / "memory", "memory", "all", "int8")
+    on_disk, coord = run(tmp_path / "disk", "disk", "all", "int8")
+    assert on_disk == in_memory and any(r["convicted"] for r in on_disk)
+    codec, d = codecs.build("int8"), coord.engine.w.numel()
+    for records, folder in ((in_memory, tmp_path / "memory"), (on_disk, coord.folder)):
+        folder = folder if folder == coord.folder else next(folder.glob("**/" + audit.UPDATES)).parent
+        stored = {p.name: p.stat().st_size for p in (folder / audit.UPDATES).iterdir()}
+        kept = {u["sha256"] + ".npz" for r in records for u in r["updates"].values()}
+        assert set(stored) == kept  # no float32 row left behind, spooled or not
+        assert all(size < codec.nbytes(d) + 1024 < 4 * d / 3 for size in stored.values())
+        assert audit.verify(folder) == ([], 3, True)
+    projection = coord.disk()  # the forger is quarantined: 4 nodes asked
+    assert (projection.row, projection.per_round) == (codec.nbytes(d), 4 * codec.nbytes(d))
+    assert projection.spool == 4 * (4 * d + codec.nbytes(d))  # float32 rows for the rule, the encodings beside
+    # a stored encoding changed by one code: the audit says which update, and why
+    victim = next(iter((coord.folder / audit.UPDATES).iterdir()))
+    with np.load(victim) as npz:
+        enc = {name: npz[name].copy() for name in npz.files}
+    enc["q"][0] = enc["q"][0] + 1 if enc["q"][0] < 127 else 0
+    np.savez(victim, **enc)
+    problems, _, _ = audit.verify(coord.folder)
+    assert problems and all(f"{victim.name} does not match its SHA-256" in p for p in problems)
 
 
 def test_auto_spools_once_a_round_would_pass_the_bound(tmp_path, monkeypatch):

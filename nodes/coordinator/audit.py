@@ -20,21 +20,29 @@ which its signature covers and which must be the logged model of the version its
 names. ``robust coordinator replay DIR`` runs the same recomputation without the chain and
 signature checks (:func:`replay_main`).
 
-Compressed runs (``compression``) need nothing more: a node signs the SHA-256 of its *decoded*
-row, and the coordinator stores and logs that decoded float32 row, so the audit checks the
-signatures over, and replays the aggregation from, exactly the rows the rounds used; it never
-needs the codec (the encodings themselves are not kept).
+Compressed runs (``compression``) store each kept update at the codec's size: the arrays the
+node sent, as they were checked (``DIR/updates/<sha256>.npz``; an int8 run stores a quarter
+of the float32 bytes, a sign run a 32nd). A node signs the SHA-256 of its *decoded* row, and
+that hash names the file: the audit decodes each stored encoding with the run's codec (the
+same checked, deterministic decode the round used), checks the decoded row against the hash
+its author signed, and replays the aggregation from exactly the rows the rounds used, one
+round's decoded rows at a time in a scratch folder beside the run. Rows kept as evidence of
+a spot-check mismatch (the verifier's recomputation and the row it contradicts) stay float32
+``.npy``: either form is read wherever a stored update is.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from robust import keys
+from robust import codecs, keys
+from robust.codecs import Codec, Encoded
 from robust.data import load
 from robust.models import build_model
 from robust.params import sha256
@@ -64,47 +72,83 @@ def line_hash(record: dict) -> str:
 
 
 def row_path(folder: Path, sha: str) -> Path:
-    """Where the update of SHA-256 ``sha`` is stored."""
+    """Where the float32 update of SHA-256 ``sha`` is stored."""
     return Path(folder) / UPDATES / f"{sha}.npy"
+
+
+def encoding_path(folder: Path, sha: str) -> Path:
+    """Where the encoding (a compressed run's arrays, as sent) of the update ``sha`` is stored."""
+    return Path(folder) / UPDATES / f"{sha}.npz"
 
 
 def keep_row(folder: Path, row: torch.Tensor, sha: str | None = None) -> str:
     """Store ``row`` under its SHA-256 (``sha``, if already known), once; return the hash."""
     sha = sha or sha256(row)
-    path = row_path(folder, sha)
-    if not path.exists():
-        path.parent.mkdir(exist_ok=True)
-        checkpoint.write_atomic(path, lambda out: write_row(out, row))
+    _write_once(row_path(folder, sha), lambda out: write_row(out, row))
     return sha
 
 
-def store(folder: Path, keep: str, record: dict, inbox) -> dict:
+def keep_encoding(folder: Path, enc: Encoded, sha: str) -> Path:
+    """Store the arrays ``enc`` whose decoded row has SHA-256 ``sha``, once; return the file."""
+    return _write_once(encoding_path(folder, sha), lambda out: np.savez(out, **enc))
+
+
+def _write_once(path: Path, write) -> Path:
+    if not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        checkpoint.write_atomic(path, write)
+    return path
+
+
+def store(folder: Path, keep: str, record: dict, inbox, evidence: set[str] = frozenset()) -> dict:
     """The round's ``updates`` entry (every row it used or convicted, with what its author
-    signed); the rows ``keep`` says to keep go to ``DIR/updates``, and the rows the round
-    spooled there (``inbox.spooled``) that it does not keep are removed."""
+    signed); the updates ``keep`` says to keep go to ``DIR/updates`` at the codec's size, and
+    the files the round spooled there (``inbox.spooled``) that it does not keep are removed
+    (``evidence``: the SHA-256 of rows a spot-check mismatch stored, which stay)."""
     checked = {v["author"] for v in record["spot"]}
     used = sorted(set(record["ids"]) | (set(record["convicted"]) & set(inbox.rows)))
-    out, kept = {}, set()
+    out, kept = {}, {row_path(folder, sha) for sha in evidence}
     for fp in used:
         reply, sha = inbox.replies[fp], inbox.hashes[fp]
         if keep == "all" or (keep == "spot" and fp in checked):
-            if not isinstance(inbox.rows[fp], Path):  # a spooled row is stored already
-                keep_row(folder, inbox.rows[fp], sha)
-            kept.add(sha)
+            kept.add(_keep(folder, inbox, fp))
         out[fp] = {"sha256": sha, "signature": reply.signature.hex(), "count": reply.count, "part": reply.part,
                    "profile": reply.profile}
         if "staleness" in record:  # rows may be stale: the task each answered, and the model it was computed from
             out[fp].update(task=reply.round, base=reply.base)
-    for sha in inbox.spooled - kept:
-        row_path(folder, sha).unlink(missing_ok=True)
+    for path in inbox.spooled - kept:
+        path.unlink(missing_ok=True)
     return out
 
 
-def _row(folder: Path, sha: str) -> Path | str:
-    """The stored update of SHA-256 ``sha`` (its path, once its bytes are hashed block by
-    block: the replay reads it from disk, never the round's rows all in memory), or what is
-    wrong with it."""
+def _keep(folder: Path, inbox, fp: str) -> Path:
+    """Store node ``fp``'s update at the codec's size (its encoding, if it came encoded; a
+    spooled one is there already); the file it is kept in."""
+    sha = inbox.hashes[fp]
+    if fp in inbox.encoded:
+        enc = inbox.encoded[fp]
+        return enc if isinstance(enc, Path) else keep_encoding(folder, enc, sha)
+    row = inbox.rows[fp]
+    return row if isinstance(row, Path) else row_path(folder, keep_row(folder, row, sha))
+
+
+def _row(folder: Path, sha: str, codec: Codec, d: int, scratch: Path) -> Path | str:
+    """The stored update of SHA-256 ``sha`` as a float32 row file (its own, or its encoding
+    decoded into ``scratch``), once its values are checked against ``sha`` block by block:
+    the replay reads it from disk, never the round's rows all in memory; or what is wrong."""
     path = row_path(folder, sha)
+    if not path.exists() and encoding_path(folder, sha).exists():
+        path = encoding_path(folder, sha)
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                row = codec.decode({name: npz[name] for name in npz.files}, d)
+        except Exception as err:  # noqa: BLE001 - a damaged file is a finding, not a crash
+            return f"{path.relative_to(folder)} does not decode with {codec.spec} ({str(err)[:120]})"
+        if sha256(row) != sha:
+            return f"{path.relative_to(folder)} does not match its SHA-256 (changed)"
+        decoded = scratch / f"{sha}.npy"
+        write_row(decoded, row)
+        return decoded
     if not path.exists():
         return f"{path.relative_to(folder)} is missing"
     try:
@@ -154,61 +198,65 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
     # rounded by the downlink): what the updates of the next round (or buffers) were computed from
     replay, base = True, engine.task_model()[1]
     models = [base]
-    for r in records:
-        t, updates = r["round"], r.get("updates", {})
-        staleness = r.get("staleness")
-        for fp, u in updates.items():
-            if "base" in u:  # async: computed from an older model, which the schedule names
-                tau = (staleness or {}).get(fp)
-                v = None if tau is None else t - 1 - tau
-                if v is None or not 0 <= v < len(models) or models[v] != u["base"]:
-                    problems.append(f"{word} {t}: {fp[:12]}'s update is based on model {str(u['base'])[:12]}, "
-                                    f"not the model of the version its staleness {tau} names ({checkpoint.ROUNDS} "
-                                    f"line {t} changed)")
-            if not full:
+    codec, d = codecs.build(settings.compression), engine.w.numel()
+    with tempfile.TemporaryDirectory(prefix=".replay-", dir=folder) as tmp:  # a round's decoded encodings
+        for r in records:
+            t, updates = r["round"], r.get("updates", {})
+            staleness = r.get("staleness")
+            for fp, u in updates.items():
+                if "base" in u:  # async: computed from an older model, which the schedule names
+                    tau = (staleness or {}).get(fp)
+                    v = None if tau is None else t - 1 - tau
+                    if v is None or not 0 <= v < len(models) or models[v] != u["base"]:
+                        problems.append(f"{word} {t}: {fp[:12]}'s update is based on model {str(u['base'])[:12]}, "
+                                        f"not the model of the version its staleness {tau} names ({checkpoint.ROUNDS} "
+                                        f"line {t} changed)")
+                if not full:
+                    continue
+                payload = signed_payload(run_id, u.get("task", t), u.get("base", base), u["sha256"], u["count"],
+                                         u["part"], u["profile"])
+                if fp not in signers or not keys.verify(signers[fp], bytes.fromhex(u["signature"]), payload):
+                    problems.append(f"{word} {t}: the signature of {fp[:12]}'s update does not verify")
+            for v in r.get("spot", []) if full else []:
+                c = v.get("check") or {}
+                author = updates.get(v["author"], {})
+                payload = signed_payload(run_id, author.get("task", t), author.get("base", base), c.get("sha256"), 0,
+                                         author.get("part", ""), c.get("profile"), v["author"])
+                if c and (v["verifier"] not in signers
+                          or not keys.verify(signers[v["verifier"]], bytes.fromhex(c["signature"]), payload)):
+                    problems.append(f"{word} {t}: the signature of {v['verifier'][:12]}'s check does not verify")
+            base = r.get("task_sha256", r.get("model_sha256"))  # what the next round's updates were computed from
+            models.append(base)
+            for decoded in Path(tmp).iterdir():  # the last round's decoded rows: one round on disk at a time
+                decoded.unlink()
+            rows = {fp: _row(folder, u["sha256"], codec, d, Path(tmp)) for fp, u in updates.items()}
+            bad = {fp: why for fp, why in rows.items() if isinstance(why, str)}
+            if bad:
+                if settings.keep_updates == "all" or any("missing" not in why for why in bad.values()):
+                    problems.extend(f"{word} {t}: {why}" for why in bad.values())
+                replay = False
+            if not replay:
                 continue
-            payload = signed_payload(run_id, u.get("task", t), u.get("base", base), u["sha256"], u["count"], u["part"],
-                                     u["profile"])
-            if fp not in signers or not keys.verify(signers[fp], bytes.fromhex(u["signature"]), payload):
-                problems.append(f"{word} {t}: the signature of {fp[:12]}'s update does not verify")
-        for v in r.get("spot", []) if full else []:
-            c = v.get("check") or {}
-            author = updates.get(v["author"], {})
-            payload = signed_payload(run_id, author.get("task", t), author.get("base", base), c.get("sha256"), 0,
-                                     author.get("part", ""), c.get("profile"), v["author"])
-            if c and (v["verifier"] not in signers
-                      or not keys.verify(signers[v["verifier"]], bytes.fromhex(c["signature"]), payload)):
-                problems.append(f"{word} {t}: the signature of {v['verifier'][:12]}'s check does not verify")
-        base = r.get("task_sha256", r.get("model_sha256"))  # what the next round's updates were computed from
-        models.append(base)
-        rows = {fp: _row(folder, u["sha256"]) for fp, u in updates.items()}
-        bad = {fp: why for fp, why in rows.items() if isinstance(why, str)}
-        if bad:
-            if settings.keep_updates == "all" or any("missing" not in why for why in bad.values()):
-                problems.extend(f"{word} {t}: {why}" for why in bad.values())
-            replay = False
-        if not replay:
-            continue
-        ids = sorted(rows)
-        if staleness is not None and not set(ids) <= set(staleness):
-            problems.append(f"{word} {t}: the record gives no staleness for "
-                            f"{', '.join(fp[:12] for fp in sorted(set(ids) - set(staleness)))} ({checkpoint.ROUNDS} "
-                            f"line {t} changed)")
-            staleness = {fp: int(staleness.get(fp, 0)) for fp in ids}
-        # the schedule: each row's task, at the version its staleness names (its model is not
-        # needed: the spot checks' verdicts are the log's)
-        tasks = {fp: Ticket(fp, int(updates[fp].get("task", t)), t - 1 - int((staleness or {}).get(fp, 0)),
-                            str(updates[fp].get("base", models[t - 1])), None) for fp in ids}
-        X = Spooled([rows[fp] for fp in ids], shas=[updates[fp]["sha256"] for fp in ids]) if ids \
-            else torch.empty(0, engine.w.numel())
-        convicted = set(r["convicted"])
-        rejected = {fp: why for fp, why in r["rejected"].items() if fp not in convicted}
-        asked = sorted(set(ids) | set(r["rejected"]) | set(r["failed"]) | set(r["missing"]))
-        again = checkpoint.finite(engine.step(asked, ids, X, rejected, r["failed"], tasks=tasks))
-        changed = [key for key in COMPARED if again.get(key) != r.get(key)]
-        if changed:
-            problems.append(f"{word} {t}: recomputed {', '.join(changed)} differ(s) from the log "
-                            f"({checkpoint.ROUNDS} line {t} or its updates changed)")
+            ids = sorted(rows)
+            if staleness is not None and not set(ids) <= set(staleness):
+                unnamed = ", ".join(fp[:12] for fp in sorted(set(ids) - set(staleness)))
+                problems.append(f"{word} {t}: the record gives no staleness for {unnamed} ({checkpoint.ROUNDS} "
+                                f"line {t} changed)")
+                staleness = {fp: int(staleness.get(fp, 0)) for fp in ids}
+            # the schedule: each row's task, at the version its staleness names (its model is not
+            # needed: the spot checks' verdicts are the log's)
+            tasks = {fp: Ticket(fp, int(updates[fp].get("task", t)), t - 1 - int((staleness or {}).get(fp, 0)),
+                                str(updates[fp].get("base", models[t - 1])), None) for fp in ids}
+            X = Spooled([rows[fp] for fp in ids], shas=[updates[fp]["sha256"] for fp in ids]) if ids \
+                else torch.empty(0, engine.w.numel())
+            convicted = set(r["convicted"])
+            rejected = {fp: why for fp, why in r["rejected"].items() if fp not in convicted}
+            asked = sorted(set(ids) | set(r["rejected"]) | set(r["failed"]) | set(r["missing"]))
+            again = checkpoint.finite(engine.step(asked, ids, X, rejected, r["failed"], tasks=tasks))
+            changed = [key for key in COMPARED if again.get(key) != r.get(key)]
+            if changed:
+                problems.append(f"{word} {t}: recomputed {', '.join(changed)} differ(s) from the log "
+                                f"({checkpoint.ROUNDS} line {t} or its updates changed)")
     return problems, len(records), replay
 
 

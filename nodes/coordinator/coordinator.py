@@ -55,6 +55,7 @@ import torch
 from flwr.app import RecordDict
 
 from robust import codecs, keys
+from robust.codecs import Encoded
 from robust.data import load
 from robust.models import build_model
 from robust.params import sha256, unflatten
@@ -98,14 +99,16 @@ class Inbox:
     hashes: dict[str, str] = field(default_factory=dict)  # each accepted update's SHA-256
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of each node's reply arrays
     tasks: dict[str, Ticket] = field(default_factory=dict)  # the task each accepted row answers
-    spooled: set[str] = field(default_factory=set)  # SHA-256 of the rows this inbox wrote to DIR/updates
+    encoded: dict[str, Encoded | Path] = field(default_factory=dict)  # compressed runs: each accepted encoding
+    spooled: set[Path] = field(default_factory=set)  # the files this inbox wrote to DIR/updates
 
     @classmethod
     def of(cls, singles: Iterable[Inbox]) -> Inbox:
         """One inbox filing the entries of ``singles`` (each one node's reply)."""
         inbox = cls()
         for single in singles:
-            for name in ("rows", "rejected", "failed", "seconds", "replies", "hashes", "sizes", "tasks", "spooled"):
+            for name in ("rows", "rejected", "failed", "seconds", "replies", "hashes", "sizes", "tasks", "encoded",
+                         "spooled"):
                 getattr(inbox, name).update(getattr(single, name))
         return inbox
 
@@ -288,7 +291,7 @@ class Coordinator:
         ticket = self.ledger.close(fp)  # answered, whatever the reply holds
         try:
             inbox.sizes[fp] = content_bytes(content)
-            reply, row = read_reply(content, self.engine.w.numel(), self.codec)
+            reply, row, enc = read_reply(content, self.engine.w.numel(), self.codec)
         except ValueError as err:
             inbox.rejected[fp] = f"malformed reply: {err}"
             return
@@ -308,8 +311,11 @@ class Coordinator:
         if isinstance(result, str):
             inbox.rejected[fp] = result
         else:
-            row, inbox.hashes[fp] = result
-            inbox.rows[fp] = self.spool(row, inbox.hashes[fp], inbox) if self.spooling else row
+            row, sha = result
+            inbox.hashes[fp] = sha
+            inbox.rows[fp] = self.spool(sha, row, inbox) if self.spooling else row
+            if enc is not None:  # what the audit keeps, at the codec's size
+                inbox.encoded[fp] = self.spool(sha, enc, inbox) if self.spooling else enc
             inbox.replies[fp], inbox.tasks[fp] = reply, ticket
 
     def disk(self) -> Projection:
@@ -324,17 +330,19 @@ class Coordinator:
         spool = self.settings.spool
         return spool == "disk" or (spool == "auto" and len(self.keys) * self.engine.w.numel() * 4 > SPOOL_ABOVE)
 
-    def spool(self, row: torch.Tensor, sha: str, inbox: Inbox) -> Path:
-        """Write an accepted ``row`` to the round's spool (the audit's store) and let it go."""
-        path = audit.row_path(self.folder, sha)
+    def spool(self, sha: str, update: torch.Tensor | Encoded, inbox: Inbox) -> Path:
+        """Write the accepted update ``sha`` (its row, or its encoding) to the round's spool,
+        the audit's store, and let it go."""
+        row = isinstance(update, torch.Tensor)
+        path = (audit.row_path if row else audit.encoding_path)(self.folder, sha)
         if not path.exists():
             try:
-                audit.keep_row(self.folder, row, sha)
+                (audit.keep_row if row else audit.keep_encoding)(self.folder, update, sha)
             except OSError as err:  # the disk, not the node: the round fails, the checkpoint stands
                 raise OSError(err.errno, f"round {self.round + 1} stopped: an update could not be spooled to "
                               f"{path.parent} ({err.strerror or err}): free disk space, then `robust coordinator "
                               f"start {self.folder}` resumes after round {self.round}") from err
-            inbox.spooled.add(sha)
+            inbox.spooled.add(path)
         return path
 
     def rows(self, inbox: Inbox) -> tuple[list[str], torch.Tensor | Spooled]:
@@ -343,7 +351,7 @@ class Coordinator:
         if not any(isinstance(row, Path) for row in inbox.rows.values()):
             return canonical(inbox.rows, self.engine.w.numel())
         ids = sorted(inbox.rows)
-        paths = [inbox.rows[fp] if isinstance(inbox.rows[fp], Path) else self.spool(inbox.rows[fp], inbox.hashes[fp], inbox)
+        paths = [inbox.rows[fp] if isinstance(inbox.rows[fp], Path) else self.spool(inbox.hashes[fp], inbox.rows[fp], inbox)
                  for fp in ids]
         return ids, Spooled(paths, validated=True, shas=[inbox.hashes[fp] for fp in ids])
 
@@ -388,7 +396,7 @@ class Coordinator:
             record["buffer"] = self.buffer_size
             record["held"] = held or []  # valid replies of this buffer's nodes, left for the next buffer
         record["prev"] = self._tip  # the SHA-256 of the last record's log line
-        record["updates"] = audit.store(self.folder, self.settings.keep_updates, record, inbox)
+        record["updates"] = audit.store(self.folder, self.settings.keep_updates, record, inbox, self.checks.evidence)
         traffic = {short(fp): [inbox.sizes.get(fp, 0), self._task_bytes] for fp in sorted(asked)}
         record["bytes_up"] = sum(up for up, _ in traffic.values())
         record["bytes_down"] = sum(down for _, down in traffic.values())

@@ -1,8 +1,9 @@
 """What a run will store, said before it is spent.
 
 A round stores its kept updates in ``DIR/updates`` (``keep-updates``: all of them, the
-spot-checked ones, none), one float32 row of the model's ``d`` trained parameters each; a
-spooled round (``spool``) also holds all its accepted rows there until the round ends. The
+spot-checked ones, none) at the codec's size (``compression``: a float32 row of the model's
+``d`` trained parameters, or the arrays an int8 or sign node sends); a spooled round
+(``spool``) also holds all its accepted rows there, decoded to float32, until the round ends. The
 projection is the rounds left times what a round keeps, plus one round's spool; a run whose
 projection passes the folder's free disk is refused before any process starts.
 """
@@ -14,12 +15,14 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from robust import codecs
+
 from ..settings import Settings
 
 
 @dataclass(frozen=True)
 class Projection:
-    row: int  # bytes of one stored update
+    row: int  # bytes of one stored update (values; the files' headers add a few hundred bytes)
     per_round: int  # bytes a round keeps
     spool: int  # bytes a round holds on disk while it runs (0: rows wait in memory)
     total: int  # bytes the rounds left will add
@@ -33,10 +36,12 @@ class Projection:
 
 def project(folder: Path, settings: Settings, d: int, nodes: int, rounds_left: int, spooling: bool) -> Projection:
     """The disk the ``rounds_left`` rounds of ``nodes`` asked nodes will use in ``folder``."""
-    row = 4 * d
+    codec = codecs.build(settings.compression)
+    row = codec.nbytes(d)
     asked = min(nodes, settings.per_round) if settings.per_round else nodes
     kept = {"all": asked, "spot": math.ceil(settings.spot_check * asked), "none": 0}[settings.keep_updates]
-    spool = asked * row if spooling else 0
+    # a spooled row is float32 for the rule; a compressed run spools its encoding beside it
+    spool = asked * (4 * d + (row if codec.name != "none" else 0)) if spooling else 0
     total = rounds_left * kept * row + spool
     return Projection(row, kept * row, spool, total, shutil.disk_usage(folder).free)
 

@@ -52,11 +52,12 @@ class SpotChecks:
         self.own = profile_of(CPU)
         self.replies: dict[str, Reply] = {}
         self.checkers: Checkers | None = None
+        self.evidence: set[str] = set()  # SHA-256 of the rows this round's mismatches stored as float32 evidence
         self._parts: dict[str, NodeData] = {}
 
     def begin(self, replies: dict[str, Reply], checkers: Checkers | None) -> None:
         """The round's accepted replies (what each author declared) and its possible verifiers."""
-        self.replies, self.checkers = replies, checkers
+        self.replies, self.checkers, self.evidence = replies, checkers, set()
 
     def __call__(self, t: int, rows: dict[str, tuple[Ticket, torch.Tensor]]) -> list[Verdict]:
         c, s = self.coord, self.coord.settings
@@ -87,9 +88,8 @@ class SpotChecks:
             vrow, vreply = got
             match, gap = compare(row, vrow, self.replies[author].profile == vreply.profile)
             evidence = {"sha256": sha256(vrow), "signature": vreply.signature.hex(), "profile": vreply.profile}
-            if not match:  # evidence: both signed rows are kept
-                keep_row(c.folder, vrow)
-                keep_row(c.folder, row)
+            if not match:  # evidence: both signed rows are kept, whatever keep-updates says
+                self.evidence |= {keep_row(c.folder, vrow), keep_row(c.folder, row)}
             verdict = (Verdict(author, verifier, gap) if match else
                        self._referee(task, w, author, row, verifier, (vrow, vreply.profile == self.own)))
             verdict.check = evidence
@@ -102,7 +102,7 @@ class SpotChecks:
         if isinstance(content, str):
             return content
         try:
-            reply, row = read_reply(content, d, self.coord.codec)
+            reply, row, _ = read_reply(content, d, self.coord.codec)
         except Exception as err:  # noqa: BLE001 - untrusted input: a reason, never an exception
             return f"sent an unreadable check ({str(err)[:120]})"
         if reply.refused:
