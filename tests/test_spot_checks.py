@@ -122,8 +122,10 @@ def _checkers(nodes: list[Path], liar: Path | None = None) -> Checkers:
     return Checkers(sorted(by_fp), ask)
 
 
-def test_volunteers_check_each_other_a_lazy_node_is_convicted_a_false_accuser_too(tmp_path):
-    coord_dir, nodes = _federation(tmp_path, spot_check=1.0, verifier="nodes", rounds=2)
+@pytest.mark.parametrize("spool, keep", [("memory", "all"), ("disk", "none")])
+def test_volunteers_check_each_other_a_lazy_node_is_convicted_a_false_accuser_too(tmp_path, spool, keep):
+    coord_dir, nodes = _federation(tmp_path, spot_check=1.0, verifier="nodes", rounds=2, spool=spool,
+                                   keep_updates=keep)
     coord = Coordinator(coord_dir)
     lazy, liar = fingerprint(nodes[0]), fingerprint(nodes[1])
     first = play(coord, nodes, {1: "lazy"}, checkers=_checkers(nodes, liar=nodes[1]))
@@ -133,9 +135,14 @@ def test_volunteers_check_each_other_a_lazy_node_is_convicted_a_false_accuser_to
     accused = next(a for a, v in verdicts.items() if v["verifier"] == liar)
     assert verdicts[accused]["guilty"] == [liar] and verdicts[accused]["note"] == "refereed by the coordinator"
     assert all(v["distance"] == 0.0 for a, v in verdicts.items() if v["verifier"] != liar)  # same profile: bit for bit
+    # the evidence (the accused's row and the false check) is kept, whatever keep-updates and spool say
+    evidence = {first["updates"][accused]["sha256"], verdicts[accused]["check"]["sha256"]}
+    assert all(audit.row_path(coord_dir, sha).exists() for sha in evidence)
+    if keep == "none":
+        assert {p.stem for p in (coord_dir / audit.UPDATES).iterdir()} == evidence
     second = play(coord, nodes, {1: "lazy"}, checkers=_checkers(nodes))
     assert second["convicted"] == [lazy] and sorted(second["ids"]) == sorted(map(fingerprint, nodes[2:]))
-    assert audit.verify(coord_dir) == ([], 2, True)
+    assert audit.verify(coord_dir) == ([], 2, keep == "all")
 
 
 def test_a_silent_verifier_leaves_the_check_to_the_coordinator(tmp_path):
