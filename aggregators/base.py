@@ -14,7 +14,7 @@ and take ``aggregate(X, inputs)``; the chain checks the fields are given before 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -46,6 +46,12 @@ class RoundInputs:
             if isinstance(self.ids, str) or not hasattr(self.ids, "__iter__"):
                 raise ValueError(f"ids must be a sequence of node ids, one per row (got {type(self.ids).__name__})")
             object.__setattr__(self, "ids", tuple(self.ids))
+
+    def to(self, device: torch.device | str) -> RoundInputs:
+        """These inputs with ``w`` and ``reference`` on ``device`` (a rule reads them beside its
+        rows, on the rows' device)."""
+        move = lambda v: v if v is None or not isinstance(v, torch.Tensor) else v.to(device)  # noqa: E731
+        return replace(self, w=move(self.w), reference=move(self.reference))
 
 
 # what each field is, for the error that asks for it

@@ -30,11 +30,13 @@ class Bucketing(PreAggregator):
         return -(-n // self.s)
 
     def transformed(self, X: Rows) -> Rows:
-        n = X.n
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
-        bucket = torch.empty(n, dtype=torch.long)
-        bucket[perm] = torch.arange(n) // self.s
+        # the (n', n) mixing is built on the CPU, whose seeded draw is the same on every machine;
+        # ``mixed`` moves it to the rows' device
+        n, cpu = X.n, "cpu"
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed), device=cpu)
+        bucket = torch.empty(n, dtype=torch.long, device=cpu)
+        bucket[perm] = torch.arange(n, device=cpu) // self.s
         sizes = torch.bincount(bucket, minlength=self.rows(n)).to(torch.float64)
-        means = torch.zeros(self.rows(n), n, dtype=torch.float64)
-        means[bucket, torch.arange(n)] = 1.0 / sizes[bucket]
+        means = torch.zeros(self.rows(n), n, dtype=torch.float64, device=cpu)
+        means[bucket, torch.arange(n, device=cpu)] = 1.0 / sizes[bucket]
         return mixed(X, means)

@@ -58,8 +58,9 @@ class DnC(Rule):
         n, d = X.shape
         order, gen = draws(X, self.name, self.seed)
         times_removed = torch.zeros(n, dtype=torch.long, device=X.device)
-        # every subset drawn first, then read in one pass (the draws are the same)
-        subsets = [torch.randperm(d, generator=gen)[: self.b].sort().values for _ in range(self.iters)]
+        # every subset drawn first, then read in one pass (the draws are the same); drawn on the
+        # CPU (the generator's device, the same draws everywhere), the columns move with the reads
+        subsets = [torch.randperm(d, generator=gen, device="cpu")[: self.b].sort().values for _ in range(self.iters)]
         chosen = torch.unique(torch.cat(subsets))
         values = take_columns(X, chosen)
         for columns in subsets:

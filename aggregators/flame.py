@@ -65,6 +65,7 @@ class Flame(Rule):
         out = clipped_mean(X, order, kept, norms, bound)
         if self.noise > 0:
             sigma = self.noise * float(bound)
-            noise = torch.randn(X.shape[1], generator=gen, dtype=torch.float64) * sigma
+            # drawn on the CPU (the generator's device): the same noise whatever device the rows are on
+            noise = torch.randn(X.shape[1], generator=gen, dtype=torch.float64, device="cpu") * sigma
             out += noise.to(device=X.device, dtype=X.dtype)
         return out

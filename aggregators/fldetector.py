@@ -108,12 +108,14 @@ def two_means(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def two_clusters(s: torch.Tensor, gen: torch.Generator, refs: int = 10) -> int:
     """0 if the gap statistic picks one cluster for the values ``s`` (``m >= 3``), else the
-    number of values (in sorted order) of the lower of the two."""
+    number of values (in sorted order) of the lower of the two. Computed on the CPU, wherever
+    ``s`` is (a few values per node): CUDA has no deterministic float ``cumsum``."""
+    s = s.cpu()
     lo, hi = s.min(), s.max()
     if hi == lo:
         return 0
     z = ((s - lo) / (hi - lo)).sort().values[None]
-    ref = torch.rand(refs, s.shape[0], generator=gen, dtype=F64).sort(dim=1).values.to(s.device)
+    ref = torch.rand(refs, s.shape[0], generator=gen, dtype=F64, device="cpu").sort(dim=1).values
     sse1 = lambda t: (t - t.mean(dim=1, keepdim=True)).square().sum(dim=1)  # noqa: E731
     (w2, split), (r2, _) = two_means(z), two_means(ref)
     gap1 = torch.log(sse1(ref).mean()) - torch.log(sse1(z)[0])
@@ -194,7 +196,7 @@ class FLDetector(Rule):
         if step is not None and self.out is not None and bool((step != 0).any()):
             self.S = push(self.S, step.to(X.dtype), self.window)
             self.Y = push(self.Y, (out.to(F64) - self.out.to(F64)).to(X.dtype), self.window)
-        self.w, self.out = inputs.w.detach().clone(), out.clone()
+        self.w, self.out = inputs.w.detach().to(X.device, copy=True), out.clone()  # kept beside the rows
         self.rows = {ids[i]: rows[i] for i in order}  # the rows of absent nodes are dropped
         return out
 

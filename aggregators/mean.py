@@ -18,4 +18,4 @@ class Mean(Rule):
     name = "mean"
 
     def aggregate(self, X: Rows) -> torch.Tensor:
-        return weighted_sum(X, torch.full((X.n,), 1.0 / X.n, dtype=torch.float64))
+        return weighted_sum(X, torch.full((X.n,), 1.0 / X.n, dtype=torch.float64, device=X.device))

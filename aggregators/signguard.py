@@ -117,7 +117,8 @@ class SignGuard(Rule):
         median = norms.median()
         by_norm = (norms >= self.lower * median) & (norms <= self.upper * median)
         k = max(1, round(self.frac * d))
-        columns = torch.randperm(d, generator=gen)[:k].sort().values.to(X.device)
+        # drawn on the CPU (the generator's device): the same columns whatever device the rows are on
+        columns = torch.randperm(d, generator=gen, device="cpu")[:k].sort().values.to(X.device)
         stats = sign_statistics(X, columns)[order]  # exact counts: the same in any row order
         by_sign = largest_cluster(stats, bandwidth(stats, 1.0 / k))
         kept = by_norm & by_sign

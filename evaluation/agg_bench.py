@@ -4,6 +4,13 @@ For each size (n, d) with f = n // 5, each method is called until it has ``repea
 calls after a warm-up call (or its time budget is spent); the median is reported with the
 speed-up over the fastest Flower equivalent and the peak resident memory the call added,
 as a multiple of the input's size.
+
+``--device`` (``auto | cpu | cuda``, as the coordinator's ``device`` setting) runs our rules
+the way a coordinator on that device does: the rows stay in host memory and their blocks are
+moved to the device as they are read (``robust.source.on_device``), under the compute
+profile's settings for it; a CUDA timer stops after ``torch.cuda.synchronize()``, and each
+row also gives the peak GPU memory the calls allocated. Flower's equivalents run on the CPU.
+One run per device: ``--device cpu`` and ``--device cuda`` print the two tables side by side.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import torch
 
 import aggregators
 from aggregators.base import REGISTRY
+from robust.compute import device_name, profile, resolve_device, synced
+from robust.source import Memory, on_device
 from robust.spec import parse
 
 from .flower_baselines import baselines
@@ -69,18 +78,21 @@ def time_calls(
     return (times[1:] if len(times) > 1 else times), peak
 
 
-def our_method(spec: str, f: int, X: torch.Tensor) -> Callable[[object], object]:
-    """A call of ``spec`` on ``X``; a lone pre-aggregator is timed on its own."""
+def our_method(spec: str, f: int, X: torch.Tensor, device: torch.device | str = "cpu") -> Callable[[object], object]:
+    """A call of ``spec`` on the rows ``X`` read on ``device`` block by block, as the round
+    engine reads them (finite rows, so not checked again); a lone pre-aggregator is timed on
+    its own. Each call returns once the device has finished."""
+    rows = on_device(Memory(X, validated=True), device)
     comps = parse(spec)
     entry = REGISTRY.entries.get(comps[0].name)
     if len(comps) == 1 and entry is not None and not entry.is_rule:
         stage = entry.from_params(f, comps[0].params)
         stage.check_n(X.shape[0])
-        return lambda _: stage.transform(X)
+        return lambda _: synced(rows.device, stage.transformed(rows).tensor())
     agg = aggregators.build(spec, f)
     agg.check_n(X.shape[0])
-    inputs = round_inputs(X)
-    return lambda _: agg(X, inputs)
+    inputs = round_inputs(X).to(rows.device)
+    return lambda _: synced(rows.device, agg(rows, inputs))
 
 
 def round_inputs(X: torch.Tensor) -> aggregators.RoundInputs:
@@ -95,6 +107,7 @@ def bench_size(
 ) -> None:
     f = n // 5
     dtype = getattr(torch, args.dtype)
+    device = resolve_device(args.device, "--device ")
     X = torch.randn(n, d, generator=torch.Generator().manual_seed(0), dtype=dtype)
     size = X.numel() * X.element_size()
     for spec in specs:
@@ -104,13 +117,19 @@ def bench_size(
             times, peak = time_calls(base.prepare, base.run, args.repeats, args.budget)
             rows.append(_record(base.name, spec, "flower", n, d, f, times, peak, size))
         try:
-            ours_call = our_method(spec, f, X)
+            ours_call = our_method(spec, f, X, device)
         except ValueError as err:  # e.g. mda's exact search at n=100
             print(f"{n:>4}x{d:<8} {spec:<44} skipped: {err}", flush=True)
             continue
-        print(f"  timing {spec} at {n}x{d} ...", file=sys.stderr, flush=True)
-        times, peak = time_calls(lambda: None, ours_call, args.repeats, args.budget)
+        print(f"  timing {spec} at {n}x{d} on {device} ...", file=sys.stderr, flush=True)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        with profile(torch.get_num_threads(), device):  # on CUDA: deterministic algorithms, as a coordinator runs
+            times, peak = time_calls(lambda: None, ours_call, args.repeats, args.budget)
         ours = _record(spec, spec, "robust", n, d, f, times, peak, size)
+        ours["device"] = device_name(device)
+        if device.type == "cuda":
+            ours["gpu_peak_bytes"] = torch.cuda.max_memory_allocated(device)
         if rows:
             ours["speedup_vs_flower"] = min(r["ms"] for r in rows) / ours["ms"]
         if (n, d) == (100, 1_000_000) and spec in TARGETS_MS:
@@ -171,6 +190,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Callable, Callable[[di
     """The specs to time (checked), with the header printed; the timing and printing functions."""
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1 (got {args.repeats})")
+    device = resolve_device(args.device, "--device ")  # cuda without a GPU: refused before any timing
     specs = args.rules.split(",") if args.rules else aggregators.rules() + aggregators.pre_aggregators()
     for spec in specs:  # fail on a bad spec before any timing
         our_method(spec, 0, torch.zeros(1000, 1))
@@ -179,7 +199,8 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Callable, Callable[[di
     print(
         f"robust agg-bench: {platform.processor() or platform.machine()}, "
         f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, flwr {flwr.__version__}, "
-        f"{args.dtype}, f = n // 5, median of {args.repeats} calls after a warm-up"
+        f"{args.dtype}, f = n // 5, median of {args.repeats} calls after a warm-up, our rules on "
+        f"{device_name(device)}"
     )
     print(
         f"{'size':<13} {'method':<44} {'ms':>10} {'calls':>5} {'vs flwr':>8} "

@@ -4,7 +4,10 @@ For each size, ``n`` rows of ``d`` float32 values are written one ``.npy`` file 
 the coordinator's spool and audit store hold), then one plain sequential read of the spool is
 timed, then each rule is run from the spool (``robust.source.Spooled``). Per rule: seconds,
 peak resident memory of the process while it ran (the kernel's high-water mark, reset before
-each rule), bytes read from the spool, and seconds as a multiple of the one read.
+each rule), bytes read from the spool, and seconds as a multiple of the one read. With
+``--device cuda`` each block goes to the GPU as it is read (``Spooled``'s ``device``), the rule
+runs there under the compute profile, the timer stops after ``torch.cuda.synchronize()``, and
+each row also gives the peak GPU memory the rule allocated.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import aggregators
+from robust.compute import device_name, profile, resolve_device, synced
 from robust.geometry import weighted_sum
 from robust.source import Spooled, write_row
 
@@ -67,6 +71,7 @@ def check_disk(folder: Path, need: int) -> None:
 
 def bench_size(n: int, d: int, specs: list[str], args: argparse.Namespace, emit: Callable[[dict], None]) -> None:
     f = n // 5
+    device = resolve_device(args.device, "--device ")
     root = Path(args.spool) if args.spool else Path(tempfile.gettempdir())
     check_disk(root, n * d * 4)
     folder = Path(tempfile.mkdtemp(prefix="robust-spool-", dir=root))
@@ -81,7 +86,7 @@ def bench_size(n: int, d: int, specs: list[str], args: argparse.Namespace, emit:
             ids = tuple(f"node{i}" for i in range(n))
             mean = torch.full((n,), 1.0 / n, dtype=torch.float64)
             inputs = aggregators.RoundInputs(ids=ids, w=torch.zeros(d),
-                                             reference=weighted_sum(Spooled(paths, validated=True), mean))
+                                             reference=weighted_sum(Spooled(paths, validated=True), mean)).to(device)
             for spec in progress.track(specs, description=f"rules at {n}x{d:,}"):
                 agg = aggregators.build(spec, f)
                 try:
@@ -89,14 +94,20 @@ def bench_size(n: int, d: int, specs: list[str], args: argparse.Namespace, emit:
                 except ValueError as err:
                     print(f"{n:>4}x{d:<10} {spec:<28} skipped: {err}", flush=True)
                     continue
-                source = Spooled(paths, validated=True)
-                start = time.perf_counter()
-                result, peak = peak_rss_bytes(lambda: agg(source, inputs))
-                seconds = time.perf_counter() - start
+                source = Spooled(paths, validated=True, device=device)
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                with profile(torch.get_num_threads(), device):  # on CUDA: deterministic, as a coordinator runs
+                    start = time.perf_counter()
+                    result, peak = peak_rss_bytes(lambda: synced(device, agg(source, inputs)))
+                    seconds = time.perf_counter() - start
                 del result
-                emit({"rule": spec, "n": n, "d": d, "f": f, "seconds": seconds, "peak_rss_mb": peak / 2**20,
-                      "bytes_read": source.bytes_read, "read_seconds": read_seconds,
-                      "reads": seconds / read_seconds, "spool_bytes": n * d * 4})
+                row = {"rule": spec, "n": n, "d": d, "f": f, "seconds": seconds, "peak_rss_mb": peak / 2**20,
+                       "bytes_read": source.bytes_read, "read_seconds": read_seconds,
+                       "reads": seconds / read_seconds, "spool_bytes": n * d * 4, "device": device_name(device)}
+                if device.type == "cuda":
+                    row["gpu_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+                emit(row)
     finally:
         if args.keep_spool:
             print(f"spool kept in {folder}", file=sys.stderr)
@@ -115,7 +126,8 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Callable, Callable[[di
     specs = args.rules.split(",") if args.rules else DEFAULT_RULES
     for spec in specs:
         aggregators.build(spec, 0)
+    device = resolve_device(args.device, "--device ")  # cuda without a GPU: refused before any disk is spent
     print(f"robust agg-bench --out-of-core: {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
-          "float32 rows spooled one file per row, f = n // 5")
+          f"float32 rows spooled one file per row, f = n // 5, rules on {device_name(device)}")
     print(f"{'size':<15} {'rule':<28} {'seconds':>9} {'x read':>7} {'peak MB':>9} {'x spool':>9}")
     return specs, bench_size, print_row

@@ -65,6 +65,12 @@ def _codec(spec: str) -> None:
     codecs.build(spec)
 
 
+def _device(choice: str) -> None:
+    from robust.compute import resolve_device
+
+    resolve_device(choice)  # cuda without a GPU: refused before any process starts
+
+
 def _protocol(spec: str) -> None:
     from .engine.protocol import Protocol
 
@@ -122,6 +128,9 @@ RUN = table(
           "how updates travel: none, fp16, int8 (per-block scale), topk:k=0.01 (error feedback), randk:k=0.01"),
     Param("threads", Interval(int, 1, 1024), 1,
           "CPU threads of every computation whose bits matter: the same value gives the same bits on any core count"),
+    Param("device", Spec(_device, "auto, cpu or cuda"), "auto",
+          "where the coordinator's rule and detectors run: cuda (deterministic, no TF32), cpu, or auto (cuda when "
+          "torch sees a GPU); a run replays bit for bit on the device it ran on"),
 )
 DEPLOY = table(
     Param("per-round", Interval(int, 0, None), 0, "nodes asked per round (0: every online, admitted node)"),

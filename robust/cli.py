@@ -203,6 +203,9 @@ def parser() -> argparse.ArgumentParser:
                        "and run each rule from the spool: seconds, peak memory, bytes read, x one read of the spool")
     bench.add_argument("--spool", metavar="DIR", help="where --out-of-core writes its spool (default: the temp folder)")
     bench.add_argument("--keep-spool", action="store_true", help="leave the --out-of-core spool on disk")
+    bench.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                       help="where our rules run, as the coordinator's device setting: the rows' blocks are moved "
+                       "there as they are read (auto: cuda when torch sees a GPU; default auto)")
     bench.set_defaults(run=_agg_bench)
     return p
 

@@ -12,6 +12,10 @@ Full precision matters on GPUs since Ampere: cuDNN convolutions run in TF32 by d
 mantissa bits), so a GPU volunteer's honest CNN update differed from a CPU recomputation of it
 by a relative 6.7e-3 (digits CNN on an H100), 67 times the spot checks' tolerance: 44 false
 convictions in 1,000 checks. With TF32 off, the same checks stay within the tolerance.
+
+Where a computation runs is chosen by :func:`resolve_device` from ``auto | cpu | cuda`` (the
+coordinator's ``device`` setting, a volunteer's ``--device``): the same words, the same rule and
+the same refusal everywhere.
 """
 
 from __future__ import annotations
@@ -19,8 +23,39 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
+DEVICES = ("auto", "cpu", "cuda")  # what a device setting or option accepts
+
+
+def resolve_device(choice: str, named: str = "device = ") -> torch.device:
+    """The device ``choice`` names: ``auto`` is CUDA when torch sees a GPU, else the CPU;
+    ``cuda`` without a GPU is a ``ValueError`` that says what to do (``named``: how the user
+    wrote the choice, ``"device = "`` for a setting, ``"--device "`` for an option)."""
+    if choice not in DEVICES:
+        raise ValueError(f"{named}{choice!r}: choose auto, cpu or cuda")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{named}cuda but torch sees no GPU: use {named}auto or cpu, "
+                         "or install a CUDA build of PyTorch")
+    return torch.device("cuda" if choice != "cpu" and torch.cuda.is_available() else "cpu")
+
+
+def device_name(device: torch.device) -> str:
+    """``cpu``, or ``cuda/<GPU name>``: what decides a computation's bits besides its code, as
+    records and benchmark headers name it."""
+    device = torch.device(device)
+    return "cpu" if device.type == "cpu" else f"{device.type}/{torch.cuda.get_device_name(device)}"
+
+
+def synced(device: torch.device, result: T) -> T:
+    """``result``, once ``device`` has finished computing it: a CUDA call returns before its
+    kernels end, so a timer stopped then would measure only the launches."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return result
 
 
 @contextmanager

@@ -10,6 +10,10 @@ a round no longer needs its ``(n, d)`` matrix in memory.
 
 A pre-aggregator returns a lazy source (:class:`Transformed`): each of its blocks is computed
 from the input's block when read, so a chain holds no intermediate ``(n, d)`` matrix either.
+
+A source is read on another device (a GPU) through :func:`on_device`: each block is moved
+there as it is read, so the device holds blocks, never the ``(n, d)`` matrix, and what is
+computed on the blocks runs there.
 """
 
 from __future__ import annotations
@@ -187,6 +191,34 @@ class Transformed(Rows):
         for s, block in self.source.blocks():
             out = self.fn(s, block)
             yield s, out if out.is_contiguous() else _packed(out)
+
+
+class OnDevice(Rows):
+    """The rows of ``source`` read on ``device``: each block (and a row asked for) is moved
+    there as it is read; the values, and so a rule's input, are the source's."""
+
+    def __init__(self, source: Rows, device: torch.device | str) -> None:
+        self.source, self.device = source, torch.device(device)
+        self.n, self.d, self.dtype, self.validated = source.n, source.d, source.dtype, source.validated
+
+    def blocks(self) -> Iterator[tuple[int, torch.Tensor]]:
+        for s, block in self.source.blocks():
+            yield s, block.to(self.device)
+
+    def row(self, i: int) -> torch.Tensor:
+        return self.source.row(i).to(self.device)
+
+    def take(self, index: list[int]) -> Rows:
+        return OnDevice(self.source.take(index), self.device)
+
+    def sha256s(self) -> list[str]:
+        return self.source.sha256s()  # the same bytes wherever they are read
+
+
+def on_device(source: Rows, device: torch.device | str) -> OnDevice:
+    """``source`` read on ``device`` block by block (see :class:`OnDevice`); the one way a round's
+    rows reach the device its rule runs on, the CPU included."""
+    return OnDevice(source, device)
 
 
 def mixed(source: Rows, M: torch.Tensor) -> Transformed:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import tempfile
 from pathlib import Path
 
@@ -49,7 +50,7 @@ from robust.params import sha256
 from robust.source import Spooled, write_row
 
 from .. import checkpoint
-from ..engine.engine import Engine
+from ..engine.engine import Engine, replay_note
 from ..engine.ledger import Ticket
 from ..engine.root import Root
 from ..engine.spotcheck import recorded
@@ -58,6 +59,7 @@ from ..wire import signed_payload
 from .admission import known_keys
 
 UPDATES = "updates"
+log = logging.getLogger(__name__)
 COMPARED = ("ids", "rejected", "failed", "missing", "flagged", "quarantined", "skipped", "accuracy",
             "model_sha256", "aggregate_sha256", "spot", "convicted", "scores", "staleness", "task_sha256")
 
@@ -193,6 +195,9 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
     spot = {r["round"]: r.get("spot", []) for r in records}
     engine = Engine(settings, build_model(settings.model, data.shape, data.classes, settings.seed), data.x_test,
                     data.y_test, verifier=recorded(spot) if settings.spot_check else None, root=Root.of(settings, data))
+    note = replay_note(records, engine.device)  # a run on a GPU, replayed on a CPU: said once, and with any mismatch
+    if note:
+        log.warning(note)
     signers = known_keys(folder) if full else {}
     # models[v]: the logged model the tasks of version v carried (extrapolated by lookahead,
     # rounded by the downlink): what the updates of the next round (or buffers) were computed from
@@ -256,7 +261,7 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
             changed = [key for key in COMPARED if again.get(key) != r.get(key)]
             if changed:
                 problems.append(f"{word} {t}: recomputed {', '.join(changed)} differ(s) from the log "
-                                f"({checkpoint.ROUNDS} line {t} or its updates changed)")
+                                f"({checkpoint.ROUNDS} line {t} or its updates changed{'; or ' + note if note else ''})")
     return problems, len(records), replay
 
 

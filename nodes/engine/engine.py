@@ -22,6 +22,15 @@ rows, the skip rule :func:`cannot_step`, :func:`judge`, the :func:`record`) are 
 :meth:`Engine.step` calls, and so does ``RobustStrategy`` (``nodes.strategy``), whose Flower
 app holds the model.
 
+The rule, its pre-aggregators and the detectors run on the run's ``device`` (:func:`assess`):
+the rows' blocks go there as they are read, the aggregate and the scores come back to the CPU.
+The model, its protocol step, its evaluation and every hash stay on the CPU: the step is one
+``O(d)`` pass that a transfer would cost as much as, and the accuracy, the checkpoint and the
+tasks sent then depend on the device only through the aggregate. A round on CUDA runs under
+the profile's deterministic algorithms: the same bits twice on the same GPU, but not always
+the CPU's (float sums run in another order there), so its record names the device
+(:func:`ran_on`) and a replay elsewhere says so (:func:`replay_note`).
+
 Rules that need more than the rows (``aggregators.RoundInputs``) get the rows' node ids, the
 global model the rows were computed from, and, for ``fltrust``, the coordinator's own update on
 its root data (``nodes.engine.root``), computed once per round that steps.
@@ -53,11 +62,11 @@ from torch import nn
 
 import aggregators
 from robust import codecs
-from robust.compute import profile
+from robust.compute import device_name, profile, resolve_device
 from robust.models import accuracy
 from robust.params import flat_params, sha256, unflatten
 from robust.seeds import generator
-from robust.source import Rows, as_rows, scaled, take, validated
+from robust.source import Rows, as_rows, on_device, scaled, take, validated
 
 from .detectors import score_round
 from .flags import FlagPolicy
@@ -79,15 +88,46 @@ class ThreatHook(Interface):
     def observe(self, ids: list[str], X: torch.Tensor, aggregate: torch.Tensor | None) -> None: ...
 
 
-def judge(chain, flags: FlagPolicy, t: int, ids: list, X: torch.Tensor, rejected: dict, step: bool,
-          inputs: aggregators.RoundInputs | None = None) -> tuple[torch.Tensor | None, dict[str, torch.Tensor], list]:
+def judge(chain, flags: FlagPolicy, t: int, ids: list, X: torch.Tensor | Rows, rejected: dict, step: bool,
+          inputs: aggregators.RoundInputs | None = None, device: torch.device | str = "cpu"
+          ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor], list]:
     """The robust core of round ``t``, the same in the engine and in ``RobustStrategy``: the
     rule's aggregate of the rows ``X`` of ``ids`` (``None`` unless the round ``step``s; a rule
-    that needs them gets ``inputs``), the detectors' scores, and the nodes the flag policy
-    flags (``rejected`` ones included)."""
-    aggregate = chain(X, inputs) if step else None
-    scores = score_round(X, chain.f, chain.last_kept if aggregate is not None else None) if ids else {}
+    that needs them gets ``inputs``), the detectors' scores (both computed on ``device``, see
+    :func:`assess`), and the nodes the flag policy flags (``rejected`` ones included)."""
+    aggregate, scores = assess(chain, X, step, inputs, device)
     return aggregate, scores, flags.update(t, ids, scores, rejected)
+
+
+def assess(chain, X: torch.Tensor | Rows, step: bool, inputs: aggregators.RoundInputs | None = None,
+           device: torch.device | str = "cpu") -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """The rule's aggregate of the rows ``X`` (``None`` unless ``step``) and the detectors'
+    scores (none for no rows), computed on ``device``: the rows' blocks are moved there as they
+    are read (never the ``(n, d)`` matrix), with ``inputs``; both results come back to the CPU,
+    where the protocol step, the records and the hashes read them. The rule's carried state
+    stays on ``device`` between calls (``Engine.state`` hands out CPU copies)."""
+    rows = on_device(as_rows(X), device)
+    aggregate = chain(rows, None if inputs is None else inputs.to(rows.device)) if step else None
+    scores = score_round(rows, chain.f, chain.last_kept if aggregate is not None else None) if rows.n else {}
+    return (None if aggregate is None else aggregate.cpu()), {name: v.cpu() for name, v in scores.items()}
+
+
+def ran_on(device: torch.device) -> str:
+    """The device a round ran on, as its record names it (``""`` for the CPU: its records say
+    nothing, as before there was a choice): ``cuda/<GPU name>``, whose bits a replay needs."""
+    return "" if device.type == "cpu" else device_name(device)
+
+
+def replay_note(records: list[dict], device: torch.device) -> str:
+    """What a replay on ``device`` of a run whose ``records`` ran elsewhere must say (``""``
+    when every round ran on a device like this one)."""
+    here = ran_on(device) or "cpu"
+    there = sorted({r.get("device") or "cpu" for r in records} - {here})
+    if not there:
+        return ""
+    why = " (torch sees no GPU here)" if device.type == "cpu" and not torch.cuda.is_available() else ""
+    return (f"the run ran on {', '.join(there)}, this replay on {here}{why}: bits differ across devices, so its "
+            "rounds need not match the log; replay on the run's kind of device to check them bit for bit")
 
 
 def canonical(ids: list, X: torch.Tensor | Rows) -> tuple[list, torch.Tensor | Rows]:
@@ -168,6 +208,7 @@ class Engine:
         self.protocol = Protocol.of(s)
         self.flags = FlagPolicy(s.flag_ratio, s.quarantine_after, s.false_alarm, s.rounds)
         self.quorum = s.quorum_needed
+        self.device = resolve_device(s.device)  # the rule's and the detectors'; the model stays on the CPU
         self.weight = weight_of(s.staleness)
         self.buffer: torch.Tensor | None = None  # the protocol's outer momentum
         self.lookahead = Lookahead() if s.lookahead and s.round == "async" else None
@@ -256,7 +297,11 @@ class Engine:
             if staleness is not None:
                 X = scaled(X, torch.tensor([self.weight(staleness[i]) for i in ids], dtype=X.dtype))
             inputs = None if skipped or not self.chain.needs else self.inputs(ids)
-            aggregate, scores, flagged = judge(self.chain, self.flags, t, ids, X, rejected, not skipped, inputs)
+            # only the rule and the detectors run under the device's profile: CUDA's deterministic mode is
+            # process-wide and would change the CPU algorithms of a spot check's recomputation or the root update
+            with profile(self.settings.threads, self.device):
+                aggregate, scores, flagged = judge(self.chain, self.flags, t, ids, X, rejected, not skipped, inputs,
+                                                   self.device)
             if aggregate is not None:
                 w_old = self.w
                 self.w, self.buffer = self.protocol.apply(self.w, aggregate, self.buffer)
@@ -272,8 +317,9 @@ class Engine:
             **({"staleness": {i: int(staleness[i]) for i in sorted({*ids, *convicted})}}
                if staleness is not None else {}),
         }
+        device = ran_on(self.device)
         return record(t, asked, ids, rejected, failed or {}, self.flags, flagged, skipped, aggregate, scores,
-                      {"accuracy": acc, "model_sha256": self.base}, rows)
+                      {"accuracy": acc, "model_sha256": self.base, **({"device": device} if device else {})}, rows)
 
     def _spot_check(self, t: int, ids: list[str], X: Rows, tasks: Mapping[str, Ticket],
                     rejected: dict[str, str]) -> tuple[list[str], Rows, list, list[str]]:
@@ -308,7 +354,8 @@ class Engine:
 
     def state(self) -> dict:
         """What a checkpoint keeps: :meth:`load_state` resumes to the same bits."""
-        state = {"w": self.w, "round": self.round, "chain": self.chain.state(), "flags": self.flags.state()}
+        chain = {k: v.cpu() for k, v in self.chain.state().items()}  # a checkpoint loads on any machine
+        state = {"w": self.w, "round": self.round, "chain": chain, "flags": self.flags.state()}
         if self.buffer is not None:
             state["buffer"] = self.buffer
         if self.root is not None:
@@ -319,7 +366,7 @@ class Engine:
 
     def load_state(self, state: dict) -> None:
         self.w, self.round = state["w"], int(state["round"])
-        self.chain.load_state(state["chain"])
+        self.chain.load_state({k: v.to(self.device) for k, v in state["chain"].items()})  # beside the rows
         self.flags.load_state(state["flags"])
         self.buffer = state.get("buffer")
         if self.root is not None:

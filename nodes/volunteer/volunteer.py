@@ -32,6 +32,7 @@ import torch
 import attacks
 from attacks.base import Memory, NodeAttack
 from robust.code import use_path
+from robust.compute import resolve_device
 from robust import codecs, keys
 from robust.codecs import Codec, Encoded
 from robust.data import load
@@ -82,11 +83,7 @@ def prepare_data(folder: Path, dataset: str, root: str | None, part: str, code: 
 
 def pick_device(choice: str) -> torch.device:
     """``auto`` is CUDA when present, else CPU; ``cuda`` without a GPU is an error."""
-    if choice not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device {choice!r}: choose auto, cpu or cuda")
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda but PyTorch sees no CUDA device: use --device auto or cpu")
-    return torch.device("cuda" if choice != "cpu" and torch.cuda.is_available() else "cpu")
+    return resolve_device(choice, "--device ")
 
 
 def check_attack(spec: str) -> None:
