@@ -30,6 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import tempfile
+import weakref
 from pathlib import Path
 
 import torch
@@ -38,6 +41,7 @@ from robust import keys
 from robust.data import load
 from robust.models import build_model
 from robust.params import sha256
+from robust.rowstore import RowStore, names
 from robust.source import Spooled, write_row
 
 from .. import checkpoint
@@ -50,6 +54,7 @@ from ..wire import signed_payload
 from .admission import known_keys
 
 UPDATES = "updates"
+STATE = "state"  # the rule's rows carried across rounds, when the run spooled (robust.rowstore)
 COMPARED = ("ids", "rejected", "failed", "missing", "flagged", "quarantined", "skipped", "accuracy",
             "model_sha256", "aggregate_sha256", "spot", "convicted", "scores", "staleness", "task_sha256")
 
@@ -114,6 +119,18 @@ def _row(folder: Path, sha: str) -> Path | str:
     return path if actual == sha else f"{path.relative_to(folder)} does not match its SHA-256 (changed)"
 
 
+def _replay_store(engine: Engine, folder: Path) -> RowStore | None:
+    """Where the replay's rule keeps its rows across rounds: like the run's, on disk when the run
+    kept them there (``DIR/state``), in a temporary folder of its own in ``DIR`` (the run's disk)
+    removed with ``engine``; ``None``: in memory."""
+    if not (folder / STATE).exists():
+        return None
+    store = RowStore(tempfile.mkdtemp(prefix="replay-state-", dir=folder))
+    weakref.finalize(engine, shutil.rmtree, store.folder, True)
+    engine.chain.spill(store)
+    return store
+
+
 def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]:
     """``(problems, rounds checked, aggregation recomputed)`` for the run in ``folder``.
 
@@ -149,6 +166,7 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
     spot = {r["round"]: r.get("spot", []) for r in records}
     engine = Engine(settings, build_model(settings.model, data.shape, data.classes, settings.seed), data.x_test,
                     data.y_test, verifier=recorded(spot) if settings.spot_check else None, root=Root.of(settings, data))
+    store = _replay_store(engine, folder)
     signers = known_keys(folder) if full else {}
     # models[v]: the logged model the tasks of version v carried (extrapolated by lookahead,
     # rounded by the downlink): what the updates of the next round (or buffers) were computed from
@@ -205,6 +223,8 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
         rejected = {fp: why for fp, why in r["rejected"].items() if fp not in convicted}
         asked = sorted(set(ids) | set(r["rejected"]) | set(r["failed"]) | set(r["missing"]))
         again = checkpoint.finite(engine.step(asked, ids, X, rejected, r["failed"], tasks=tasks))
+        if store is not None:
+            store.collect(names(engine.chain.state()))
         changed = [key for key in COMPARED if again.get(key) != r.get(key)]
         if changed:
             problems.append(f"{word} {t}: recomputed {', '.join(changed)} differ(s) from the log "

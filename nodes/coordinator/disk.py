@@ -2,9 +2,11 @@
 
 A round stores its kept updates in ``DIR/updates`` (``keep-updates``: all of them, the
 spot-checked ones, none), one float32 row of the model's ``d`` trained parameters each; a
-spooled round (``spool``) also holds all its accepted rows there until the round ends. The
-projection is the rounds left times what a round keeps, plus one round's spool; a run whose
-projection passes the folder's free disk is refused before any process starts.
+spooled round (``spool``) also holds all its accepted rows there until the round ends, and a
+rule that carries rows across rounds keeps them in ``DIR/state`` (old and new ones while a
+round runs). The projection is the rounds left times what a round keeps, plus one round's spool
+and the rule's state; a run whose projection passes the folder's free disk is refused before
+any process starts.
 """
 
 from __future__ import annotations
@@ -24,21 +26,26 @@ class Projection:
     spool: int  # bytes a round holds on disk while it runs (0: rows wait in memory)
     total: int  # bytes the rounds left will add
     free: int  # bytes free in the coordinator's folder
+    state: int = 0  # bytes the rule's rows carried across rounds take in state/, at most
 
     def describe(self, rounds: int) -> str:
-        what = f"stores {_size(self.per_round)} a round in updates/ ({_size(self.total - self.spool)} over {rounds} rounds)"
+        stored = self.total - self.spool - self.state
+        what = f"stores {_size(self.per_round)} a round in updates/ ({_size(stored)} over {rounds} rounds)"
         spool = f", spools up to {_size(self.spool)} a round" if self.spool else ""
-        return f"{what}{spool}; {_size(self.free)} free"
+        state = f", keeps up to {_size(self.state)} of rule state in state/" if self.state else ""
+        return f"{what}{spool}{state}; {_size(self.free)} free"
 
 
-def project(folder: Path, settings: Settings, d: int, nodes: int, rounds_left: int, spooling: bool) -> Projection:
-    """The disk the ``rounds_left`` rounds of ``nodes`` asked nodes will use in ``folder``."""
+def project(folder: Path, settings: Settings, d: int, nodes: int, rounds_left: int, spooling: bool,
+            state_rows: int = 0) -> Projection:
+    """The disk the ``rounds_left`` rounds of ``nodes`` asked nodes will use in ``folder``
+    (``state_rows``: the most rows the rule keeps in ``state/`` at once)."""
     row = 4 * d
     asked = min(nodes, settings.per_round) if settings.per_round else nodes
     kept = {"all": asked, "spot": math.ceil(settings.spot_check * asked), "none": 0}[settings.keep_updates]
     spool = asked * row if spooling else 0
-    total = rounds_left * kept * row + spool
-    return Projection(row, kept * row, spool, total, shutil.disk_usage(folder).free)
+    total = rounds_left * kept * row + spool + state_rows * row
+    return Projection(row, kept * row, spool, total, shutil.disk_usage(folder).free, state_rows * row)
 
 
 def check(projection: Projection, folder: Path, rounds: int) -> None:
