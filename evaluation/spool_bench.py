@@ -5,6 +5,12 @@ the coordinator's spool and audit store hold), then one plain sequential read of
 timed, then each rule is run from the spool (``robust.source.Spooled``). Per rule: seconds,
 peak resident memory of the process while it ran (the kernel's high-water mark, reset before
 each rule), bytes read from the spool, and seconds as a multiple of the one read.
+
+A rule that carries rows across rounds (foolsgold, fldetector) keeps them in a row store in
+the spool folder (``robust.rowstore``, as a spooled coordinator does) and plays ``WARM``
+rounds first (the model moving), so the round measured reads and writes its state: the
+histories, or the last rows and a pair. ``state_bytes``: what the store holds after that round
+(old and new rows, before the rows no state names are collected).
 """
 
 from __future__ import annotations
@@ -24,13 +30,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import aggregators
 from robust.geometry import weighted_sum
+from robust.rowstore import RowStore, names
 from robust.source import Spooled, write_row
 
 from .memory import peak_rss_bytes
 
 DEFAULT_RULES = ["mean", "median", "trimmed-mean", "meamed", "krum", "multi-krum", "geometric-median",
                  "centered-clipping", "bulyan", "caf", "dnc", "signguard", "flame", "fltrust",
-                 "nnm+trimmed-mean", "nnm+krum", "bucketing:s=2+krum", "arc+nnm+trimmed-mean"]
+                 "foolsgold", "fldetector", "nnm+trimmed-mean", "nnm+krum", "bucketing:s=2+krum",
+                 "arc+nnm+trimmed-mean"]
+WARM = 2  # rounds a rule that carries rows plays before the measured one (fldetector scores from its third)
 
 
 def write_spool(folder: Path, n: int, d: int, progress: Progress) -> list[Path]:
@@ -68,7 +77,7 @@ def check_disk(folder: Path, need: int) -> None:
 def bench_size(n: int, d: int, specs: list[str], args: argparse.Namespace, emit: Callable[[dict], None]) -> None:
     f = n // 5
     root = Path(args.spool) if args.spool else Path(tempfile.gettempdir())
-    check_disk(root, n * d * 4)
+    check_disk(root, (n + max(aggregators.build(spec, f).kept_rows(n) for spec in specs)) * d * 4)
     folder = Path(tempfile.mkdtemp(prefix="robust-spool-", dir=root))
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=Console(stderr=True), transient=True)
@@ -80,8 +89,9 @@ def bench_size(n: int, d: int, specs: list[str], args: argparse.Namespace, emit:
             progress.remove_task(reading)
             ids = tuple(f"node{i}" for i in range(n))
             mean = torch.full((n,), 1.0 / n, dtype=torch.float64)
-            inputs = aggregators.RoundInputs(ids=ids, w=torch.zeros(d),
-                                             reference=weighted_sum(Spooled(paths, validated=True), mean))
+            reference = weighted_sum(Spooled(paths, validated=True), mean)
+            inputs = lambda t: aggregators.RoundInputs(ids=ids, w=torch.full((d,), 1e-3 * t),  # noqa: E731
+                                                       reference=reference)
             for spec in progress.track(specs, description=f"rules at {n}x{d:,}"):
                 agg = aggregators.build(spec, f)
                 try:
@@ -89,14 +99,8 @@ def bench_size(n: int, d: int, specs: list[str], args: argparse.Namespace, emit:
                 except ValueError as err:
                     print(f"{n:>4}x{d:<10} {spec:<28} skipped: {err}", flush=True)
                     continue
-                source = Spooled(paths, validated=True)
-                start = time.perf_counter()
-                result, peak = peak_rss_bytes(lambda: agg(source, inputs))
-                seconds = time.perf_counter() - start
-                del result
-                emit({"rule": spec, "n": n, "d": d, "f": f, "seconds": seconds, "peak_rss_mb": peak / 2**20,
-                      "bytes_read": source.bytes_read, "read_seconds": read_seconds,
-                      "reads": seconds / read_seconds, "spool_bytes": n * d * 4})
+                emit({"rule": spec, "n": n, "d": d, "f": f, "read_seconds": read_seconds, "spool_bytes": n * d * 4,
+                      **run_rule(agg, paths, inputs, RowStore(folder / "state"), read_seconds)})
     finally:
         if args.keep_spool:
             print(f"spool kept in {folder}", file=sys.stderr)
@@ -104,9 +108,30 @@ def bench_size(n: int, d: int, specs: list[str], args: argparse.Namespace, emit:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def run_rule(agg: aggregators.Chain, paths: list[Path], inputs: Callable[[int], aggregators.RoundInputs],
+             store: RowStore, read_seconds: float) -> dict:
+    """One round of ``agg`` from the spool, measured (after ``WARM`` rounds when it carries rows,
+    which it keeps in ``store``; the store is emptied after); ``inputs(t)``: round ``t``'s."""
+    agg.spill(store)
+    warm = WARM if agg.kept_rows(len(paths)) else 0
+    for t in range(warm):
+        agg(Spooled(paths, validated=True), inputs(t))
+        store.collect(names(agg.state()))
+    source, now = Spooled(paths, validated=True), inputs(warm)
+    start = time.perf_counter()
+    result, peak = peak_rss_bytes(lambda: agg(source, now))
+    seconds = time.perf_counter() - start
+    del result
+    state = sum(p.stat().st_size for p in store.folder.glob("*.npy")) if store.folder.exists() else 0
+    store.collect(set())
+    return {"seconds": seconds, "peak_rss_mb": peak / 2**20, "bytes_read": source.bytes_read,
+            "reads": seconds / read_seconds, "state_bytes": state}
+
+
 def print_row(row: dict) -> None:
     print(f"{row['n']:>4}x{row['d']:<10} {row['rule']:<28} {row['seconds']:>9.1f} {row['reads']:>7.2f} "
-          f"{row['peak_rss_mb']:>9.0f} {row['bytes_read'] / row['spool_bytes']:>9.2f}", flush=True)
+          f"{row['peak_rss_mb']:>9.0f} {row['bytes_read'] / row['spool_bytes']:>9.2f} "
+          f"{row['state_bytes'] / row['spool_bytes']:>7.2f}", flush=True)
 
 
 def prepare(args: argparse.Namespace) -> tuple[list[str], Callable, Callable[[dict], None]]:
@@ -117,5 +142,5 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Callable, Callable[[di
         aggregators.build(spec, 0)
     print(f"robust agg-bench --out-of-core: {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
           "float32 rows spooled one file per row, f = n // 5")
-    print(f"{'size':<15} {'rule':<28} {'seconds':>9} {'x read':>7} {'peak MB':>9} {'x spool':>9}")
+    print(f"{'size':<15} {'rule':<28} {'seconds':>9} {'x read':>7} {'peak MB':>9} {'x spool':>9} {'state':>7}")
     return specs, bench_size, print_row
