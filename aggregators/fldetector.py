@@ -190,7 +190,7 @@ class FLDetector(Rule):
             )
         order = sorted(range(n), key=ids.__getitem__)
         w = inputs.w.detach()
-        prev = None if self.w is None else self.keeper.source([self.w])
+        prev = None if self.w is None else self.keeper.source([self.w], X.device)
         self.rows = self._keep_and_score(X, ids, order, w, prev)
         kept = torch.ones(n, dtype=torch.bool, device=X.device)
         full = [i for i in order if ids[i] in self.scores and self.scores[ids[i]].numel() == self.window]
@@ -219,9 +219,9 @@ class FLDetector(Rule):
         scored this call (one that sent a row in the last call too) its normalised prediction
         error ``||x_i^{t-1} + H v - x_i^t||``: one pass over ``X``, the last rows and the pairs."""
         scored = [i for i in order if ids[i] in self.rows] if prev is not None and self.S else []
-        Z = pairs_and_step(self.keeper.source(self.S), self.keeper.source(self.Y), w, prev) if scored else None
+        Z = pairs_and_step(*(self.keeper.source(p, X.device) for p in (self.S, self.Y)), w, prev) if scored else None
         coef = None if Z is None else hessian_coefficients(Z)
-        extra = [] if coef is None else [self.keeper.source([self.rows[ids[i]] for i in scored]), Z]
+        extra = [] if coef is None else [self.keeper.source([self.rows[ids[i]] for i in scored], X.device), Z]
         sq = torch.zeros(len(scored), dtype=F64, device=X.device)
         finite = torch.ones((), dtype=torch.bool, device=X.device)
         with self.keeper.writing(len(order), X.d, X.dtype, X.device) as new:
@@ -252,7 +252,7 @@ class FLDetector(Rule):
         rows' dtype), written block by block."""
         with self.keeper.writing(2, out.shape[0], out.dtype, out.device) as new:
             for _, (now, before, F, F_prev) in lockstep(Memory(w[None]), prev, Memory(out[None]),
-                                                        self.keeper.source([self.out])):
+                                                        self.keeper.source([self.out], out.device)):
                 new.add(torch.cat([now.to(F64) - before.to(F64), F.to(F64) - F_prev.to(F64)]).to(out.dtype))
         return new.handles
 

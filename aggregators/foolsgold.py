@@ -145,7 +145,7 @@ class FoolsGold(Rule):
         block: a state handed out stays as it was) and return the new histories' cosines, from
         one pass over ``X`` and the old histories."""
         old = [j for j, node in enumerate(nodes) if node in self.history]
-        sources = [X] + ([self.keeper.source([self.history[nodes[j]] for j in old])] if old else [])
+        sources = [X] + ([self.keeper.source([self.history[nodes[j]] for j in old], X.device)] if old else [])
         gram = torch.zeros(len(nodes), len(nodes), dtype=F64, device=X.device)
         with self.keeper.writing(len(nodes), X.d, X.dtype, X.device) as new:
             for _, (block, *history) in lockstep(*sources):
@@ -158,4 +158,4 @@ class FoolsGold(Rule):
                 new.add(block)
                 _add_gram(gram, block)
         self.history.update(zip(nodes, new.handles))
-        return cosine_matrix(self.keeper.source(new.handles), gram)
+        return cosine_matrix(self.keeper.source(new.handles, X.device), gram)

@@ -106,11 +106,12 @@ class Keeper:
     def __init__(self, store: RowStore | None = None) -> None:
         self.store = store
 
-    def source(self, handles: Sequence[Handle]) -> Rows:
-        """The rows of ``handles`` (at least one, one dtype) as a source, in that order."""
+    def source(self, handles: Sequence[Handle], device: torch.device | str = "cpu") -> Rows:
+        """The rows of ``handles`` (at least one, one dtype) as a source, in that order (rows
+        read from the store are handed out on ``device``)."""
         if self.store is None:
             return Listed(handles)
-        return Spooled([self.store.check(h) for h in handles], validated=True, shas=handles)
+        return Spooled([self.store.check(h) for h in handles], validated=True, device=device, shas=handles)
 
     @contextmanager
     def writing(self, n: int, d: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> Iterator[Writing]:

@@ -81,15 +81,15 @@ class RowStore:
         try:
             offset, shape, dtype = npy_header(path)
             whole = path.stat().st_size == offset + shape[0] * dtype.itemsize
-            why = "" if whole else "is cut short or too long"
+            why = "" if whole else "is cut short or too long in"
         except FileNotFoundError:
-            why = "is missing"
+            why = "is missing from"
         except (OSError, ValueError) as err:
-            why = f"does not load ({type(err).__name__})"
+            why = f"does not load ({type(err).__name__}) in"
         if why:
-            raise ValueError(f"rule state row {path} {why}: the folder changed since the checkpoint that names it "
-                             f"was written; restore {self.folder} together with that checkpoint from a backup, "
-                             "or start the run over in a new folder")
+            raise ValueError(f"rule state row {sha[:12]} {why} {self.folder}: the folder changed since the checkpoint "
+                             f"that names it ({path.name}) was written; restore {self.folder} together with that "
+                             "checkpoint from a backup, or start the run over in a new folder")
         return path
 
     def collect(self, referenced: set[str]) -> list[str]:

@@ -151,14 +151,15 @@ def played(tmp_path) -> tuple[aggregators.Chain, dict, RowStore]:
 
 
 @pytest.mark.parametrize("damage, message", [
-    (lambda p: p.unlink(), "is missing"),
-    (lambda p: p.write_bytes(p.read_bytes()[:-8]), "is cut short or too long"),
-    (lambda p: p.write_bytes(b"not a row"), r"does not load \(ValueError\)"),
+    (lambda p: p.unlink(), "is missing from"),
+    (lambda p: p.write_bytes(p.read_bytes()[:-8]), "is cut short or too long in"),
+    (lambda p: p.write_bytes(b"not a row"), r"does not load \(ValueError\) in"),
 ])
 def test_a_missing_or_damaged_row_says_what_to_do(tmp_path, damage, message):
     agg, state, store = played(tmp_path)
-    damage(store.path(sorted(names(state))[0]))
-    what = rf"rule state row .*state/[0-9a-f]{{64}}\.npy {message}: .* restore .*state together with that checkpoint"
+    sha = sorted(names(state))[0]
+    damage(store.path(sha))
+    what = rf"^rule state row {sha[:12]} {message} .*state: .*\({sha}\.npy\).* restore .*state together with that"
     with pytest.raises(ValueError, match=what):  # on resume
         fresh = aggregators.build("foolsgold", 2)
         fresh.spill(store)
@@ -170,7 +171,8 @@ def test_a_missing_or_damaged_row_says_what_to_do(tmp_path, damage, message):
 
 def test_a_rule_in_memory_refuses_a_state_that_names_stored_rows(tmp_path):
     _, state, _ = played(tmp_path)
-    with pytest.raises(ValueError, match=r"keeps its rows in memory: resume with the rule's row store \(spool = disk\)"):
+    message = r"keeps its rows in memory: resume with the rule's row store \(spool = disk\)"
+    with pytest.raises(ValueError, match=message):
         aggregators.build("foolsgold", 2).load_state(state)
 
 
@@ -225,6 +227,9 @@ def test_a_spooled_coordinator_keeps_its_rule_state_on_disk(tmp_path, spec, monk
     assert problems == [] and count == 4 and replayed  # every round recomputed bit for bit
     assert replay[0] is not None and replay[0].folder.parent == coord.folder  # the replay kept its rows on disk
     assert not list(coord.folder.glob("replay-state-*"))  # in its own store, removed after
+    next((coord.folder / audit.STATE).iterdir()).unlink()
+    with pytest.raises(ValueError, match=r"does not fit this run \(ValueError: rule state row [0-9a-f]{12} is missing"):
+        Coordinator(coord.folder)  # a restart says so, before any round
 
 
 def test_a_round_that_dies_before_its_checkpoint_resumes_from_the_rows_the_last_one_names(tmp_path, monkeypatch):
