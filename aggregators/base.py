@@ -100,6 +100,7 @@ class Stage(Component):
 
     is_rule: ClassVar[bool]
     needs: ClassVar[frozenset[str]] = frozenset()
+    keeper: Keeper | None = None  # where a stage that carries (d,) rows across calls keeps them (robust.kept)
 
     def check_n(self, n: int) -> None:
         """Raise ``ValueError`` if this stage cannot serve ``n`` rows with its ``f``."""
@@ -110,8 +111,6 @@ class Stage(Component):
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
         """Restore what :meth:`state` returned."""
-
-    keeper: Keeper | None = None  # where a stage that carries (d,) rows across calls keeps them
 
     def spill(self, store: RowStore) -> None:
         """Keep the ``(d,)`` rows this stage carries across calls in ``store`` from now on (the
