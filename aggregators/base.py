@@ -19,7 +19,9 @@ from typing import ClassVar
 
 import torch
 
+from robust.kept import Keeper
 from robust.registry import Component, Registry
+from robust.rowstore import RowStore
 from robust.source import Rows, as_rows
 
 REGISTRY: Registry[Stage] = Registry("aggregator")
@@ -104,6 +106,7 @@ class Stage(Component):
 
     is_rule: ClassVar[bool]
     needs: ClassVar[frozenset[str]] = frozenset()
+    keeper: Keeper | None = None  # where a stage that carries (d,) rows across calls keeps them (robust.kept)
 
     def check_n(self, n: int) -> None:
         """Raise ``ValueError`` if this stage cannot serve ``n`` rows with its ``f``."""
@@ -114,6 +117,19 @@ class Stage(Component):
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
         """Restore what :meth:`state` returned."""
+
+    def spill(self, store: RowStore) -> None:
+        """Keep the ``(d,)`` rows this stage carries across calls in ``store`` from now on (the
+        rows it holds are written there); a stage without a ``keeper`` carries none."""
+        if self.keeper is not None:
+            state = self.state()
+            self.keeper.spill(store)
+            self.load_state(state)
+
+    def kept_rows(self, nodes: int) -> int:
+        """The most ``(d,)`` rows its keeper holds at once (old and new while a call runs) for
+        ``nodes`` nodes."""
+        return 0
 
     def _require(self, ok: bool, formula: str, n: int) -> None:
         if not ok:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from robust.rowstore import RowStore
 from robust.source import Rows, as_rows
 from robust.spec import format_spec, parse
 
@@ -89,6 +90,16 @@ class Chain:
         for i, stage in enumerate(self.stages):
             prefix = f"{i}."
             stage.load_state({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+
+    def spill(self, store: RowStore) -> None:
+        """Every stage keeps the ``(d,)`` rows it carries across calls in ``store`` from now on
+        (``Stage.spill``); the owner removes the rows no checkpoint names (``RowStore.collect``)."""
+        for stage in self.stages:
+            stage.spill(store)
+
+    def kept_rows(self, nodes: int) -> int:
+        """The most ``(d,)`` rows the stages keep at once for ``nodes`` nodes."""
+        return sum(stage.kept_rows(nodes) for stage in self.stages)
 
     def __repr__(self) -> str:
         return f"aggregators.build({self.spec!r}, f={self.f})"

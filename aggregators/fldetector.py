@@ -33,9 +33,16 @@ previous ``w`` and output (a call that leaves ``w`` unchanged adds none), a node
 if it sent a row in the previous call (an absent node's stored row is dropped: an older row is
 not predicted by this round's move; its score window is kept), and it is a candidate once it
 has ``window`` scores. Decisions are computed on the rows sorted by node id, so they are exactly
-order-invariant. Memory: ``2 window`` pair vectors and one row per node of the last call, in
-the rows' dtype. State: ``"w"``, ``"aggregate"``, ``"pairs.s"``, ``"pairs.y"``, ``"row.<id>"``,
-``"scores.<id>"``. Needs ``n >= 2f + 1`` with the median.
+order-invariant. A call reads the pairs once for their Gram matrix, then the rows once to keep
+them (for the next call) and score them, and once more to aggregate.
+
+Memory: ``2 window`` pair vectors, one row per node of the last call, in the rows' dtype, and
+the last ``w`` and output. After ``spill(store)`` (``robust.rowstore``) every one of these
+``(d,)`` vectors is a row on disk, written block by block: memory is then ``n x BLOCK`` per
+source read, and the disk holds up to ``2 nodes + 2 window + 6`` rows (old and new until the
+owner collects). State: ``"w"``, ``"aggregate"``, ``"pairs.s"``, ``"pairs.y"`` (oldest first),
+``"row.<id>"``: the rows, or with a store their 32-byte references; ``"scores.<id>"``. Needs
+``n >= 2f + 1`` with the median.
 """
 
 from __future__ import annotations
@@ -45,8 +52,9 @@ import hashlib
 import torch
 
 from robust.geometry import weighted_sum
+from robust.kept import Handle, Joined, Keeper, lockstep, rows_of
 from robust.seeds import generator
-from robust.source import BLOCK, Rows, unstack
+from robust.source import Memory, Rows
 
 from ._columns import median_of_sorted, reduce_sorted_columns
 from ._filtering import F64
@@ -63,33 +71,36 @@ def push(old: torch.Tensor | None, new: torch.Tensor, keep: int) -> torch.Tensor
     return torch.cat([old[max(0, old.shape[0] - keep + 1) :], new[None]])
 
 
-def hessian_vector(S: torch.Tensor, Y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The L-BFGS compact-form estimate of ``H v`` (float64 ``(d,)``) from the pairs ``S``, ``Y``
-    (``(m, d)``, oldest first) and ``v`` (float64 ``(d,)``)."""
-    m, d = S.shape
-    def blocks(s: int) -> torch.Tensor:  # columns [s, s + BLOCK) of S, Y and v, in float64
-        return torch.cat([S[:, s : s + BLOCK].to(F64), Y[:, s : s + BLOCK].to(F64), v[None, s : s + BLOCK]])
+def pairs_and_step(S: Rows, Y: Rows, w: torch.Tensor, prev: Rows) -> Joined:
+    """The float64 rows ``[S; Y; v]`` (``(2m + 1, d)``, computed block by block) of the pairs
+    ``S``, ``Y`` (``(m, d)``, oldest first) and the step ``v = w - prev`` (``prev``: one row)."""
+    def block(_: int, parts: list[torch.Tensor]) -> torch.Tensor:
+        s, y, now, before = parts
+        return torch.cat([s.to(F64), y.to(F64), now.to(F64) - before.to(F64)])
 
-    gram = torch.zeros(2 * m + 1, 2 * m + 1, dtype=F64, device=v.device)
-    for s in range(0, d, BLOCK):
-        Z = blocks(s)
-        gram += Z @ Z.T
+    return Joined([S, Y, Memory(w[None]), prev], block, n=2 * S.n + 1, dtype=F64)
+
+
+def hessian_coefficients(Z: Rows) -> torch.Tensor | None:
+    """The L-BFGS compact-form estimate of ``H v`` as coefficients ``c`` (float64 ``(2m + 1,)``)
+    of ``Z = [S; Y; v]`` (:func:`pairs_and_step`): ``H v = c @ Z``; ``None``: no estimate (an
+    overflow, a vanishing step, or a pseudo-inverse that did not converge). One pass."""
+    m = (Z.n - 1) // 2
+    gram = torch.zeros(Z.n, Z.n, dtype=F64, device=Z.device)
+    for _, block in Z.blocks():
+        gram += block @ block.T
     gram = 0.5 * (gram + gram.T)
     SS, SY = gram[:m, :m], gram[:m, m : 2 * m]
     sigma = SY[-1, -1] / SS[-1, -1]
     L = SY.tril(-1)
     M = torch.cat([torch.cat([sigma * SS, L], 1), torch.cat([L.T, -torch.diag(SY.diagonal())], 1)])
     if not bool(torch.isfinite(M).all()):  # overflow or a vanishing step: no estimate this round
-        return torch.full((d,), float("nan"), dtype=F64, device=v.device)
+        return None
     try:
         q = torch.linalg.pinv(M, hermitian=True) @ torch.cat([sigma * gram[:m, -1], gram[m : 2 * m, -1]])
     except torch.linalg.LinAlgError:  # eigh did not converge: no estimate this round
-        return torch.full((d,), float("nan"), dtype=F64, device=v.device)
-    coef = torch.cat([-sigma * q[:m], -q[m:], sigma.reshape(1)])
-    out = torch.empty(d, dtype=F64, device=v.device)
-    for s in range(0, d, BLOCK):
-        out[s : s + BLOCK] = coef @ blocks(s)
-    return out
+        return None
+    return torch.cat([-sigma * q[:m], -q[m:], sigma.reshape(1)])
 
 
 def two_means(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,49 +146,54 @@ class FLDetector(Rule):
         if base not in BASES:
             raise ValueError(f"fldetector base must be one of {', '.join(BASES)} (got base={base!r})")
         self.window, self.base, self.seed = window, base, seed
+        self.keeper = Keeper()
         self.reset()
 
     def check_n(self, n: int) -> None:
         if self.base == "median":
             self._require(n >= 2 * self.f + 1, ">= 2f + 1", n)
 
+    def kept_rows(self, nodes: int) -> int:
+        return 2 * nodes + 2 * self.window + 6
+
     def reset(self) -> None:
         """Forget all history: the next call is a first call."""
-        self.w: torch.Tensor | None = None
-        self.out: torch.Tensor | None = None
-        self.S: torch.Tensor | None = None
-        self.Y: torch.Tensor | None = None
-        self.rows: dict[str, torch.Tensor] = {}
+        self.w: Handle | None = None
+        self.out: Handle | None = None
+        self.S: list[Handle] = []
+        self.Y: list[Handle] = []
+        self.rows: dict[str, Handle] = {}
         self.scores: dict[str, torch.Tensor] = {}
 
     def state(self) -> dict[str, torch.Tensor]:
-        fixed = {"w": self.w, "aggregate": self.out, "pairs.s": self.S, "pairs.y": self.Y}
-        state = {k: v for k, v in fixed.items() if v is not None}
-        state.update({f"row.{k}": v for k, v in self.rows.items()})
+        keep = self.keeper.state
+        state = {k: keep(v) for k, v in (("w", self.w), ("aggregate", self.out)) if v is not None}
+        if self.S:
+            state["pairs.s"], state["pairs.y"] = (torch.stack([keep(v) for v in vs]) for vs in (self.S, self.Y))
+        state.update({f"row.{k}": keep(v) for k, v in self.rows.items()})
         state.update({f"scores.{k}": v for k, v in self.scores.items()})
         return state
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
         self.reset()
-        self.w, self.out = state.get("w"), state.get("aggregate")
-        self.S, self.Y = state.get("pairs.s"), state.get("pairs.y")
-        self.rows = {k[4:]: v for k, v in state.items() if k.startswith("row.")}
+        load = self.keeper.load
+        self.w, self.out = (None if k not in state else load(state[k]) for k in ("w", "aggregate"))
+        self.S, self.Y = ([load(v) for v in state.get(k, ())] for k in ("pairs.s", "pairs.y"))
+        self.rows = {k[4:]: load(v) for k, v in state.items() if k.startswith("row.")}
         self.scores = {k[7:]: v for k, v in state.items() if k.startswith("scores.")}
 
     def aggregate(self, X: Rows, inputs: RoundInputs) -> torch.Tensor:
         n, d = X.shape
         ids = inputs.ids
-        if self.w is not None and self.w.shape[0] != d:
+        if self.w is not None and self.keeper.size(self.w)[0] != d:
             raise ValueError(
-                f"fldetector last saw d={self.w.shape[0]} coordinates, now d={d}: "
+                f"fldetector last saw d={self.keeper.size(self.w)[0]} coordinates, now d={d}: "
                 "build a new aggregator (or reset()) for a new model"
             )
         order = sorted(range(n), key=ids.__getitem__)
-        rows = unstack(X)  # this round's rows are kept for the next: read them once
-        w = inputs.w.detach().to(device=X.device, dtype=F64)
-        step = None if self.w is None else w - self.w.to(F64)
-        if step is not None and self.S is not None:
-            self._score(rows, ids, [i for i in order if ids[i] in self.rows], hessian_vector(self.S, self.Y, step))
+        w = inputs.w.detach()
+        prev = None if self.w is None else self.keeper.source([self.w], X.device)
+        self.rows = self._keep_and_score(X, ids, order, w, prev)
         kept = torch.ones(n, dtype=torch.bool, device=X.device)
         full = [i for i in order if ids[i] in self.scores and self.scores[ids[i]].numel() == self.window]
         if len(full) >= 3:
@@ -193,27 +209,56 @@ class FLDetector(Rule):
             out = reduce_sorted_columns(X, median_of_sorted, selected)
         else:
             out = weighted_sum(X, kept.to(F64) / int(kept.sum()))
-        if step is not None and self.out is not None and bool((step != 0).any()):
-            self.S = push(self.S, step.to(X.dtype), self.window)
-            self.Y = push(self.Y, (out.to(F64) - self.out.to(F64)).to(X.dtype), self.window)
-        self.w, self.out = inputs.w.detach().to(X.device, copy=True), out.clone()  # kept beside the rows
-        self.rows = {ids[i]: rows[i] for i in order}  # the rows of absent nodes are dropped
+        if prev is not None and self.out is not None and moved(w, prev):
+            s_new, y_new = self._pair(w, prev, out)
+            self.S, self.Y = (self.S + [s_new])[-self.window :], (self.Y + [y_new])[-self.window :]
+        self.w, self.out = self.keeper.keep(w), self.keeper.keep(out)
         return out
 
-    def _score(self, rows: list[torch.Tensor], ids: tuple[str, ...], scored: list[int], hv: torch.Tensor) -> None:
-        """Append this round's normalised prediction error to each scored node's window."""
-        if not scored or not bool(torch.isfinite(hv).all()):
-            return
-        sq = torch.zeros(len(scored), dtype=F64, device=hv.device)
-        for s in range(0, hv.shape[0], BLOCK):
-            block = torch.stack([self.rows[ids[i]][s : s + BLOCK] for i in scored]).to(F64)
-            block += hv[s : s + BLOCK]
-            block -= torch.stack([rows[i][s : s + BLOCK] for i in scored]).to(F64)
-            sq += block.square().sum(dim=1)
+    def _keep_and_score(self, X: Rows, ids: tuple[str, ...], order: list[int], w: torch.Tensor,
+                        prev: Rows | None) -> dict[str, Handle]:
+        """Keep this call's rows (the rows of absent nodes are dropped) and append to each node
+        scored this call (one that sent a row in the last call too) its normalised prediction
+        error ``||x_i^{t-1} + H v - x_i^t||``: one pass over ``X``, the last rows and the pairs."""
+        scored = [i for i in order if ids[i] in self.rows] if prev is not None and self.S else []
+        Z = pairs_and_step(*(self.keeper.source(p, X.device) for p in (self.S, self.Y)), w, prev) if scored else None
+        coef = None if Z is None else hessian_coefficients(Z)
+        extra = [] if coef is None else [self.keeper.source([self.rows[ids[i]] for i in scored], X.device), Z]
+        sq = torch.zeros(len(scored), dtype=F64, device=X.device)
+        finite = torch.ones((), dtype=torch.bool, device=X.device)
+        with self.keeper.writing(len(order), X.d, X.dtype, X.device) as new:
+            for _, (block, *more) in lockstep(X, *extra):
+                new.add(rows_of(block, order))
+                if more:
+                    error, hv = more[0].to(F64), coef @ more[1]
+                    finite &= torch.isfinite(hv).all()
+                    error += hv
+                    error -= rows_of(block, scored).to(F64)
+                    sq += error.square().sum(dim=1)
+        if coef is not None and bool(finite):
+            self._score([ids[i] for i in scored], sq)
+        return {ids[i]: h for i, h in zip(order, new.handles)}
+
+    def _score(self, nodes: list[str], sq: torch.Tensor) -> None:
+        """Append each node's share of the prediction errors (``sq``: their squares) to its window."""
         dist = torch.nan_to_num(sq.sqrt(), nan=torch.finfo(F64).max, posinf=torch.finfo(F64).max)
         top = dist.max()
         dist = dist / top if top > 0 else dist  # first by the max: the sum cannot overflow
         total = dist.sum()
         dist = dist / total if total > 0 else dist
-        for j, i in enumerate(scored):
-            self.scores[ids[i]] = push(self.scores.get(ids[i]), dist[j], self.window)
+        for j, node in enumerate(nodes):
+            self.scores[node] = push(self.scores.get(node), dist[j], self.window)
+
+    def _pair(self, w: torch.Tensor, prev: Rows, out: torch.Tensor) -> list[Handle]:
+        """The new pair ``s = w - w_prev``, ``y = F - F_prev`` (float64 differences, in the
+        rows' dtype), written block by block."""
+        with self.keeper.writing(2, out.shape[0], out.dtype, out.device) as new:
+            for _, (now, before, F, F_prev) in lockstep(Memory(w[None]), prev, Memory(out[None]),
+                                                        self.keeper.source([self.out], out.device)):
+                new.add(torch.cat([now.to(F64) - before.to(F64), F.to(F64) - F_prev.to(F64)]).to(out.dtype))
+        return new.handles
+
+
+def moved(w: torch.Tensor, prev: Rows) -> bool:
+    """Whether ``w - prev`` (float64) has a nonzero value (a call that leaves ``w`` unchanged adds no pair)."""
+    return any(bool((now.to(F64) - before.to(F64) != 0).any()) for _, (now, before) in lockstep(Memory(w[None]), prev))

@@ -26,10 +26,17 @@ the history as sent (FLPoison first clips them to norm 1; the paper and its code
 The similarities are computed from the histories sorted by node id, in float64 over column
 blocks, so the weights are the same bits for the same rows and ids in any order; the weighted
 sum runs over the rows in their own order (float64, column blocks): the aggregate is
-order-invariant up to rounding. Memory: one ``(d,)`` history per node ever seen, in the dtype
-of its first row, kept for the whole run (a node absent from a round keeps its history and is
-compared again when it returns), plus the ``(n, n)`` similarities. Any ``n >= 1`` is served;
-``f`` is unused (only the chain's contract). State: ``"history.<id>"`` per node.
+order-invariant up to rounding. One pass over the round's rows and the old histories writes
+the new histories and accumulates their Gram matrix; a second pass over the rows makes the
+weighted sum (a third, over the new histories, only when a history's float64 squares overflow).
+
+Memory: one ``(d,)`` history per node ever seen, in its rows' dtype, kept for the whole run (a
+node absent from a round keeps its history and is compared again when it returns), plus the
+``(n, n)`` similarities. After ``spill(store)`` (``robust.rowstore``) the histories are rows on
+disk, written block by block: memory is then ``n x BLOCK`` per source read (the rows, the old
+histories) and the disk holds up to ``2 x nodes`` rows (old and new until the owner collects).
+Any ``n >= 1`` is served; ``f`` is unused (only the chain's contract). State: ``"history.<id>"``
+per node: the row, or with a store its 32-byte reference.
 """
 
 from __future__ import annotations
@@ -37,36 +44,35 @@ from __future__ import annotations
 import torch
 
 from robust.geometry import pow2_scale, weighted_sum
-from robust.source import BLOCK, Rows, unstack
+from robust.kept import Handle, Keeper, lockstep, rows_of
+from robust.source import Rows
 
 from ._filtering import F64
 from .base import RoundInputs, Rule, register
 
 
-def _gram(rows: list[torch.Tensor], scale: torch.Tensor) -> torch.Tensor:
-    n, d = len(rows), rows[0].shape[0]
-    out = torch.zeros(n, n, dtype=F64, device=rows[0].device)
-    for s in range(0, d, BLOCK):
-        block = torch.stack([r[s : s + BLOCK] for r in rows]).to(F64) * scale[:, None]
-        out += block @ block.T
-    return out
+def _add_gram(gram: torch.Tensor, block: torch.Tensor, scale: torch.Tensor | None = None) -> None:
+    block = block.to(F64) if scale is None else block.to(F64) * scale[:, None]
+    gram += block @ block.T
 
 
-def cosine_matrix(rows: list[torch.Tensor]) -> torch.Tensor:
-    """``(n, n)`` float64 cosine similarities of ``rows`` (a zero row: 0 with every row), from
-    their Gram matrix over column blocks; a row whose float64 squares overflow (values above
-    ~1e154) is scaled by a power of two first, which leaves its cosines unchanged."""
-    scale = torch.ones(len(rows), dtype=F64, device=rows[0].device)
-    gram = _gram(rows, scale)
+def cosine_matrix(rows: Rows, gram: torch.Tensor) -> torch.Tensor:
+    """``(n, n)`` float64 cosine similarities of ``rows`` (a zero row: 0 with every row) from
+    their Gram matrix ``gram`` (float64, accumulated over column blocks by :func:`_add_gram`);
+    a row whose float64 squares overflow (values above ~1e154) is scaled by
+    a power of two and the Gram matrix accumulated again (one more pass), which leaves its
+    cosines unchanged."""
     bad = (~torch.isfinite(gram.diagonal())).nonzero().flatten().tolist()
     if bad:
-        scale[bad] = torch.stack([pow2_scale(rows[i]) for i in bad])
-        gram = _gram(rows, scale)
+        scale = torch.ones(rows.n, dtype=F64, device=rows.device)
+        scale[bad] = torch.stack([pow2_scale(rows.row(i)) for i in bad])
+        gram = torch.zeros_like(gram)
+        for _, block in rows.blocks():
+            _add_gram(gram, block, scale)
     norms = gram.diagonal().sqrt()
     outer = norms[:, None] * norms[None, :]
     positive = outer > 0
     return torch.where(positive, gram / torch.where(positive, outer, 1.0), 0.0).clamp(-1.0, 1.0)
-
 
 def foolsgold_weights(cs: torch.Tensor, kappa: float) -> torch.Tensor:
     """The weights ``a`` (float64 ``(n,)``) from the similarities ``cs`` (see the module docstring)."""
@@ -93,37 +99,36 @@ class FoolsGold(Rule):
         super().__init__(f)
         self._check_param("kappa", kappa, kappa > 0, "> 0: it is the slope of the logit from dissimilarity to weight")
         self.kappa = kappa
-        self.history: dict[str, torch.Tensor] = {}
+        self.keeper = Keeper()
+        self.history: dict[str, Handle] = {}
 
     def check_n(self, n: int) -> None:
         self._require(n >= 1, ">= 1", n)
+
+    def kept_rows(self, nodes: int) -> int:
+        return 2 * nodes
 
     def reset(self) -> None:
         """Forget every node's history."""
         self.history = {}
 
     def state(self) -> dict[str, torch.Tensor]:
-        return {f"history.{k}": v for k, v in self.history.items()}
+        return {f"history.{k}": self.keeper.state(v) for k, v in self.history.items()}
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
-        self.history = {k[len("history."):]: v for k, v in state.items() if k.startswith("history.")}
+        self.history = {k[len("history."):]: self.keeper.load(v) for k, v in state.items() if k.startswith("history.")}
 
     def aggregate(self, X: Rows, inputs: RoundInputs) -> torch.Tensor:
         n, d = X.shape
         ids = inputs.ids
         known = next(iter(self.history.values()), None)
-        if known is not None and known.shape[0] != d:
-            raise ValueError(
-                f"foolsgold holds histories of d={known.shape[0]} coordinates, now d={d}: "
-                "build a new aggregator (or reset()) for a new model"
-            )
+        if known is not None and self.keeper.size(known) != (d, X.dtype):
+            kd, kind = self.keeper.size(known)
+            held, now = (f"of d={kd} coordinates", f"d={d}") if kd != d else (f"in {kind}", f"{X.dtype} rows")
+            raise ValueError(f"foolsgold holds histories {held}, now {now}: build a new aggregator (or reset()) "
+                             "for a new model")
         order = sorted(range(n), key=ids.__getitem__)
-        rows = unstack(X)
-        for i in order:  # new tensors, never in place: a state() handed out stays as it was
-            old = self.history.get(ids[i])
-            self.history[ids[i]] = rows[i] if old is None else old + rows[i].to(old.device, old.dtype)
-            rows[i] = None  # let this round's copy go as soon as it is added
-        weights = foolsgold_weights(cosine_matrix([self.history[ids[i]] for i in order]), self.kappa)
+        weights = foolsgold_weights(self._histories([ids[i] for i in order], X, order), self.kappa)
         index = torch.tensor(order, dtype=torch.long, device=X.device)
         self.last_weights = torch.empty_like(weights)
         self.last_weights[index] = weights
@@ -134,3 +139,23 @@ class FoolsGold(Rule):
         scale = torch.empty_like(weights)
         scale[index] = weights / total
         return weighted_sum(X, scale)
+
+    def _histories(self, nodes: list[str], X: Rows, order: list[int]) -> torch.Tensor:
+        """Add the rows ``X[order]`` to the histories of ``nodes`` (new rows, written block by
+        block: a state handed out stays as it was) and return the new histories' cosines, from
+        one pass over ``X`` and the old histories."""
+        old = [j for j, node in enumerate(nodes) if node in self.history]
+        sources = [X] + ([self.keeper.source([self.history[nodes[j]] for j in old], X.device)] if old else [])
+        gram = torch.zeros(len(nodes), len(nodes), dtype=F64, device=X.device)
+        with self.keeper.writing(len(nodes), X.d, X.dtype, X.device) as new:
+            for _, (block, *history) in lockstep(*sources):
+                block = rows_of(block, order)  # the block is ours: the sums are made in place
+                if history:
+                    if len(old) == len(nodes):
+                        block += history[0]  # x + h: the bits of h + x
+                    else:
+                        block[old] += history[0]
+                new.add(block)
+                _add_gram(gram, block)
+        self.history.update(zip(nodes, new.handles))
+        return cosine_matrix(self.keeper.source(new.handles, X.device), gram)

@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 
 import aggregators
 from aggregators import RoundInputs
-from aggregators.fldetector import hessian_vector, two_clusters
+from aggregators.fldetector import hessian_coefficients, pairs_and_step, two_clusters
+from robust.geometry import weighted_sum
+from robust.source import Memory
 from tests.test_rules_properties import SETTINGS, assert_close, matrix, scale_of
 
 F64 = torch.float64
@@ -281,8 +283,10 @@ def test_hessian_vector_is_the_bfgs_update_of_sigma_identity():
     for s, y in zip(S, Y):
         B = B - torch.outer(B @ s, B @ s) / (s @ B @ s) + torch.outer(y, y) / (y @ s)
     v = torch.randn(12, generator=g, dtype=F64)
-    close(hessian_vector(S, Y, v), B @ v, 1e-9)
-    close(hessian_vector(S, Y, S[-1].clone()), Y[-1], 1e-9)
+    zero = Memory(torch.zeros(1, 12, dtype=F64))  # the step v = v - 0
+    for step, expected in [(v, B @ v), (S[-1].clone(), Y[-1])]:
+        Z = pairs_and_step(Memory(S), Memory(Y), step, zero)
+        close(weighted_sum(Z, hessian_coefficients(Z)), expected, 1e-9)
 
 
 def test_two_clusters_by_gap_statistic():

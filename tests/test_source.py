@@ -111,15 +111,20 @@ def test_agg_bench_out_of_core_runs_each_rule_from_a_spool(tmp_path):
     out = tmp_path / "ooc.json"
     proc = subprocess.run(
         [sys.executable, "-m", "robust.cli", "agg-bench", "--out-of-core", "--sizes", "10x20000", "--spool",
-         str(tmp_path), "--rules", "median,nnm+krum,bulyan", "--json", str(out)],
+         str(tmp_path), "--rules", "median,nnm+krum,bulyan,foolsgold", "--json", str(out)],
         capture_output=True, text=True, check=True,
     )
     rows = {r["rule"]: r for r in json.loads(out.read_text())["results"]}
-    assert set(rows) == {"median", "nnm+krum"}  # bulyan needs n >= 4f + 3 = 11: skipped, saying why
+    assert set(rows) == {"median", "nnm+krum", "foolsgold"}  # bulyan needs n >= 4f + 3 = 11: skipped, saying why
     assert "bulyan" in proc.stdout and "skipped: bulyan needs n >= 4f + 3" in proc.stdout
     spool = 10 * 20000 * 4
     assert rows["median"]["bytes_read"] == spool  # one pass
     assert rows["nnm+krum"]["bytes_read"] == 3 * spool  # distances, the mixed rows' distances, the chosen row
+    # foolsgold, its histories in a row store: one pass adds the rows and makes the Gram matrix, one weighs;
+    # the store holds the old and the new histories until the rows no state names are collected
+    assert rows["foolsgold"]["bytes_read"] == 2 * spool
+    assert 2 * spool < rows["foolsgold"]["state_bytes"] <= 2 * spool + 2 * 10 * 128  # + each file's header
+    assert rows["median"]["state_bytes"] == 0
     for r in rows.values():
         assert {"seconds", "peak_rss_mb", "read_seconds"} <= set(r) and r["peak_rss_mb"] > 0
     assert list(tmp_path.glob("robust-spool-*")) == []  # the spool is removed

@@ -47,6 +47,7 @@ from robust.codecs import Codec, Encoded
 from robust.data import load
 from robust.models import build_model
 from robust.params import sha256
+from robust.rowstore import RowStore, names
 from robust.source import Spooled, write_row
 
 from .. import checkpoint
@@ -59,6 +60,7 @@ from ..wire import signed_payload
 from .admission import known_keys
 
 UPDATES = "updates"
+STATE = "state"  # the rule's rows carried across rounds, when the run spooled (robust.rowstore)
 log = logging.getLogger(__name__)
 COMPARED = ("ids", "rejected", "failed", "missing", "flagged", "quarantined", "skipped", "accuracy",
             "model_sha256", "aggregate_sha256", "spot", "convicted", "scores", "staleness", "task_sha256")
@@ -160,6 +162,17 @@ def _row(folder: Path, sha: str, codec: Codec, d: int, scratch: Path) -> Path | 
     return path if actual == sha else f"{path.relative_to(folder)} does not match its SHA-256 (changed)"
 
 
+def _replay_store(engine: Engine, folder: Path, scratch: Path) -> RowStore | None:
+    """Where the replay's rule keeps its rows across rounds: like the run's, on disk when the run
+    kept them there (``DIR/state``), in ``scratch`` (a folder of the replay's own on the run's
+    disk, removed with it); ``None``: in memory."""
+    if not (folder / STATE).exists():
+        return None
+    store = RowStore(scratch)
+    engine.chain.spill(store)
+    return store
+
+
 def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]:
     """``(problems, rounds checked, aggregation recomputed)`` for the run in ``folder``.
 
@@ -204,7 +217,10 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
     replay, base = True, engine.task_model()[1]
     models = [base]
     codec, d = codecs.build(settings.compression), engine.w.numel()
-    with tempfile.TemporaryDirectory(prefix=".replay-", dir=folder) as tmp:  # a round's decoded encodings
+    with tempfile.TemporaryDirectory(prefix=".replay-", dir=folder) as tmp:  # decoded encodings, the rule's rows
+        decoded_rows = Path(tmp) / "decoded"
+        decoded_rows.mkdir()
+        store = _replay_store(engine, folder, Path(tmp) / STATE)
         for r in records:
             t, updates = r["round"], r.get("updates", {})
             staleness = r.get("staleness")
@@ -232,9 +248,9 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
                     problems.append(f"{word} {t}: the signature of {v['verifier'][:12]}'s check does not verify")
             base = r.get("task_sha256", r.get("model_sha256"))  # what the next round's updates were computed from
             models.append(base)
-            for decoded in Path(tmp).iterdir():  # the last round's decoded rows: one round on disk at a time
+            for decoded in decoded_rows.iterdir():  # the last round's decoded rows: one round on disk at a time
                 decoded.unlink()
-            rows = {fp: _row(folder, u["sha256"], codec, d, Path(tmp)) for fp, u in updates.items()}
+            rows = {fp: _row(folder, u["sha256"], codec, d, decoded_rows) for fp, u in updates.items()}
             bad = {fp: why for fp, why in rows.items() if isinstance(why, str)}
             if bad:
                 if settings.keep_updates == "all" or any("missing" not in why for why in bad.values()):
@@ -258,6 +274,8 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
             rejected = {fp: why for fp, why in r["rejected"].items() if fp not in convicted}
             asked = sorted(set(ids) | set(r["rejected"]) | set(r["failed"]) | set(r["missing"]))
             again = checkpoint.finite(engine.step(asked, ids, X, rejected, r["failed"], tasks=tasks))
+            if store is not None:
+                store.collect(names(engine.chain.state()))
             changed = [key for key in COMPARED if again.get(key) != r.get(key)]
             if changed:
                 problems.append(f"{word} {t}: recomputed {', '.join(changed)} differ(s) from the log "

@@ -59,6 +59,7 @@ from robust.codecs import Encoded
 from robust.data import load
 from robust.models import build_model
 from robust.params import sha256, unflatten
+from robust.rowstore import RowStore, names
 from robust.source import Spooled
 
 from .. import checkpoint
@@ -139,9 +140,27 @@ class Coordinator:
         self.ledger = TaskLedger(s.max_staleness, lambda fp: fp in flags.quarantined or fp in flags.convicted)
         self.buffers: Buffers[Inbox] = Buffers(self.buffer_size)  # async: each reply a one-node Inbox
         self.started = time.monotonic()  # when the buffer being filled began
+        self.rowstore = self._rule_store()
         self._resume()
+        self._collect()
         path = self.folder / TASKS_SENT
         self.sent = int(path.read_text().strip() or 0) if path.exists() else 0
+
+    def _rule_store(self) -> RowStore | None:
+        """Where the rule keeps the ``(d,)`` rows it carries across rounds (FoolsGold's
+        histories, FLDetector's last rows and pairs): ``DIR/state`` when the rows are spooled
+        (decided at start; a run that kept them there keeps them there), else memory."""
+        if not self.spooling and not (self.folder / audit.STATE).exists():
+            return None
+        store = RowStore(self.folder / audit.STATE)
+        self.engine.chain.spill(store)
+        return store
+
+    def _collect(self) -> None:
+        """Remove the rule's stored rows the checkpoint on disk no longer names (the engine's
+        state is what it holds: call right after a checkpoint is written or loaded)."""
+        if self.rowstore is not None:
+            self.rowstore.collect(names(self.engine.chain.state()))
 
     def _admitted(self) -> dict:
         """The admitted keys; a bad file in the list is skipped with one warning naming it."""
@@ -321,7 +340,8 @@ class Coordinator:
     def disk(self) -> Projection:
         """What the rounds left will store in this folder (``nodes.coordinator.disk``)."""
         return project(self.folder, self.settings, self.engine.w.numel(), len(self.keys),
-                       self.settings.rounds - self.round, self.spooling)
+                       self.settings.rounds - self.round, self.spooling,
+                       self.engine.chain.kept_rows(len(self.keys)) if self.rowstore else 0)
 
     @property
     def spooling(self) -> bool:
@@ -416,6 +436,7 @@ class Coordinator:
         record["seconds"] = round(time.monotonic() - started, 3)
         record["train_seconds_max"] = round(max((inbox.seconds.get(fp, 0.0) for fp in ids), default=0.0), 3)
         self.save(record)
+        self._collect()
         checkpoint.append_round(self.folder, record)
         self._tip = audit.line_hash(record)
         if self.done:

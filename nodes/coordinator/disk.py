@@ -3,9 +3,11 @@
 A round stores its kept updates in ``DIR/updates`` (``keep-updates``: all of them, the
 spot-checked ones, none) at the codec's size (``compression``: a float32 row of the model's
 ``d`` trained parameters, or the arrays an int8 or sign node sends); a spooled round
-(``spool``) also holds all its accepted rows there, decoded to float32, until the round ends. The
-projection is the rounds left times what a round keeps, plus one round's spool; a run whose
-projection passes the folder's free disk is refused before any process starts.
+(``spool``) also holds all its accepted rows there, decoded to float32, until the round ends,
+and a rule that carries rows across rounds keeps them in ``DIR/state`` (old and new ones while
+a round runs). The projection is the rounds left times what a round keeps, plus one round's
+spool and the rule's state; a run whose projection passes the folder's free disk is refused
+before any process starts.
 """
 
 from __future__ import annotations
@@ -27,23 +29,29 @@ class Projection:
     spool: int  # bytes a round holds on disk while it runs (0: rows wait in memory)
     total: int  # bytes the rounds left will add
     free: int  # bytes free in the coordinator's folder
+    state: int = 0  # bytes the rule's rows carried across rounds take in state/, at most
 
     def describe(self, rounds: int) -> str:
-        what = f"stores {_size(self.per_round)} a round in updates/ ({_size(self.total - self.spool)} over {rounds} rounds)"
+        stored = self.total - self.spool - self.state
+        what = f"stores {_size(self.per_round)} a round in updates/ ({_size(stored)} over {rounds} rounds)"
         spool = f", spools up to {_size(self.spool)} a round" if self.spool else ""
-        return f"{what}{spool}; {_size(self.free)} free"
+        state = f", keeps up to {_size(self.state)} of rule state in state/" if self.state else ""
+        return f"{what}{spool}{state}; {_size(self.free)} free"
 
 
-def project(folder: Path, settings: Settings, d: int, nodes: int, rounds_left: int, spooling: bool) -> Projection:
-    """The disk the ``rounds_left`` rounds of ``nodes`` asked nodes will use in ``folder``."""
+def project(folder: Path, settings: Settings, d: int, nodes: int, rounds_left: int, spooling: bool,
+            state_rows: int = 0) -> Projection:
+    """The disk the ``rounds_left`` rounds of ``nodes`` asked nodes will use in ``folder``
+    (``state_rows``: the most float32 rows the rule keeps in ``state/`` at once)."""
     codec = codecs.build(settings.compression)
     row = codec.nbytes(d)
     asked = min(nodes, settings.per_round) if settings.per_round else nodes
     kept = {"all": asked, "spot": math.ceil(settings.spot_check * asked), "none": 0}[settings.keep_updates]
     # a spooled row is float32 for the rule; a compressed run spools its encoding beside it
     spool = asked * (4 * d + (row if codec.name != "none" else 0)) if spooling else 0
-    total = rounds_left * kept * row + spool
-    return Projection(row, kept * row, spool, total, shutil.disk_usage(folder).free)
+    state = state_rows * 4 * d
+    total = rounds_left * kept * row + spool + state
+    return Projection(row, kept * row, spool, total, shutil.disk_usage(folder).free, state)
 
 
 def check(projection: Projection, folder: Path, rounds: int) -> None:
