@@ -29,7 +29,7 @@ import zipfile
 from pathlib import Path
 
 TRUSTED, REQUESTS, GATE_DIR = "trusted-code", "code-requests", "bin"
-OWN_CLIENTAPP = "nodes.volunteer.client_app:app"
+OWN_CLIENTAPP = "nodes.volunteer.thin_app:app"  # robust's own ClientApp, hands tasks to the warm trainer
 SHA = re.compile(r"[0-9a-f]{64}")
 
 

@@ -1,4 +1,5 @@
-"""Starting and talking to Flower's processes: SuperLink, SuperNode, and the ``flwr`` CLI.
+"""Starting and talking to Flower's processes: SuperLink, SuperNode, and the ``flwr`` CLI; and
+starting a volunteer's warm trainer (``nodes.volunteer.trainer``).
 
 Every process gets a private ``FLWR_HOME`` in the coordinator's (or volunteer's) folder,
 telemetry and update checks off, and dies with the process that started it (Linux
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from robust import tls
 
-from .codetrust import app_sha256, install_gate
+from .codetrust import OWN_CLIENTAPP, app_sha256, install_gate
 
 APP_DIR, FLWR_HOME, LOGS, CODE_SHA = "app", "flwr-home", "logs", "code-bundle.sha256"
 CONNECTION = "robust"
@@ -151,7 +152,7 @@ def write_app(folder: Path, serverapp: str, clientapp: str, code: str = "", **co
 def prepare_coordinator(folder: Path, port: int, code: str = "") -> None:
     """Write the robust Flower App folder (with the user's ``code``) and the ``flwr`` CLI's
     connection to our SuperLink."""
-    write_app(folder / APP_DIR, "nodes.coordinator.server_app:app", "nodes.volunteer.client_app:app", code)
+    write_app(folder / APP_DIR, "nodes.coordinator.server_app:app", OWN_CLIENTAPP, code)
     (folder / CODE_SHA).unlink(missing_ok=True)
     if code:  # what volunteers are asked to trust, for the user to publish
         (folder / CODE_SHA).write_text(app_sha256(folder / APP_DIR) + "\n")
@@ -264,3 +265,12 @@ def start_supernode(folder: Path, coordinator: str, ca: Path, log: Path | None =
         "--auth-supernode-private-key", str(folder / "node.key"), "--node-config", config,
         "--port", str(free_port()),
     ], home, log, own_group, install_gate(folder))
+
+
+def start_trainer(folder: Path, log: Path | None = None, own_group: bool = True, setup: dict | None = None
+                  ) -> subprocess.Popen:
+    """The warm trainer of the volunteer whose folder (key, ``node.json``) is ``folder``: its
+    SuperNode's ClientApps hand it their tasks. With ``setup`` (``robust node join``'s
+    choices) it first checks them and prepares the node's data and ``node.json``."""
+    args = [sys.executable, "-m", "nodes.volunteer.trainer", str(folder)]
+    return spawn(args + (["--setup", json.dumps(setup)] if setup else []), folder / FLWR_HOME, log, own_group)

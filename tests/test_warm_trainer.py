@@ -1,0 +1,115 @@
+"""The volunteer's warm trainer, a real process, asked by the thin ClientApp's own function
+(:func:`nodes.volunteer.thin_app.relay`): the same reply as the in-process ClientApp, and a
+clean decline, saying why, when the trainer is absent, dies, hangs or answers garbage."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from nodes import launch
+from nodes.coordinator.coordinator import Coordinator
+from nodes.settings import Settings
+from nodes.volunteer import channel, worklog
+from nodes.volunteer.client_app import Node, answer
+from nodes.volunteer.thin_app import relay
+from nodes.wire import read_reply, reply_payload, task_content
+from robust import codecs, keys
+from robust.params import sha256
+
+from .federation_kit import fingerprint, make_federation
+
+SETTINGS = Settings(rounds=2, aggregator="median", tolerate=0, quorum=1, protocol="delta:steps=4", compression="int8",
+                    deadline=60.0)
+
+
+def start(node: Path, attack: str = "") -> subprocess.Popen:
+    """The node's trainer, set up as ``robust node join`` sets it up; returns once it listens."""
+    proc = launch.start_trainer(node, node / "trainer.log", setup={
+        "device": "cpu", "dataset": "digits", "root": None, "part": node.name.removeprefix("node") + "/2",
+        "attack": attack, "slow": 0.0, "code": ""})
+    until = time.monotonic() + 300
+    while time.monotonic() < until and proc.poll() is None:
+        try:
+            channel.connect(node, time.monotonic()).close()
+            return proc
+        except channel.Absent:
+            time.sleep(0.3)
+    launch.stop(proc)
+    raise AssertionError(f"the trainer did not start: {(node / 'trainer.log').read_text()[-2000:]}")
+
+
+@pytest.fixture
+def federation(tmp_path):
+    coord, nodes = make_federation(tmp_path, 2, SETTINGS)
+    return Coordinator(coord), nodes
+
+
+def a_task(coord: Coordinator, node: Path, check: tuple[str, str] | None = None, deadline: float | None = None):
+    tasks, w = coord.tasks([fingerprint(node)])
+    task = tasks[fingerprint(node)]
+    return task_content(task if deadline is None else dataclasses.replace(task, deadline=deadline), w, check)
+
+
+def test_the_thin_client_app_loads_no_torch():
+    done = subprocess.run([sys.executable, "-c", "import sys, nodes.volunteer.thin_app, nodes.volunteer.join; "
+                           "print(sorted(m for m in ('torch', 'nodes.volunteer.volunteer') if m in sys.modules))"],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_warm_trainer_replies_as_the_in_process_client_app(federation):
+    coord, nodes = federation
+    node = nodes[0]
+    proc = start(node)
+    try:
+        assert (node / channel.DIR).stat().st_mode & 0o777 == 0o700  # no other user may reach the trainer
+        assert channel.socket_path(node).stat().st_mode & 0o777 == 0o600
+        d, codec = coord.engine.w.numel(), codecs.build(SETTINGS.compression)
+        public = keys.load_private(node).public_key()
+        for check in (None, (fingerprint(nodes[1]), "2/2")):  # its own work, then a spot check of node2
+            content = a_task(coord, node, check)
+            warm = read_reply(relay(node, content, time.time()), d, codec)
+            cold = read_reply(answer(Node.load(node), content, time.time()), d, codec)
+            assert not warm[0].refused
+            assert dataclasses.replace(warm[0], signature=b"", seconds=0.0) == dataclasses.replace(cold[0], signature=b"", seconds=0.0)
+            assert torch.equal(torch.from_numpy(warm[1].copy()), torch.from_numpy(cold[1].copy()))
+            assert all((warm[2][k] == cold[2][k]).all() for k in cold[2])
+            assert keys.verify(public, warm[0].signature, reply_payload(warm[0], sha256(torch.from_numpy(warm[1].copy()))))
+        assert [json.loads(line)["declined"] for line in (node / worklog.WORK_LOG).read_text().splitlines()] == [False, False]
+    finally:
+        launch.stop(proc)
+
+
+def test_no_trainer_is_a_decline_that_says_what_to_do(federation):
+    coord, nodes = federation
+    (nodes[0] / channel.DIR).mkdir(mode=0o700)
+    (nodes[0] / channel.DIR / channel.SOCKET).touch()  # a dead trainer's socket
+    reply = read_reply(relay(nodes[0], a_task(coord, nodes[0], deadline=4.0), time.time()), 1, None)[0]
+    assert reply.refused.startswith("this node's trainer is not running") and "robust node join" in reply.refused
+    assert json.loads((nodes[0] / worklog.WORK_LOG).read_text())["declined"] is True
+
+
+@pytest.mark.parametrize(("fault", "said"), [("trainer-crash", "died while answering"),
+                                             ("trainer-hang", "did not answer in time"),
+                                             ("trainer-garbage", "answered garbage")])
+def test_a_trainer_that_dies_hangs_or_garbles_declines_the_task_and_is_gone(federation, fault, said):
+    coord, nodes = federation
+    proc = start(nodes[0], fault)
+    try:
+        started = time.monotonic()
+        reply = read_reply(relay(nodes[0], a_task(coord, nodes[0], deadline=8.0), time.time()), 1, None)[0]
+        assert reply.refused.startswith(f"this node's trainer {said}")
+        assert "`robust node join` starts a fresh one" in reply.refused
+        assert time.monotonic() - started < 8.0  # within the deadline, less the margin
+        assert proc.wait(10) == -9  # killed (by itself, or by the ClientApp that gave up on it)
+    finally:
+        launch.stop(proc)
+
