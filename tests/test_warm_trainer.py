@@ -1,11 +1,14 @@
 """The volunteer's warm trainer, a real process, asked by the thin ClientApp's own function
 (:func:`nodes.volunteer.thin_app.relay`): the same reply as the in-process ClientApp, and a
-clean decline, saying why, when the trainer is absent, dies, hangs or answers garbage."""
+clean decline, saying why, when the trainer is absent, dies, hangs or answers garbage; in a
+real federation (``robust node join``), the round goes on and the volunteer's fresh trainer
+answers the next; and ``robust demo`` ends with the bits of its federation played in-process."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -14,17 +17,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from nodes import launch
+from nodes import checkpoint, commands, launch
 from nodes.coordinator.coordinator import Coordinator
 from nodes.settings import Settings
-from nodes.volunteer import channel, worklog
+from nodes.volunteer import channel, volunteer, worklog
 from nodes.volunteer.client_app import Node, answer
 from nodes.volunteer.thin_app import relay
 from nodes.wire import read_reply, reply_payload, task_content
 from robust import codecs, keys
 from robust.params import sha256
 
-from .federation_kit import fingerprint, make_federation
+from .federation_kit import fingerprint, make_federation, play
+from .test_federation_deploy import join, procs, robust, rounds_done, wait_until  # noqa: F401 - procs is a fixture
 
 SETTINGS = Settings(rounds=2, aggregator="median", tolerate=0, quorum=1, protocol="delta:steps=4", compression="int8",
                     deadline=60.0)
@@ -113,3 +117,40 @@ def test_a_trainer_that_dies_hangs_or_garbles_declines_the_task_and_is_gone(fede
     finally:
         launch.stop(proc)
 
+
+
+def test_a_round_goes_on_past_trainers_that_die_hang_or_garble_and_their_volunteers_recover(tmp_path, procs):  # noqa: F811
+    port = launch.free_port()
+    settings = Settings(rounds=2, aggregator="median", tolerate=0, quorum=1, deadline=30.0, protocol="delta:steps=4",
+                        port=port)
+    coord, nodes = make_federation(tmp_path, 4, settings)
+    procs.append(robust("coordinator", "start", str(coord), log=tmp_path / "coordinator.log"))
+    logs = [tmp_path / "coordinator.log", *(n / "join.log" for n in nodes)]
+    wait_until(lambda: "submitted" in (tmp_path / "coordinator.log").read_text(), 120, "the run's submission", logs)
+    faults = {nodes[1]: "trainer-crash", nodes[2]: "trainer-hang", nodes[3]: "trainer-garbage"}
+    procs.extend(join(node, coord, port, *(["--attack", faults[node]] if node in faults else [])) for node in nodes)
+    wait_until(lambda: (coord / checkpoint.RESULT).exists(), 300, "the run to finish", logs)
+    first, second = rounds_done(coord)
+    assert first["accepted"] == 1 and not first["rejected"] and not first["missing"]
+    for node, said in zip(nodes[1:], ("died while answering", "did not answer in time", "answered garbage")):
+        assert first["failed"][fingerprint(node)].startswith(f"declined the task: this node's trainer {said}")
+        assert "the trainer exited (killed by signal 9): starting a fresh one" in (node / "join.log").read_text()
+    assert second["accepted"] == 4 and not second["failed"]  # each volunteer's fresh trainer answered
+
+
+def test_robust_demo_gives_the_in_process_bits_and_each_rounds_seconds(tmp_path):
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+    done = subprocess.run([sys.executable, "-m", "robust.cli", "demo", "--rounds", "2", "--seed", "3", "--json",
+                           "--keep", str(tmp_path / "demo")], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert len(result["round_seconds"]) == 2 and all(s > 0 for s in result["round_seconds"])
+    # the reference: the demo's federation (its keys, run id, data parts) in-process, node 5 flipping labels
+    settings = Settings.read(tmp_path / "demo" / "coordinator")
+    coord, nodes = commands.local_federation(tmp_path / "reference", 5, settings, "demo-3", ("demo", 3))
+    for i, node in enumerate(nodes, start=1):
+        volunteer.prepare_data(node, settings.dataset, None, f"{i}/5")
+    ref = Coordinator(coord)
+    while not ref.done:
+        play(ref, nodes, attacks={5: "label-flip"})
+    assert result["model_sha256"] == json.loads((coord / checkpoint.RESULT).read_text())["model_sha256"]
