@@ -26,6 +26,7 @@ from .codetrust import OWN_CLIENTAPP, app_sha256, install_gate
 
 APP_DIR, FLWR_HOME, LOGS, CODE_SHA = "app", "flwr-home", "logs", "code-bundle.sha256"
 CONNECTION = "robust"
+SUPEREXEC_POLL = "0.2"  # seconds
 
 APP_TOML = """\
 # A Flower App whose components come from the installed `robust` package.
@@ -59,10 +60,12 @@ def flwr_env(home: Path, first: Path | None = None) -> dict[str, str]:
     """The environment of Flower's processes. Flower starts its own helpers by name (the
     SuperLink ``flower-superexec``, the SuperNode ``flwr-clientapp``), so this environment's
     script folder goes first on ``PATH``: ``/path/venv/bin/robust`` works with no venv on it;
-    before it, ``first`` (a volunteer's code gate, ``nodes.codetrust``)."""
+    before it, ``first`` (a volunteer's code gate, ``nodes.codetrust``). A SuperExec looks
+    for a task to start every ``SUPEREXEC_POLL`` seconds (Flower's default, 1 s, is up to a
+    second of every round's wait)."""
     path = os.pathsep.join([*([str(first)] if first else []), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     return {**os.environ, "PATH": path, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
-            "FLWR_DISABLE_UPDATE_CHECK": "1"}
+            "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": SUPEREXEC_POLL}
 
 
 def _die_with_parent() -> None:

@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         node = Node.load(folder)
         if node.device.type == "cuda":
             torch.zeros(1, device=node.device)  # the CUDA context, made once
+        import torch._dynamo  # noqa: F401 - what torch.func.grad loads at its first call: 2 s, once, here
         server = channel.listen(folder)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
