@@ -2,14 +2,14 @@
 
 A cell becomes a federation on disk (``evaluation.federation``), then runs exactly as a user
 runs one: ``robust coordinator start``'s own code starts a SuperLink (TLS, node
-authentication), submits the coordinator's ServerApp, and one SuperNode per node runs the
-volunteer's ClientApp (a fresh, thin process per task, handing it to the node's warm trainer:
-signed replies). The cell's record comes
-from the coordinator's round log and checkpoint. Only node-side attacks can be played
-(volunteers run them); the threat model's measurements that need every honest row
-(``kappa``) are left empty. A small cell gives the same ``model_sha256`` as the per-node
-local driver (``tests/test_drivers.py``), whatever ``PATH`` and thread count it is started
-with. Each round costs seconds (Flower polls every 3 s): keep such cells small.
+authentication), submits the coordinator's ServerApp, and each node runs its warm trainer and
+a SuperNode, whose thin ClientApp (a fresh process per task) hands the trainer its tasks:
+signed replies. The cell's record comes from the coordinator's round log and checkpoint. Only
+node-side attacks can be played (volunteers run them); the threat model's measurements that
+need every honest row (``kappa``) are left empty. A small cell gives the same
+``model_sha256`` as the per-node local driver (``tests/test_drivers.py``), whatever ``PATH``
+and thread count it is started with. Each round costs seconds (Flower polls every 3 s): keep
+such cells small.
 """
 
 from __future__ import annotations

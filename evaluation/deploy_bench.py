@@ -1,8 +1,9 @@
 """``robust deploy-bench``: the deployment's round overhead, beside Flower's own FedAvg.
 
 One SuperLink (TLS, node authentication) and ``--nodes`` SuperNodes on loopback serve two
-runs in turn on the same volunteers, data and model: the robust coordinator's ServerApp, then
-Flower's ``FedAvg`` strategy (``evaluation/flower_fedavg.py``). Per round, the overhead is the
+runs in turn on the same volunteers, data and model: the robust coordinator's ServerApp (its
+volunteers' tasks answered by their warm trainers), then Flower's ``FedAvg`` strategy
+(``evaluation/flower_fedavg.py``, whose ClientApp loads PyTorch and the data every task). Per round, the overhead is the
 round's wall time minus the slowest node's training time (each volunteer times its own
 training); the table gives medians over the rounds after the first (the first pays for
 installing the app on every node).

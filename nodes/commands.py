@@ -1,4 +1,5 @@
-"""``robust coordinator ...`` and ``robust node ...``: what each command does, step by step."""
+"""``robust coordinator ...`` and ``robust node keygen``: what each command does, step by step
+(``robust node join``, which loads no PyTorch, is ``nodes.volunteer.join``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from robust import keys, tls
 
-from . import checkpoint, codetrust, launch
+from . import checkpoint, launch
 from .coordinator.admission import ADMITTED, admit, scan
 from .coordinator.coordinator import RUN_ID, Coordinator, short
 from .coordinator.disk import check as check_disk

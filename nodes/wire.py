@@ -54,6 +54,7 @@ class Task:
     threads: int        # the compute profile: CPU threads (robust.compute)
     deadline: float     # seconds the coordinator waits for replies this round
     compression: str = "none"  # robust.codecs spec: how the node encodes its update
+    late: bool = False  # an answer after the deadline still counts, until the message's TTL (carry, async)
 
     @classmethod
     def of(cls, settings, run: str, round: int, base: str) -> Task:
@@ -61,7 +62,7 @@ class Task:
         s = settings
         return cls(run=run, round=round, base=base, seed=s.seed, dataset=s.dataset, model=s.model,
                    protocol=s.protocol, batch_size=s.batch_size, lr=s.lr, momentum=s.momentum, threads=s.threads,
-                   deadline=s.deadline, compression=s.compression)
+                   deadline=s.deadline, compression=s.compression, late=s.late == "carry" or s.round == "async")
 
 
 @dataclass(frozen=True)

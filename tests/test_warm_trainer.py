@@ -22,8 +22,8 @@ from nodes.coordinator.coordinator import Coordinator
 from nodes.settings import Settings
 from nodes.volunteer import channel, volunteer, worklog
 from nodes.volunteer.client_app import Node, answer
-from nodes.volunteer.thin_app import relay
-from nodes.wire import read_reply, reply_payload, task_content
+from nodes.volunteer.thin_app import MARGIN, budget, relay
+from nodes.wire import Task, read_reply, reply_payload, task_content
 from robust import codecs, keys
 from robust.params import sha256
 
@@ -80,7 +80,7 @@ def test_the_warm_trainer_replies_as_the_in_process_client_app(federation):
         public = keys.load_private(node).public_key()
         for check in (None, (fingerprint(nodes[1]), "2/2")):  # its own work, then a spot check of node2
             content = a_task(coord, node, check)
-            warm = read_reply(relay(node, content, time.time()), d, codec)
+            warm = read_reply(relay(node, content, time.time(), 90.0), d, codec)
             cold = read_reply(answer(Node.load(node), content, time.time()), d, codec)
             assert not warm[0].refused
             assert dataclasses.replace(warm[0], signature=b"", seconds=0.0) == dataclasses.replace(cold[0], signature=b"", seconds=0.0)
@@ -92,11 +92,21 @@ def test_the_warm_trainer_replies_as_the_in_process_client_app(federation):
         launch.stop(proc)
 
 
+
+def test_the_trainer_has_until_the_deadline_or_the_ttl_when_a_late_answer_counts():
+    def task(**change) -> Task:
+        return Task.of(Settings(deadline=20.0, **change), "run", 1, "0" * 64)
+
+    assert budget(task(), 100.0, 50.0, 102.0) == 20.0 - MARGIN - 2.0  # sent 2 s ago
+    assert budget(task(late="carry"), 100.0, 50.0, 102.0) == budget(task(round="async"), 100.0, 50.0, 102.0) == 50.0 - MARGIN - 2.0
+    assert budget(task(), 100.0, 50.0, 40.0) == budget(task(), 100.0, 50.0, 1000.0) == 20.0 - MARGIN  # clocks disagree
+    assert budget(task(), 100.0, 50.0, 119.0) == 1.0
+
 def test_no_trainer_is_a_decline_that_says_what_to_do(federation):
     coord, nodes = federation
     (nodes[0] / channel.DIR).mkdir(mode=0o700)
     (nodes[0] / channel.DIR / channel.SOCKET).touch()  # a dead trainer's socket
-    reply = read_reply(relay(nodes[0], a_task(coord, nodes[0], deadline=4.0), time.time()), 1, None)[0]
+    reply = read_reply(relay(nodes[0], a_task(coord, nodes[0], deadline=4.0), time.time(), 34.0), 1, None)[0]
     assert reply.refused.startswith("this node's trainer is not running") and "robust node join" in reply.refused
     assert json.loads((nodes[0] / worklog.WORK_LOG).read_text())["declined"] is True
 
@@ -109,7 +119,7 @@ def test_a_trainer_that_dies_hangs_or_garbles_declines_the_task_and_is_gone(fede
     proc = start(nodes[0], fault)
     try:
         started = time.monotonic()
-        reply = read_reply(relay(nodes[0], a_task(coord, nodes[0], deadline=8.0), time.time()), 1, None)[0]
+        reply = read_reply(relay(nodes[0], a_task(coord, nodes[0], deadline=8.0), time.time(), 38.0), 1, None)[0]
         assert reply.refused.startswith(f"this node's trainer {said}")
         assert "`robust node join` starts a fresh one" in reply.refused
         assert time.monotonic() - started < 8.0  # within the deadline, less the margin

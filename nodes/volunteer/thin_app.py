@@ -5,8 +5,9 @@ channel (``nodes.volunteer.channel``), and returns the reply the trainer built a
 
 The node's folder is the SuperNode's ``--node-config folder=...`` (``robust node join``
 writes it). The trainer has until the task's deadline less ``MARGIN`` seconds (so that this
-process's word still reaches the coordinator in time), counted from when the coordinator sent
-the task (from now, if the two machines' clocks disagree). A trainer that is not running, dies
+process's word still reaches the coordinator in time), or, for a task whose late answer still
+counts (``late = carry``, ``round = async``), until its message's TTL less the margin; counted
+from when the coordinator sent the task (from now, if the two machines' clocks disagree). A trainer that is not running, dies
 while answering, does not answer by then or answers garbage makes the task a decline that
 says so (the coordinator files it as failed: no flag); a hung or garbling trainer is killed,
 and ``node join`` starts a fresh one, as it does when one dies. A task the trainer could not
@@ -40,11 +41,12 @@ MARGIN = 3.0  # seconds before the deadline the trainer's time is up
 CLOCKS_AGREE = 30.0  # seconds: a task sent longer ago than this (or in the future) means the clocks differ
 
 
-def budget(deadline: float, sent_at: float, now: float) -> float:
-    """Seconds the trainer has for a task with ``deadline`` sent at ``sent_at`` (both clocks'
-    Unix time; ``now`` is this machine's)."""
+def budget(task: Task, sent_at: float, ttl: float, now: float) -> float:
+    """Seconds the trainer has for ``task``, sent at ``sent_at`` in a message that lives ``ttl``
+    seconds (``sent_at``: the coordinator's clock, ``now``: this machine's, Unix time)."""
     waited = now - sent_at
-    return max(deadline - MARGIN - (waited if 0 <= waited <= CLOCKS_AGREE else 0.0), 1.0)
+    span = ttl if task.late else task.deadline
+    return max(span - MARGIN - (waited if 0 <= waited <= CLOCKS_AGREE else 0.0), 1.0)
 
 
 def _stop(pid: int | None) -> bool:
@@ -79,16 +81,16 @@ def decline(folder: Path, task: Task, task_content: RecordDict, err: channel.Cha
     return reply_content(reply, None)
 
 
-def relay(folder: Path, task_content: RecordDict, sent_at: float) -> RecordDict:
-    """The reply to ``task_content`` (sent at ``sent_at``), from the node's warm trainer; a
-    decline saying why if the trainer did not answer. ``RuntimeError``: the trainer could not
-    answer this task, and why."""
+def relay(folder: Path, task_content: RecordDict, sent_at: float, ttl: float) -> RecordDict:
+    """The reply to ``task_content`` (sent at ``sent_at``, living ``ttl`` seconds), from the
+    node's warm trainer; a decline saying why if the trainer did not answer. ``RuntimeError``:
+    the trainer could not answer this task, and why."""
     task = task_of(task_content)
     if is_reference(task.model) or is_reference(task.dataset):
         from .client_app import Node, answer  # the user's code and PyTorch, for this task only
 
         return answer(Node.load(folder), task_content, sent_at)
-    until = time.monotonic() + budget(task.deadline, sent_at, time.time())
+    until = time.monotonic() + budget(task, sent_at, ttl, time.time())
     try:
         header, body, pid = channel.ask(folder, {"sent_at": sent_at}, pack(task_content), until)
         error = header.get("error")
@@ -113,7 +115,7 @@ app = ClientApp()
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     folder = Path(str(context.node_config["folder"]))
-    return Message(relay(folder, msg.content, msg.metadata.created_at), reply_to=msg)
+    return Message(relay(folder, msg.content, msg.metadata.created_at, msg.metadata.ttl), reply_to=msg)
 
 
 @app.query()

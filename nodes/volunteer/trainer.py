@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -79,7 +80,7 @@ def handle(node: Node, conn: socket.socket) -> None:
         print(f"trainer: the ClientApp left before its answer ({err})", flush=True)
 
 
-def serve(node: Node, server: socket.socket) -> None:
+def serve(node: Node, server: socket.socket) -> NoReturn:
     """Answer tasks, one at a time, until killed."""
     while True:
         conn, _ = server.accept()
@@ -103,9 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2
+    except OSError as err:
+        print(f"error: the trainer cannot listen on {channel.socket_path(folder)} ({err})", file=sys.stderr, flush=True)
+        return 1
     print(f"trainer ready (pid {os.getpid()})" + (f": {said}" if said else ""), flush=True)
-    serve(node, server)
-    return 0
+    try:
+        serve(node, server)
+    except KeyboardInterrupt:  # Ctrl-C at `node join`'s terminal reaches its whole process group
+        return 130
 
 
 if __name__ == "__main__":
