@@ -2,13 +2,13 @@
 
 A cell becomes a federation on disk (``evaluation.federation``), then runs exactly as a user
 runs one: ``robust coordinator start``'s own code starts a SuperLink (TLS, node
-authentication), submits the coordinator's ServerApp, and one SuperNode per node runs the
-volunteer's ClientApp (a fresh process per task, signed replies). The cell's record comes
-from the coordinator's round log and checkpoint. Only node-side attacks can be played
-(volunteers run them); the threat model's measurements that need every honest row
-(``kappa``) are left empty. A small cell gives the same ``model_sha256`` as the per-node
-local driver (``tests/test_drivers.py``), whatever ``PATH`` and thread count it is started
-with. Each round costs seconds (Flower polls every 3 s and starts a process per task): keep
+authentication), submits the coordinator's ServerApp, and each node runs its warm trainer and
+a SuperNode, whose thin ClientApp (a fresh process per task) hands the trainer its tasks:
+signed replies. The cell's record comes from the coordinator's round log and checkpoint. Only
+node-side attacks can be played (volunteers run them); the threat model's measurements that
+need every honest row (``kappa``) are left empty. A small cell gives the same
+``model_sha256`` as the per-node local driver (``tests/test_drivers.py``), whatever ``PATH``
+and thread count it is started with. Each round costs seconds (Flower polls every 3 s): keep
 such cells small.
 """
 
@@ -40,6 +40,7 @@ def run_cell(cell: Cell, root: Path) -> dict:
 
     def start_nodes() -> None:
         for node in nodes:
+            procs.append(launch.start_trainer(node.resolve(), node / "trainer.log"))
             procs.append(launch.start_supernode(node.resolve(), f"127.0.0.1:{port}",
                                                 (coord / "tls" / tls.CA_CERT).resolve(), node / "supernode.log"))
 

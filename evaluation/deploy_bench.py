@@ -1,8 +1,9 @@
 """``robust deploy-bench``: the deployment's round overhead, beside Flower's own FedAvg.
 
 One SuperLink (TLS, node authentication) and ``--nodes`` SuperNodes on loopback serve two
-runs in turn on the same volunteers, data and model: the robust coordinator's ServerApp, then
-Flower's ``FedAvg`` strategy (``evaluation/flower_fedavg.py``). Per round, the overhead is the
+runs in turn on the same volunteers, data and model: the robust coordinator's ServerApp (its
+volunteers' tasks answered by their warm trainers), then Flower's ``FedAvg`` strategy
+(``evaluation/flower_fedavg.py``, whose ClientApp loads PyTorch and the data every task). Per round, the overhead is the
 round's wall time minus the slowest node's training time (each volunteer times its own
 training); the table gives medians over the rounds after the first (the first pays for
 installing the app on every node).
@@ -66,6 +67,7 @@ def main(args: argparse.Namespace) -> int:
         for i, folder in enumerate(folders, start=1):
             data = volunteer.prepare_data(folder, settings.dataset, None, f"{i}/{args.nodes}")
             NodeConfig(str(data.resolve())).save(folder)
+            nodes.append(launch.start_trainer(folder.resolve(), folder / "trainer.log"))
             nodes.append(launch.start_supernode(folder.resolve(), f"127.0.0.1:{settings.port}", coord / "tls" / tls.CA_CERT,
                                                 folder / "supernode.log"))
         launch.submit_run(coord)

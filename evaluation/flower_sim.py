@@ -1,7 +1,8 @@
 """``robust bench --engine flower``: cells through Flower's simulation engine, on the product's apps.
 
 Each simulated SuperNode is one node of the cell: the ClientApp is the volunteer's own
-(``nodes.volunteer.client_app.make_app``), working in the node folder the cell's federation gives it
+(``nodes.volunteer.client_app.make_app``: the in-process one, with no warm trainer process; it
+answers with the function the deployed volunteer's trainer calls), working in the node folder the cell's federation gives it
 (``evaluation.federation``), keeping its worker momentum there. The ServerApp runs the
 coordinator's own round loop (``nodes.coordinator.server_app.serve``) on a :class:`Coordinator` whose
 engine carries the threat model's hook (``evaluation.threat``): signed replies, checks,

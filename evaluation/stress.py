@@ -36,7 +36,7 @@ from nodes import checkpoint, commands, launch
 from nodes.coordinator.coordinator import RUN_ID
 from nodes.coordinator.status import read_rounds
 from nodes.settings import Settings
-from nodes.volunteer.client_app import WORK_LOG
+from nodes.volunteer.worklog import WORK_LOG
 from nodes.volunteer.volunteer import check_attack
 from robust import keys, tls
 

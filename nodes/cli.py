@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from . import commands
 from .settings import Settings
 
 def _overrides(args: argparse.Namespace) -> dict:
@@ -24,6 +23,13 @@ def run(args: argparse.Namespace) -> int:
 
         return main(args.dir)
     folder = Path(getattr(args, "dir", None) or args.key)
+    if args.command == "node" and args.action == "join":
+        from .volunteer.join import node_join  # loads no PyTorch: the volunteer's trainer does
+
+        return node_join(folder, args.coordinator, Path(args.ca), args.device, args.data, args.data_root,
+                         args.partition, args.attack, args.slow, args.path, args.trust_code)
+    from . import commands
+
     if args.command == "coordinator":
         if args.action == "init":
             commands.coordinator_init(folder, args.host, Settings().replace(**_overrides(args)))
@@ -40,8 +46,5 @@ def run(args: argparse.Namespace) -> int:
 
             return replay_main(str(folder))
         return commands.coordinator_start(folder, _overrides(args))
-    if args.action == "keygen":
-        commands.node_keygen(folder)
-        return 0
-    return commands.node_join(folder, args.coordinator, Path(args.ca), args.device, args.data, args.data_root,
-                              args.partition, args.attack, args.slow, args.path, args.trust_code)
+    commands.node_keygen(folder)
+    return 0

@@ -19,6 +19,7 @@ The coordinator prints the same hash when it starts (:func:`app_sha256`).
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import io
 import json
@@ -29,7 +30,7 @@ import zipfile
 from pathlib import Path
 
 TRUSTED, REQUESTS, GATE_DIR = "trusted-code", "code-requests", "bin"
-OWN_CLIENTAPP = "nodes.volunteer.client_app:app"
+OWN_CLIENTAPP = "nodes.volunteer.thin_app:app"  # robust's own ClientApp, hands tasks to the warm trainer
 SHA = re.compile(r"[0-9a-f]{64}")
 
 
@@ -118,8 +119,15 @@ def install_gate(folder: Path) -> Path:
 
 def run_gated(folder: str) -> int:
     """Flower's ``flwr-clientapp``, with every bundle passed through :func:`admit_bundle`
-    before Flower installs it (a refused one makes the task fail, with the reason)."""
-    from flwr.supernode.cli.flwr_clientapp import flwr_clientapp
+    before Flower installs it (a refused one makes the task fail, with the reason).
+
+    Its command line is Flower's (``flwr.supernode.cli.flwr_clientapp``), parsed here with
+    Flower's own arguments: importing that module imports its package, hence the SuperNode's
+    whole command (SQLAlchemy, Alembic, FastAPI), 0.6 s of CPU and 33 MB in every task's
+    process that a ClientApp never uses."""
+    from flwr.common.args import add_args_flwr_app_common, try_obtain_flwr_app_token
+    from flwr.supercore.constant import SUPERNODE_DEFAULT_CLIENT_ADDRESS
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
     from flwr.supernode.runtime import run_clientapp
 
     install = run_clientapp.install_from_fab
@@ -129,5 +137,12 @@ def run_gated(folder: str) -> int:
         return install(fab_file, *args, **kwargs)
 
     run_clientapp.install_from_fab = gated
-    flwr_clientapp()
+    parser = argparse.ArgumentParser(description="Run a Flower ClientApp (a volunteer's, gated)")
+    parser.add_argument("--runtime-api-address", default=SUPERNODE_DEFAULT_CLIENT_ADDRESS)
+    add_args_flwr_app_common(parser=parser)
+    args = parser.parse_args()
+    run_clientapp.run_clientapp(
+        runtime_api_address=args.runtime_api_address, token=try_obtain_flwr_app_token(args), insecure=args.insecure,
+        certificates=validate_and_resolve_root_certificates(args.root_certificates, args.insecure),
+        parent_pid=args.parent_pid, runtime_dependency_install=args.runtime_dependency_install)
     return 0

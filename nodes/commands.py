@@ -1,4 +1,5 @@
-"""``robust coordinator ...`` and ``robust node ...``: what each command does, step by step."""
+"""``robust coordinator ...`` and ``robust node keygen``: what each command does, step by step
+(``robust node join``, which loads no PyTorch, is ``nodes.volunteer.join``)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,13 @@ import io
 import json
 import secrets
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from robust import keys, tls
 
-from . import checkpoint, codetrust, launch
+from . import checkpoint, launch
 from .coordinator.admission import ADMITTED, admit, scan
 from .coordinator.coordinator import RUN_ID, Coordinator, short
 from .coordinator.disk import check as check_disk
@@ -205,85 +204,3 @@ def local_federation(root: Path, nodes: int, settings: Settings, run_id: str, ke
             node_keygen(root / f"node{i}", seed=(*key_seed, i))
             coordinator_admit(coord, root / f"node{i}" / keys.PUBLIC_FILE)
     return coord, [root / f"node{i}" for i in range(1, nodes + 1)]
-
-
-def node_join(folder: Path, coordinator: str, ca: Path, device: str, dataset: str, root: str | None,
-              part: str, attack: str, slow: float, code: str = "", trust_code: list[str] = ()) -> int:
-    from .volunteer.volunteer import NodeConfig, check_attack, pick_device, prepare_data
-
-    key = keys.load_private(folder)
-    if not ca.is_file():
-        raise ValueError(f"--ca {ca} not found: ask the coordinator for its tls/ca.crt")
-    if ":" not in coordinator:
-        raise ValueError(f"--coordinator {coordinator!r}: write HOST:PORT, e.g. 192.0.2.7:9190")
-    check_attack(attack)
-    for sha in trust_code:
-        codetrust.trust(folder, sha)
-    unreachable = launch.check_certificate(coordinator, ca)
-    if unreachable:
-        print(f"cannot reach {coordinator} yet ({unreachable}): the node keeps trying", flush=True)
-    chosen = pick_device(device)
-    code = str(Path(code).expanduser().resolve()) if code else ""
-    data = prepare_data(folder, dataset, root, part, code)
-    fp = keys.fingerprint(key.public_key())
-    print(f"node {fp[:12]} joining {coordinator} on {chosen}, {dataset} part {part}"
-          + (f", playing {attack}" if attack else ""), flush=True)
-    NodeConfig(str(data.resolve()), device, attack, float(slow), part, root or "", code).save(folder)
-    return _supervise(lambda: launch.start_supernode(folder.resolve(), coordinator, ca.resolve(), own_group=False),
-                      folder)
-
-
-def _ask_about_code(folder: Path, asked: set[str]) -> None:
-    """Show the volunteer each code bundle the coordinator sent and this node's gate refused
-    (``nodes.codetrust``), once per hash; on a terminal, ask whether to run it."""
-    for sha, request in codetrust.pending(folder).items():
-        (folder / codetrust.REQUESTS / f"{sha}.json").unlink(missing_ok=True)
-        if sha in asked or sha in codetrust.trusted(folder):
-            continue
-        asked.add(sha)
-        files = ", ".join(f"{name} ({size:,} B)" for name, size in request.get("files", {}).items())
-        print(f"the coordinator asks this node to run its code: bundle {sha}, ClientApp {request.get('clientapp')}, "
-              f"files: {files}", flush=True)
-        if sys.stdin.isatty() and input("run this code on this machine? [y/N] ").strip().lower() in ("y", "yes"):
-            codetrust.trust(folder, sha)
-            print("accepted: it runs from the coordinator's next task", flush=True)
-        else:
-            print(f"not run (its tasks fail, saying why). To run it: robust node join ... --trust-code {sha}", flush=True)
-
-
-RECONNECT_PAUSE = 3.0  # seconds between a SuperNode's exit and its restart
-REFUSAL_GRACE = 90.0  # seconds a refused node keeps trying (Flower holds a dead node's session 60 s)
-
-
-def _supervise(start: Callable[[], subprocess.Popen], folder: Path) -> int:
-    """Run the volunteer's SuperNode (``start()``: in our process group, so stopping ``node
-    join``'s group stops Flower's task processes too) until it is refused or we are stopped.
-
-    The coordinator's SuperLink keeps its state in memory, so a restarted coordinator no
-    longer knows the nodes that were connected: it drops them (the SuperNode exits with 0)
-    and registers their keys again as it starts; a dropped node reconnects. A refused node
-    (exit code 1) keeps trying for ``REFUSAL_GRACE`` seconds: the coordinator may still be
-    registering keys, or still hold the session of this node's previous, killed SuperNode
-    (Flower releases it 60 s after its last heartbeat). Refused beyond that, it is not admitted.
-    Meanwhile, code the coordinator sent that the volunteer has not accepted is shown to them."""
-    refused_since, asked, public = None, set(), folder / keys.PUBLIC_FILE
-    while True:
-        proc = start()
-        try:
-            while (code := proc.poll()) is None:
-                _ask_about_code(folder, asked)
-                time.sleep(1.0)
-        except KeyboardInterrupt:
-            launch.stop(proc)
-            return 130
-        if code == 0:
-            refused_since = None
-            print("the coordinator dropped this node (it restarted?): reconnecting", flush=True)
-        elif time.monotonic() - (refused_since := refused_since or time.monotonic()) < REFUSAL_GRACE:
-            print(f"the coordinator refused this node (SuperNode exit code {code}): not admitted, or its previous "
-                  f"session is still open; trying again for {REFUSAL_GRACE:.0f} s", flush=True)
-        else:  # Flower retries an unreachable SuperLink forever: a lasting refusal is one
-            print(f"the coordinator refused this node (SuperNode exit code {code}): is {public} admitted "
-                  f"(robust coordinator admit DIR {public})? The SuperNode's own words are above", flush=True)
-            return code
-        time.sleep(RECONNECT_PAUSE)

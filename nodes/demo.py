@@ -6,8 +6,9 @@ over TLS with node authentication; each round is printed; the run ends with the 
 accuracy and model SHA-256, and every process started is stopped. Keys and the run id are
 derived from ``--seed``, so two demos with the same seed end with the same SHA-256. With
 ``--spot-check P`` a share ``P`` of the updates is recomputed by another volunteer each
-round; ``--json`` ends with one line: the result, the Byzantine node's name and the folder
-(kept, for ``robust audit verify``).
+round; ``--json`` ends with one line: the result, the Byzantine node's name, each round's
+wall-clock seconds (``round_seconds``, from the round log: tasks sent to round recorded) and
+the folder (kept, for ``robust audit verify``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from robust import keys, tls
 
 from . import commands, launch
 from .coordinator.coordinator import short
+from .coordinator.status import read_rounds
 from .settings import Settings
 
 NODES, BYZANTINE = 5, (5,)
@@ -61,7 +63,9 @@ def demo(seed: int, rounds: int, as_json: bool, keep: str | None, attack: str = 
     result = coord / "result.json"
     if code == 0 and result.exists() and as_json:
         byzantine = [short(keys.fingerprint(keys.load_private(root / f"node{i}").public_key())) for i in BYZANTINE]
-        print(json.dumps(json.loads(result.read_text()) | {"byzantine": byzantine, "folder": str(root)}))
+        seconds = [record["seconds"] for record in read_rounds(coord)]
+        print(json.dumps(json.loads(result.read_text()) | {"byzantine": byzantine, "round_seconds": seconds,
+                                                            "folder": str(root)}))
     if not keep and code == 0 and not as_json:
         shutil.rmtree(root, ignore_errors=True)
     elif code != 0 or as_json:

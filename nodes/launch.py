@@ -1,4 +1,5 @@
-"""Starting and talking to Flower's processes: SuperLink, SuperNode, and the ``flwr`` CLI.
+"""Starting and talking to Flower's processes: SuperLink, SuperNode, and the ``flwr`` CLI; and
+starting a volunteer's warm trainer (``nodes.volunteer.trainer``).
 
 Every process gets a private ``FLWR_HOME`` in the coordinator's (or volunteer's) folder,
 telemetry and update checks off, and dies with the process that started it (Linux
@@ -21,10 +22,11 @@ from pathlib import Path
 
 from robust import tls
 
-from .codetrust import app_sha256, install_gate
+from .codetrust import OWN_CLIENTAPP, app_sha256, install_gate
 
 APP_DIR, FLWR_HOME, LOGS, CODE_SHA = "app", "flwr-home", "logs", "code-bundle.sha256"
 CONNECTION = "robust"
+SUPEREXEC_POLL = "0.2"  # seconds
 
 APP_TOML = """\
 # A Flower App whose components come from the installed `robust` package.
@@ -58,10 +60,12 @@ def flwr_env(home: Path, first: Path | None = None) -> dict[str, str]:
     """The environment of Flower's processes. Flower starts its own helpers by name (the
     SuperLink ``flower-superexec``, the SuperNode ``flwr-clientapp``), so this environment's
     script folder goes first on ``PATH``: ``/path/venv/bin/robust`` works with no venv on it;
-    before it, ``first`` (a volunteer's code gate, ``nodes.codetrust``)."""
+    before it, ``first`` (a volunteer's code gate, ``nodes.codetrust``). A SuperExec looks
+    for a task to start every ``SUPEREXEC_POLL`` seconds (Flower's default, 1 s, is up to a
+    second of every round's wait)."""
     path = os.pathsep.join([*([str(first)] if first else []), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     return {**os.environ, "PATH": path, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
-            "FLWR_DISABLE_UPDATE_CHECK": "1"}
+            "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": SUPEREXEC_POLL}
 
 
 def _die_with_parent() -> None:
@@ -151,7 +155,7 @@ def write_app(folder: Path, serverapp: str, clientapp: str, code: str = "", **co
 def prepare_coordinator(folder: Path, port: int, code: str = "") -> None:
     """Write the robust Flower App folder (with the user's ``code``) and the ``flwr`` CLI's
     connection to our SuperLink."""
-    write_app(folder / APP_DIR, "nodes.coordinator.server_app:app", "nodes.volunteer.client_app:app", code)
+    write_app(folder / APP_DIR, "nodes.coordinator.server_app:app", OWN_CLIENTAPP, code)
     (folder / CODE_SHA).unlink(missing_ok=True)
     if code:  # what volunteers are asked to trust, for the user to publish
         (folder / CODE_SHA).write_text(app_sha256(folder / APP_DIR) + "\n")
@@ -264,3 +268,12 @@ def start_supernode(folder: Path, coordinator: str, ca: Path, log: Path | None =
         "--auth-supernode-private-key", str(folder / "node.key"), "--node-config", config,
         "--port", str(free_port()),
     ], home, log, own_group, install_gate(folder))
+
+
+def start_trainer(folder: Path, log: Path | None = None, own_group: bool = True, setup: dict | None = None
+                  ) -> subprocess.Popen:
+    """The warm trainer of the volunteer whose folder (key, ``node.json``) is ``folder``: its
+    SuperNode's ClientApps hand it their tasks. With ``setup`` (``robust node join``'s
+    choices) it first checks them and prepares the node's data and ``node.json``."""
+    args = [sys.executable, "-m", "nodes.volunteer.trainer", str(folder)]
+    return spawn(args + (["--setup", json.dumps(setup)] if setup else []), folder / FLWR_HOME, log, own_group)

@@ -26,11 +26,15 @@ from dataclasses import MISSING, asdict, dataclass, fields
 import io
 import json
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from robust.codecs import Codec, Encoded
+if TYPE_CHECKING:  # codecs import torch; the volunteer's thin ClientApp reads and writes messages without it
+    from robust.codecs import Codec, Encoded
 
 MODEL, TASK, UPDATE, REPLY = "model", "task", "update", "reply"
 
@@ -50,6 +54,7 @@ class Task:
     threads: int        # the compute profile: CPU threads (robust.compute)
     deadline: float     # seconds the coordinator waits for replies this round
     compression: str = "none"  # robust.codecs spec: how the node encodes its update
+    late: bool = False  # an answer after the deadline still counts, until the message's TTL (carry, async)
 
     @classmethod
     def of(cls, settings, run: str, round: int, base: str) -> Task:
@@ -57,7 +62,7 @@ class Task:
         s = settings
         return cls(run=run, round=round, base=base, seed=s.seed, dataset=s.dataset, model=s.model,
                    protocol=s.protocol, batch_size=s.batch_size, lr=s.lr, momentum=s.momentum, threads=s.threads,
-                   deadline=s.deadline, compression=s.compression)
+                   deadline=s.deadline, compression=s.compression, late=s.late == "carry" or s.round == "async")
 
 
 @dataclass(frozen=True)
@@ -109,15 +114,31 @@ def task_content(task: Task, w: np.ndarray, check: tuple[str, str] | None = None
     return RecordDict(records)
 
 
+def task_of(content: RecordDict) -> Task:
+    """A task's settings, without its model; ``ValueError`` as :func:`read_task`."""
+    try:
+        config = content.config_records[TASK]
+        return Task(**{f.name: config[f.name] if f.default is MISSING else config.get(f.name, f.default)
+                       for f in fields(Task)})
+    except KeyError as err:
+        raise ValueError(f"the task lacks {err}: is the coordinator's robust version the same as this node's?") from None
+
+
+def check_of(content: RecordDict) -> tuple[str, str] | None:
+    """``(author, part)`` of a spot check's task, ``None`` for a node's own work; ``ValueError``
+    as :func:`read_task`."""
+    check = content.config_records.get(CHECK)
+    try:
+        return None if check is None else (str(check["author"]), str(check["part"]))
+    except KeyError as err:
+        raise ValueError(f"the task lacks {err}: is the coordinator's robust version the same as this node's?") from None
+
+
 def read_task(content: RecordDict) -> tuple[Task, np.ndarray, tuple[str, str] | None]:
     """Decode a task: ``(task, model, (author, part) of a spot check or None)``; ``ValueError``
     says what is missing (a coordinator of another version)."""
+    task, check = task_of(content), check_of(content)
     try:
-        config = content.config_records[TASK]
-        task = Task(**{f.name: config[f.name] if f.default is MISSING else config.get(f.name, f.default)
-                       for f in fields(Task)})
-        check = content.config_records.get(CHECK)
-        check = None if check is None else (str(check["author"]), str(check["part"]))
         return task, content.array_records[MODEL]["w"].numpy(), check
     except KeyError as err:
         raise ValueError(f"the task lacks {err}: is the coordinator's robust version the same as this node's?") from None
@@ -267,3 +288,17 @@ def read_identity(content: RecordDict) -> bytes:
     if type(value) is not bytes:
         raise ValueError("identity is not bytes")
     return value
+
+
+def pack(content: RecordDict) -> bytes:
+    """A message's content as bytes (Flower's own protobuf form), for the volunteer's local
+    channel (``nodes.volunteer.channel``)."""
+    return recorddict_to_proto(content).SerializeToString()
+
+
+def unpack(data: bytes) -> RecordDict:
+    """The content :func:`pack` made of ``data``; ``ValueError`` if it is none."""
+    try:
+        return recorddict_from_proto(ProtoRecordDict.FromString(data))
+    except Exception as err:  # noqa: BLE001 - any parser failure means: not a message's content
+        raise ValueError(f"not a message's content ({type(err).__name__})") from None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def derive(*parts: object) -> int:
@@ -15,4 +17,6 @@ def derive(*parts: object) -> int:
 
 def generator(*parts: object) -> torch.Generator:
     """A CPU generator seeded by :func:`derive`."""
+    import torch  # here, not above: robust.keys derives seeds in processes that never load torch
+
     return torch.Generator().manual_seed(derive(*parts))

@@ -74,7 +74,7 @@ def test_tls_auth_bad_replies_and_a_node_killed_mid_round(tmp_path, procs):
     procs.append(refused)
     wait_until(lambda: len(rounds_done(coord)) >= 1, 180, "round 1", logs)
     wait_until(lambda: "refused this node" in (stranger / "join.log").read_text(), 60, "the stranger's refusal",
-               [stranger / "join.log"])  # it keeps trying for commands.REFUSAL_GRACE seconds, then exits
+               [stranger / "join.log"])  # it keeps trying for nodes.volunteer.join.REFUSAL_GRACE seconds, then exits
     assert "not admitted" in (stranger / "join.log").read_text()
     kill(procs[2])  # node2's volunteer, during round 2
     wait_until(lambda: (coord / checkpoint.RESULT).exists(), 240, "the run to finish", logs)

@@ -16,8 +16,9 @@ import torch
 
 from evaluation.cell import Cell
 from evaluation.local import run_cell
-from nodes import codetrust, commands, launch
+from nodes import codetrust, launch
 from nodes.settings import Settings
+from nodes.volunteer import join
 from robust.data import load
 from robust.models import build_model
 from robust.params import flat_params, unflatten
@@ -202,9 +203,9 @@ def test_node_join_shows_refused_code_and_asks_on_a_terminal(tmp_path, monkeypat
     (node / codetrust.REQUESTS / f"{sha}.json").write_text('{"files": {"m.py": 12}, "clientapp": "nodes.volunteer.client_app:app"}')
     asked: set[str] = set()
     monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))  # not a terminal: never asks
-    commands._ask_about_code(node, asked)
+    join._ask_about_code(node, asked)
     assert f"--trust-code {sha}" in capsys.readouterr().out and not codetrust.trusted(node)
-    commands._ask_about_code(node, asked)  # once per hash
+    join._ask_about_code(node, asked)  # once per hash
     assert capsys.readouterr().out == ""
 
     class Terminal(io.StringIO):
@@ -213,7 +214,7 @@ def test_node_join_shows_refused_code_and_asks_on_a_terminal(tmp_path, monkeypat
 
     (node / codetrust.REQUESTS / f"{sha}.json").write_text('{"files": {"m.py": 12}, "clientapp": "nodes.volunteer.client_app:app"}')
     monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
-    commands._ask_about_code(node, set())
+    join._ask_about_code(node, set())
     assert "m.py (12 B)" in capsys.readouterr().out and codetrust.trusted(node) == {sha}
 
 

@@ -1,9 +1,14 @@
-"""The volunteer's Flower ClientApp: decode the task, :func:`nodes.volunteer.volunteer.work`, reply.
+"""A volunteer's answer to a task (:func:`answer`: decode, :func:`nodes.volunteer.volunteer.work`,
+reply), and the in-process ClientApp that gives it (:func:`make_app`).
+
+:func:`answer` is the one way a task is answered. A deployed volunteer's warm trainer
+(``nodes.volunteer.trainer``) calls it with the node it loaded once; the bench's Flower
+simulation runs it in-process, in the ClientApp :func:`make_app` builds (no trainer process),
+finding each simulated node's folder from its partition id; so does a deployed volunteer's thin
+ClientApp (``nodes.volunteer.thin_app``) for a task on the user's own model or data set.
 
 A node is a folder: its key, its prepared data and ``node.json`` (device, and for Byzantine
-test nodes an attack). A deployed SuperNode's ``--node-config`` names the folder (written by
-``robust node join``); the bench's Flower simulation builds the same app with
-:func:`make_app`, finding each simulated node's folder from its partition id.
+test nodes an attack), written by ``robust node join``.
 
 A spot-check task (``nodes.engine.spotcheck``) is answered by recomputing the named node's update on
 its part of the data set (prepared in this node's folder the first time), honestly.
@@ -12,19 +17,20 @@ The update travels as the task's codec encodes it (``nodes.volunteer.volunteer.w
 that lies about its update's bytes (``dtype-lie``, ``shape-lie``, ``oversize``) tells the
 same lie about the first array of a compressed update (:func:`content`).
 
-Each answered task is one line of ``DIR/work.jsonl`` (run, round, seconds, declined or not),
-written just before the reply leaves: the node's own account of what it sent.
+Each answered task is one line of ``DIR/work.jsonl`` (``nodes.volunteer.worklog``).
 """
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
+from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -32,11 +38,10 @@ from robust import keys
 from robust.code import use_path
 
 from ..engine.training import NodeData
-from ..wire import UPDATE, Reply, identity_content, read_introduction, read_task, reply_content
-from . import faults
+from ..wire import UPDATE, Reply, identity_content, read_introduction, read_task, reply_content, task_of
+from . import faults, worklog
 from .volunteer import NodeConfig, check, pick_device, prepare_data, work
 
-WORK_LOG = "work.jsonl"
 FolderOf = Callable[[Context, str], Path]  # (context, run id) -> the node's folder
 LIES = ("dtype-lie", "shape-lie", "oversize")  # faults.content's lies about an update's bytes
 
@@ -52,38 +57,55 @@ def content(fault: str, reply: Reply, sent: np.ndarray | dict | None) -> RecordD
     return out
 
 
+@dataclass(frozen=True)
+class Node:
+    """What answering a task needs of the node in ``folder``: what a warm trainer keeps."""
+
+    folder: Path
+    config: NodeConfig
+    key: ec.EllipticCurvePrivateKey
+    device: torch.device
+    data: NodeData
+
+    @classmethod
+    def load(cls, folder: Path) -> Node:
+        config = NodeConfig.load(folder)
+        if config.code:  # the volunteer's own modules (its loader): importable, as at `node join`
+            use_path(config.code)
+        return cls(folder, config, keys.load_private(folder), pick_device(config.device),
+                   NodeData.load(Path(config.data)))
+
+
+def answer(node: Node, task_content: RecordDict, sent_at: float) -> RecordDict:
+    """The reply content to the task ``task_content``, sent at ``sent_at`` (Unix time)."""
+    task, w, spot = read_task(task_content)
+    config, folder = node.config, node.folder
+    if spot is not None:  # recompute another node's update: honestly, whatever this node plays
+        def data_of(dataset: str, part: str) -> NodeData:
+            return NodeData.load(prepare_data(folder, dataset, config.data_root or None, part))
+
+        reply, row = check(task, w, *spot, data_of, node.key, node.device)
+        return reply_content(reply, row)
+    reply, row = work(task, w, node.data, node.key, node.device, config.attack, folder, config.part)
+    if config.slow > 0:  # a slow volunteer: a random delay, so replies arrive in a random order
+        time.sleep(random.uniform(0, config.slow))
+    time.sleep(faults.delay(config.attack, sent_at, task.deadline))
+    worklog.record(folder, task.run, task.round, reply.seconds, bool(reply.refused))
+    return content(config.attack, reply, row)
+
+
 def make_app(folder_of: FolderOf) -> ClientApp:
-    """The volunteer ClientApp whose node folder is ``folder_of(context, run id)``."""
+    """The in-process volunteer ClientApp whose node folder is ``folder_of(context, run id)``."""
     app = ClientApp()
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        task, w, spot = read_task(msg.content)
-        folder = folder_of(context, task.run)
-        config = NodeConfig.load(folder)
-        if config.code:  # the volunteer's own modules (its loader): importable, as at `node join`
-            use_path(config.code)
-        if spot is not None:  # recompute another node's update: honestly, whatever this node plays
-            def data_of(dataset: str, part: str) -> NodeData:
-                return NodeData.load(prepare_data(folder, dataset, config.data_root or None, part))
-
-            reply, row = check(task, w, *spot, data_of, keys.load_private(folder), pick_device(config.device))
-            return Message(reply_content(reply, row), reply_to=msg)
-        reply, row = work(task, w, NodeData.load(Path(config.data)), keys.load_private(folder),
-                          pick_device(config.device), config.attack, folder, config.part)
-        if config.slow > 0:  # a slow volunteer: a random delay, so replies arrive in a random order
-            time.sleep(random.uniform(0, config.slow))
-        time.sleep(faults.delay(config.attack, msg.metadata.created_at, task.deadline))
-        with open(folder / WORK_LOG, "a") as out:
-            out.write(json.dumps({"run": task.run, "round": task.round, "seconds": round(reply.seconds, 3),
-                                  "declined": bool(reply.refused), "time": time.time()}) + "\n")
-        return Message(content(config.attack, reply, row), reply_to=msg)
+        node = Node.load(folder_of(context, task_of(msg.content).run))
+        return Message(answer(node, msg.content, msg.metadata.created_at), reply_to=msg)
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        """An introduction (say who this node is: its public key), or a no-op the coordinator
-        sends to a node that has not replied by mid-deadline: pulling it makes the SuperNode
-        push a reply it still holds (``nodes.coordinator.server_app``)."""
+        """An introduction (say who this node is: its public key), or a no-op."""
         run = read_introduction(msg.content)
         if run is not None:
             key = keys.load_private(folder_of(context, run)).public_key()
@@ -91,6 +113,3 @@ def make_app(folder_of: FolderOf) -> ClientApp:
         return Message(RecordDict(), reply_to=msg)
 
     return app
-
-
-app = make_app(lambda context, run: Path(str(context.node_config["folder"])))

@@ -13,7 +13,11 @@ faults break the reply itself, each one a check the coordinator must make:
 - ``shape-lie``: one value more than the label says;
 - ``oversize``: an update 64 times the model's size;
 - ``slow-drip``: replies a few seconds before the round's deadline;
-- ``decline``: declines every task.
+- ``decline``: declines every task;
+- ``trainer-crash``, ``trainer-hang``, ``trainer-garbage``: the node's warm trainer
+  (``nodes.volunteer.trainer``) is killed (SIGKILL), stops answering, or answers bytes that are
+  no answer, at its task of round 1; ``robust node join`` restarts it, and it answers the later
+  rounds honestly.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from flwr.app import Array, RecordDict
 from ..wire import UPDATE, Reply, reply_content
 
 PROTOCOL_FAULTS = ("nan", "wrong-shape", "huge-norm", "inflated-count", "bad-signature", "replay", "stale-base",
-                   "dtype-lie", "shape-lie", "oversize", "slow-drip", "decline")
+                   "dtype-lie", "shape-lie", "oversize", "slow-drip", "decline", "trainer-crash", "trainer-hang",
+                   "trainer-garbage")
 REPLAY_FILE = "last-reply.npz"
 DECLINE = "this node declines every task (test fault: decline)"
 DRIP_MARGIN = 5.0  # seconds before the deadline a slow-drip node replies (a SuperNode polls every 3 s)
@@ -93,3 +98,9 @@ def content(fault: str, reply: Reply, row: np.ndarray | None) -> RecordDict:
 def delay(fault: str, sent_at: float, deadline: float) -> float:
     """Seconds the faulty node waits before replying to a task sent at ``sent_at`` (Unix time)."""
     return max(0.0, sent_at + deadline - DRIP_MARGIN - time.time()) if fault == "slow-drip" else 0.0
+
+
+def trainer_fault(fault: str, round: int) -> str:
+    """What the faulty node's trainer does at its task of ``round`` instead of answering:
+    ``crash``, ``hang``, ``garbage``, or ``""`` (answer)."""
+    return fault.removeprefix("trainer-") if fault.startswith("trainer-") and round == 1 else ""

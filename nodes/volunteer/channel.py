@@ -1,0 +1,186 @@
+"""The local channel between a volunteer's per-task ClientApp processes and its warm trainer.
+
+A Unix stream socket, ``DIR/trainer/socket``, in a folder only the volunteer's user may enter
+(0700; the socket itself 0600): no other user of the machine can hand the trainer a task or
+read its replies. The trainer binds it (replacing the one a killed trainer left behind); a
+ClientApp connects, sends one request, reads one answer, and the connection closes.
+
+A request and an answer are two frames each, a frame being its length (8 bytes, big-endian)
+then its bytes: a JSON object (the header), then the body (a Flower ``RecordDict`` as protobuf
+bytes: the task's content, the reply's content). A request's header holds ``sent_at`` (when
+the coordinator sent the task, Unix time); an answer's holds ``error`` (empty, or why the
+trainer could not answer).
+
+Reading is bounded in time and checked, and each way it fails has its own exception: no
+trainer listening (:class:`Absent`), none answering in time (:class:`Silent`), a connection
+closed before the answer was whole (:class:`Gone`), bytes that are not an answer
+(:class:`Garbled`). The peer's process id comes from the kernel (``SO_PEERCRED``, Linux), not
+from anything the peer says.
+
+This module imports neither PyTorch nor Flower: the thin ClientApp and ``robust node join``
+use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+DIR, SOCKET = "trainer", "socket"
+LENGTH = struct.Struct(">Q")
+HEADER_CAP = 1 << 16  # bytes: a header is a few small fields
+BODY_CAP = 1 << 40  # bytes: above any model's reply; what is read is only what arrives
+SUN_PATH = 100  # bytes: a socket's path must be shorter than 104 (macOS) or 108 (Linux)
+
+
+class ChannelError(Exception):
+    """The trainer could not be asked, or did not answer; ``pid``: the trainer's, if known."""
+
+    def __init__(self, message: str, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid
+
+
+class Absent(ChannelError):
+    """No trainer listens on the socket."""
+
+
+class Silent(ChannelError):
+    """The trainer did not answer in time."""
+
+
+class Gone(ChannelError):
+    """The connection closed before the answer was whole (the trainer died)."""
+
+
+class Garbled(ChannelError):
+    """What came back is not an answer."""
+
+
+def socket_path(folder: Path) -> Path:
+    return folder / DIR / SOCKET
+
+
+@contextmanager
+def _address(folder: Path) -> Iterator[str]:
+    """The address of ``folder``'s socket: its path, or (too long for a socket) the same file
+    reached through an open descriptor of its folder (Linux)."""
+    path = str(socket_path(folder))
+    if len(os.fsencode(path)) < SUN_PATH:
+        yield path
+        return
+    fd = os.open(folder / DIR, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{SOCKET}"
+    finally:
+        os.close(fd)
+
+
+def listen(folder: Path) -> socket.socket:
+    """The trainer's listening socket for the node in ``folder``."""
+    where = folder / DIR
+    where.mkdir(mode=0o700, exist_ok=True)
+    where.chmod(0o700)  # made by an older version, or under another umask
+    socket_path(folder).unlink(missing_ok=True)  # a killed trainer's
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with _address(folder) as address:
+        server.bind(address)
+    socket_path(folder).chmod(0o600)
+    server.listen(8)
+    return server
+
+
+def peer_pid(conn: socket.socket) -> int | None:
+    """The process id of the socket's peer, as the kernel says (``None`` where it cannot)."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid if uid == os.getuid() else None
+
+
+def connect(folder: Path, until: float) -> socket.socket:
+    """A connection to the trainer of ``folder``, waiting (by ``until``, ``time.monotonic()``)
+    for one being started; :class:`Absent` if none listens by then."""
+    while True:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with _address(folder) as address:
+                conn.connect(address)
+            return conn
+        except OSError as err:  # none yet (no socket file, or a dead trainer's)
+            conn.close()
+            if time.monotonic() >= until:
+                raise Absent(f"no trainer listens on {socket_path(folder)} ({err.strerror})") from None
+            time.sleep(0.2)
+
+
+def send(conn: socket.socket, header: dict, body: bytes) -> None:
+    head = json.dumps(header).encode()
+    conn.sendall(LENGTH.pack(len(head)) + head)
+    conn.sendall(LENGTH.pack(len(body)))
+    conn.sendall(body)
+
+
+def _read(conn: socket.socket, n: int, until: float | None) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        if until is not None:
+            left = until - time.monotonic()
+            if left <= 0:
+                raise Silent("no answer in time")
+            conn.settimeout(left)
+        try:
+            chunk = conn.recv(min(n - len(out), 1 << 20))
+        except TimeoutError:
+            raise Silent("no answer in time") from None
+        except OSError as err:
+            raise Gone(f"the connection failed ({err.strerror or err})") from None
+        if not chunk:
+            raise Gone(f"the connection closed after {len(out)} of {n} bytes")
+        out += chunk
+    return bytes(out)
+
+
+def _frame(conn: socket.socket, cap: int, until: float | None) -> bytes:
+    (n,) = LENGTH.unpack(_read(conn, LENGTH.size, until))
+    if n > cap:
+        raise Garbled(f"a frame of {n} bytes (at most {cap})")
+    return _read(conn, n, until)
+
+
+def receive(conn: socket.socket, until: float | None = None) -> tuple[dict, bytes]:
+    """``(header, body)`` from ``conn``, whole by ``until`` (``time.monotonic()``; ``None``: no limit)."""
+    try:
+        header = json.loads(_frame(conn, HEADER_CAP, until))
+    except (UnicodeDecodeError, ValueError):
+        raise Garbled("the header is not JSON") from None
+    if not isinstance(header, dict):
+        raise Garbled(f"the header is a JSON {type(header).__name__}, not an object")
+    return header, _frame(conn, BODY_CAP, until)
+
+
+def ask(folder: Path, header: dict, body: bytes, until: float) -> tuple[dict, bytes, int | None]:
+    """Send a request to the trainer of ``folder``; its answer, whole by ``until``
+    (``time.monotonic()``), and the trainer's pid. A :class:`ChannelError` says why not, with
+    the trainer's pid."""
+    conn = connect(folder, until)
+    pid = peer_pid(conn)
+    try:
+        with conn:
+            conn.settimeout(max(until - time.monotonic(), 0.001))  # a trainer that reads nothing fills the buffer
+            try:
+                send(conn, header, body)
+            except TimeoutError:
+                raise Silent("the request was not read in time") from None
+            except OSError as err:
+                raise Gone(f"the request could not be sent ({err.strerror or err})") from None
+            return (*receive(conn, until), pid)
+    except ChannelError as err:
+        err.pid = pid
+        raise

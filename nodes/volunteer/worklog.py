@@ -1,0 +1,17 @@
+"""The node's own account of what it sent: one line of ``DIR/work.jsonl`` per answered task
+(run, round, training seconds, declined or not, time), written just before the reply leaves."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+WORK_LOG = "work.jsonl"
+
+
+def record(folder: Path, run: str, number: int, seconds: float, declined: bool) -> None:
+    """Log the reply to round ``number`` of ``run``."""
+    line = {"run": run, "round": number, "seconds": round(seconds, 3), "declined": declined, "time": time.time()}
+    with open(folder / WORK_LOG, "a") as out:
+        out.write(json.dumps(line) + "\n")

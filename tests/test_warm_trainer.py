@@ -1,0 +1,166 @@
+"""The volunteer's warm trainer, a real process, asked by the thin ClientApp's own function
+(:func:`nodes.volunteer.thin_app.relay`): the same reply as the in-process ClientApp, and a
+clean decline, saying why, when the trainer is absent, dies, hangs or answers garbage; in a
+real federation (``robust node join``), the round goes on and the volunteer's fresh trainer
+answers the next; and ``robust demo`` ends with the bits of its federation played in-process."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from nodes import checkpoint, commands, launch
+from nodes.coordinator.coordinator import Coordinator
+from nodes.settings import Settings
+from nodes.volunteer import channel, volunteer, worklog
+from nodes.volunteer.client_app import Node, answer
+from nodes.volunteer.thin_app import MARGIN, budget, relay
+from nodes.wire import Task, read_reply, reply_payload, task_content
+from robust import codecs, keys
+from robust.params import sha256
+
+from .federation_kit import fingerprint, make_federation, play
+from .test_federation_deploy import join, procs, robust, rounds_done, wait_until  # noqa: F401 - procs is a fixture
+
+SETTINGS = Settings(rounds=2, aggregator="median", tolerate=0, quorum=1, protocol="delta:steps=4", compression="int8",
+                    deadline=60.0)
+
+
+def start(node: Path, attack: str = "") -> subprocess.Popen:
+    """The node's trainer, set up as ``robust node join`` sets it up; returns once it listens."""
+    proc = launch.start_trainer(node, node / "trainer.log", setup={
+        "device": "cpu", "dataset": "digits", "root": None, "part": node.name.removeprefix("node") + "/2",
+        "attack": attack, "slow": 0.0, "code": ""})
+    until = time.monotonic() + 300
+    while time.monotonic() < until and proc.poll() is None:
+        try:
+            channel.connect(node, time.monotonic()).close()
+            return proc
+        except channel.Absent:
+            time.sleep(0.3)
+    launch.stop(proc)
+    raise AssertionError(f"the trainer did not start: {(node / 'trainer.log').read_text()[-2000:]}")
+
+
+@pytest.fixture
+def federation(tmp_path):
+    coord, nodes = make_federation(tmp_path, 2, SETTINGS)
+    return Coordinator(coord), nodes
+
+
+def a_task(coord: Coordinator, node: Path, check: tuple[str, str] | None = None, deadline: float | None = None):
+    tasks, w = coord.tasks([fingerprint(node)])
+    task = tasks[fingerprint(node)]
+    return task_content(task if deadline is None else dataclasses.replace(task, deadline=deadline), w, check)
+
+
+def test_the_thin_client_app_loads_no_torch():
+    done = subprocess.run([sys.executable, "-c", "import sys, nodes.volunteer.thin_app, nodes.volunteer.join; "
+                           "print(sorted(m for m in ('torch', 'nodes.volunteer.volunteer') if m in sys.modules))"],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_warm_trainer_replies_as_the_in_process_client_app(federation):
+    coord, nodes = federation
+    node = nodes[0]
+    proc = start(node)
+    try:
+        assert (node / channel.DIR).stat().st_mode & 0o777 == 0o700  # no other user may reach the trainer
+        assert channel.socket_path(node).stat().st_mode & 0o777 == 0o600
+        d, codec = coord.engine.w.numel(), codecs.build(SETTINGS.compression)
+        public = keys.load_private(node).public_key()
+        for check in (None, (fingerprint(nodes[1]), "2/2")):  # its own work, then a spot check of node2
+            content = a_task(coord, node, check)
+            warm = read_reply(relay(node, content, time.time(), 90.0), d, codec)
+            cold = read_reply(answer(Node.load(node), content, time.time()), d, codec)
+            assert not warm[0].refused
+            assert dataclasses.replace(warm[0], signature=b"", seconds=0.0) == dataclasses.replace(cold[0], signature=b"", seconds=0.0)
+            assert torch.equal(torch.from_numpy(warm[1].copy()), torch.from_numpy(cold[1].copy()))
+            assert all((warm[2][k] == cold[2][k]).all() for k in cold[2])
+            assert keys.verify(public, warm[0].signature, reply_payload(warm[0], sha256(torch.from_numpy(warm[1].copy()))))
+        assert [json.loads(line)["declined"] for line in (node / worklog.WORK_LOG).read_text().splitlines()] == [False, False]
+    finally:
+        launch.stop(proc)
+
+
+
+def test_the_trainer_has_until_the_deadline_or_the_ttl_when_a_late_answer_counts():
+    def task(**change) -> Task:
+        return Task.of(Settings(deadline=20.0, **change), "run", 1, "0" * 64)
+
+    assert budget(task(), 100.0, 50.0, 102.0) == 20.0 - MARGIN - 2.0  # sent 2 s ago
+    assert budget(task(late="carry"), 100.0, 50.0, 102.0) == budget(task(round="async"), 100.0, 50.0, 102.0) == 50.0 - MARGIN - 2.0
+    assert budget(task(), 100.0, 50.0, 40.0) == budget(task(), 100.0, 50.0, 1000.0) == 20.0 - MARGIN  # clocks disagree
+    assert budget(task(), 100.0, 50.0, 119.0) == 1.0
+
+def test_no_trainer_is_a_decline_that_says_what_to_do(federation):
+    coord, nodes = federation
+    (nodes[0] / channel.DIR).mkdir(mode=0o700)
+    (nodes[0] / channel.DIR / channel.SOCKET).touch()  # a dead trainer's socket
+    reply = read_reply(relay(nodes[0], a_task(coord, nodes[0], deadline=4.0), time.time(), 34.0), 1, None)[0]
+    assert reply.refused.startswith("this node's trainer is not running") and "robust node join" in reply.refused
+    assert json.loads((nodes[0] / worklog.WORK_LOG).read_text())["declined"] is True
+
+
+@pytest.mark.parametrize(("fault", "said"), [("trainer-crash", "died while answering"),
+                                             ("trainer-hang", "did not answer in time"),
+                                             ("trainer-garbage", "answered garbage")])
+def test_a_trainer_that_dies_hangs_or_garbles_declines_the_task_and_is_gone(federation, fault, said):
+    coord, nodes = federation
+    proc = start(nodes[0], fault)
+    try:
+        started = time.monotonic()
+        reply = read_reply(relay(nodes[0], a_task(coord, nodes[0], deadline=8.0), time.time(), 38.0), 1, None)[0]
+        assert reply.refused.startswith(f"this node's trainer {said}")
+        assert "`robust node join` starts a fresh one" in reply.refused
+        assert time.monotonic() - started < 8.0  # within the deadline, less the margin
+        assert proc.wait(10) == -9  # killed (by itself, or by the ClientApp that gave up on it)
+    finally:
+        launch.stop(proc)
+
+
+
+def test_a_round_goes_on_past_trainers_that_die_hang_or_garble_and_their_volunteers_recover(tmp_path, procs):  # noqa: F811
+    port = launch.free_port()
+    settings = Settings(rounds=2, aggregator="median", tolerate=0, quorum=1, deadline=30.0, protocol="delta:steps=4",
+                        port=port)
+    coord, nodes = make_federation(tmp_path, 4, settings)
+    procs.append(robust("coordinator", "start", str(coord), log=tmp_path / "coordinator.log"))
+    logs = [tmp_path / "coordinator.log", *(n / "join.log" for n in nodes)]
+    wait_until(lambda: "submitted" in (tmp_path / "coordinator.log").read_text(), 120, "the run's submission", logs)
+    faults = {nodes[1]: "trainer-crash", nodes[2]: "trainer-hang", nodes[3]: "trainer-garbage"}
+    procs.extend(join(node, coord, port, *(["--attack", faults[node]] if node in faults else [])) for node in nodes)
+    wait_until(lambda: (coord / checkpoint.RESULT).exists(), 300, "the run to finish", logs)
+    first, second = rounds_done(coord)
+    assert first["accepted"] == 1 and not first["rejected"] and not first["missing"]
+    for node, said in zip(nodes[1:], ("died while answering", "did not answer in time", "answered garbage")):
+        assert first["failed"][fingerprint(node)].startswith(f"declined the task: this node's trainer {said}")
+        assert "the trainer exited (killed by signal 9): starting a fresh one" in (node / "join.log").read_text()
+    assert second["accepted"] == 4 and not second["failed"]  # each volunteer's fresh trainer answered
+
+
+def test_robust_demo_gives_the_in_process_bits_and_each_rounds_seconds(tmp_path):
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+    done = subprocess.run([sys.executable, "-m", "robust.cli", "demo", "--rounds", "2", "--seed", "3", "--json",
+                           "--keep", str(tmp_path / "demo")], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert len(result["round_seconds"]) == 2 and all(s > 0 for s in result["round_seconds"])
+    # the reference: the demo's federation (its keys, run id, data parts) in-process, node 5 flipping labels
+    settings = Settings.read(tmp_path / "demo" / "coordinator")
+    coord, nodes = commands.local_federation(tmp_path / "reference", 5, settings, "demo-3", ("demo", 3))
+    for i, node in enumerate(nodes, start=1):
+        volunteer.prepare_data(node, settings.dataset, None, f"{i}/5")
+    ref = Coordinator(coord)
+    while not ref.done:
+        play(ref, nodes, attacks={5: "label-flip"})
+    assert result["model_sha256"] == json.loads((coord / checkpoint.RESULT).read_text())["model_sha256"]
