@@ -76,7 +76,8 @@ def make_app(folder_of: FolderOf) -> ClientApp:
         time.sleep(faults.delay(config.attack, msg.metadata.created_at, task.deadline))
         with open(folder / WORK_LOG, "a") as out:
             out.write(json.dumps({"run": task.run, "round": task.round, "seconds": round(reply.seconds, 3),
-                                  "declined": bool(reply.refused), "time": time.time()}) + "\n")
+                                  "declined": bool(reply.refused), "time": time.time(),
+                                  "task_made": msg.metadata.created_at}) + "\n")  # when the ServerApp sent it
         return Message(content(config.attack, reply, row), reply_to=msg)
 
     @app.query()
