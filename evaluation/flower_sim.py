@@ -43,6 +43,9 @@ from .timeline import Timeline
 
 POLL_SECONDS = 0.01  # the in-memory simulation answers in milliseconds
 WAIT_SECONDS = 600.0  # for the nodes to start, and for one round: then the run fails, loudly
+# in-flight: no window. The simulated clock foresees each round's replies from the local driver's
+# schedule, every task leaving when its round starts; the simulation holds every row in memory anyway.
+NO_WINDOW = 2**62
 
 
 class SimulatedFolders:
@@ -67,7 +70,7 @@ def server_app(cells: list[Cell], root: Path, save: Callable[[Cell, dict], None]
             folder = root / federation.run_id(setup)
             shutil.rmtree(folder, ignore_errors=True)  # a run killed mid-cell left it behind
             coord_dir, _ = federation.build(setup, folder, port=free_port(), deadline=WAIT_SECONDS,
-                                            wait_nodes=WAIT_SECONDS)
+                                            wait_nodes=WAIT_SECONDS, in_flight=NO_WINDOW)
             threat = ThreatModel(cell.attack, setup.byzantine, cell.seed)
             coord, start = Coordinator(coord_dir, hook=threat), time.perf_counter()
             clock = clock_of(setup, coord)

@@ -48,7 +48,7 @@ from .cell import Cell
 from .local import run_cell
 from .memory import peak_extra_bytes
 from .scenario import DEFAULTS, cells, validate
-from .stress import robust_cli, tree_rss_mb
+from .stress import processes, robust_cli, tree, tree_rss_mb
 
 CODE = Path(__file__).resolve().parent.parent / "examples" / "large"
 MODEL, BASELINE, AGGREGATOR, ATTACK, PROTOCOL = "bignet:make", "mlp", "nnm+trimmed-mean", "alie", "delta:steps=5"
@@ -98,22 +98,36 @@ def wire_sizes(settings: Settings) -> dict:
             "reply_bytes": message_bytes(reply_content(reply, w.numpy())), "model_bytes": 4 * w.numel()}
 
 
+# The coordinator's processes whose own peak the report gives: a command-line mark of each.
+PARTS = {"cli": "robust.cli coordinator start", "superlink": "bin/flower-superlink",
+         "serverapp": "bin/flwr-serverapp"}
+
+
 class Peaks:
-    """The largest resident memory (MB) of each named process tree, sampled in a thread."""
+    """The largest resident memory (MB) of each named process tree, sampled in a thread, and
+    the peak (the kernel's high-water mark) of each named part of a tree: its processes whose
+    command line holds the part's mark."""
 
     def __init__(self) -> None:
         self.roots: dict[str, int] = {}
+        self.parts: dict[str, tuple[str, str]] = {}  # part -> (its tree's name, its mark)
         self.mb: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
-    def watch(self, name: str, pid: int) -> None:
+    def watch(self, name: str, pid: int, parts: dict[str, str] | None = None) -> None:
         self.roots[name] = pid
+        self.parts.update({part: (name, mark) for part, mark in (parts or {}).items()})
 
     def _sample(self) -> None:
         while not self._stop.wait(SAMPLE):
+            table = processes()
+            trees = {name: tree(pid, table) for name, pid in list(self.roots.items())}
             for name, pid in list(self.roots.items()):
-                self.mb[name] = max(self.mb.get(name, 0.0), tree_rss_mb(pid))
+                self.mb[name] = max(self.mb.get(name, 0.0), tree_rss_mb(pid, table))
+            for part, (name, mark) in list(self.parts.items()):
+                hwm = sum(table[pid].hwm_kb for pid in trees[name] if pid in table and mark in table[pid].command)
+                self.mb[part] = max(self.mb.get(part, 0.0), hwm / 1024)
 
     def __enter__(self) -> Peaks:
         self._thread.start()
@@ -137,13 +151,13 @@ def _wait_submitted(coordinator, log: Path) -> None:
 
 
 def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNTEERS, attack: str = "",
-           quorum: int = 0) -> dict:
+           quorum: int = 0, changes: dict | None = None) -> dict:
     """A coordinator and ``volunteers`` volunteers training ``model`` on loopback, as users run
     them; the last one plays ``attack`` (none if empty); a round steps on ``quorum`` replies
-    (0: all of them)."""
-    settings = Settings(rounds=rounds, model=model, code=str(CODE), aggregator=AGGREGATOR, tolerate=1,
-                        quorum=quorum or volunteers, protocol=PROTOCOL, deadline=DEADLINE, wait_nodes=DEADLINE,
-                        port=launch.free_port())
+    (0: all of them); ``changes``: other settings (``nodes.settings``, by field name)."""
+    settings = Settings(**{"rounds": rounds, "model": model, "code": str(CODE), "aggregator": AGGREGATOR,
+                           "tolerate": 1, "quorum": quorum or volunteers, "protocol": PROTOCOL, "deadline": DEADLINE,
+                           "wait_nodes": DEADLINE, "port": launch.free_port(), **(changes or {})})
     coord, folders = commands.local_federation(root, volunteers, settings, "large-model", ("large-model",))
     sha = (coord / launch.CODE_SHA).read_text().strip()
     log, procs = coord / "start.log", []
@@ -152,7 +166,7 @@ def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNT
         try:
             coordinator = robust_cli(["coordinator", "start", str(coord)], coord, log)
             procs.append(coordinator)
-            peaks.watch("coordinator", coordinator.pid)
+            peaks.watch("coordinator", coordinator.pid, PARTS)
             _wait_submitted(coordinator, log)
             for i, folder in enumerate(folders, start=1):
                 plays = ["--attack", attack] if attack and i == volunteers else []
@@ -175,7 +189,7 @@ def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNT
     audited = time.monotonic()
     problems, _, replayed = audit.verify(coord)
     audit_seconds = round(time.monotonic() - audited, 1)
-    trees = {k: v for k, v in peaks.mb.items() if k != "coordinator"}
+    trees = {k: v for k, v in peaks.mb.items() if k != "coordinator" and k not in PARTS}
     return {
         "model": model, "d": model_size(model), "volunteers": volunteers, "attack": attack,
         "seconds": round(time.monotonic() - start, 1),
@@ -185,6 +199,7 @@ def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNT
                     "bytes_down": r["bytes_down"], "quarantined": r["quarantined"]} for r in records],
         "final_accuracy": json.loads((coord / checkpoint.RESULT).read_text())["final_accuracy"],
         "coordinator_peak_mb": round(peaks.mb.get("coordinator", 0.0), 1),
+        "parts_peak_mb": {part: round(peaks.mb.get(part, 0.0), 1) for part in PARTS},
         "volunteer_peak_mb": round(max(trees.values(), default=0.0), 1),
         "volunteers_peak_mb": {k: round(v, 1) for k, v in trees.items()},
         "audit_problems": problems, "audit_replayed": replayed, "audit_seconds": audit_seconds,

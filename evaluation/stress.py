@@ -57,25 +57,49 @@ def kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def tree_rss_mb(root: int) -> float:
-    """Resident memory (MB) of process ``root`` and all its descendants."""
-    parents, rss = {}, {}
+@dataclass(frozen=True)
+class Process:
+    """One process as ``/proc`` shows it: its parent, resident and peak resident memory (KiB),
+    and its command line."""
+
+    parent: int
+    rss_kb: int
+    hwm_kb: int  # VmHWM: the most it was ever resident, so a peak between samples is not missed
+    command: str
+
+
+def processes() -> dict[int, Process]:
+    """Every process readable now, by pid (one pass over ``/proc``)."""
+    table = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             with open(f"/proc/{entry.name}/status") as status:
                 fields = dict(line.split(":", 1) for line in status if ":" in line)
-            parents[int(entry.name)] = int(fields["PPid"])
-            rss[int(entry.name)] = int(fields.get("VmRSS", "0 kB").split()[0])
+            with open(f"/proc/{entry.name}/cmdline", "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+            table[int(entry.name)] = Process(int(fields["PPid"]), int(fields.get("VmRSS", "0 kB").split()[0]),
+                                             int(fields.get("VmHWM", "0 kB").split()[0]), command)
         except (OSError, KeyError, ValueError):
             continue
-    tree, grew = {root}, True
+    return table
+
+
+def tree(root: int, table: dict[int, Process]) -> set[int]:
+    """Process ``root`` and all its descendants in ``table``."""
+    found, grew = {root}, True
     while grew:
-        more = {pid for pid, parent in parents.items() if parent in tree} - tree
-        tree |= more
+        more = {pid for pid, p in table.items() if p.parent in found} - found
+        found |= more
         grew = bool(more)
-    return sum(rss.get(pid, 0) for pid in tree) / 1024
+    return found
+
+
+def tree_rss_mb(root: int, table: dict[int, Process] | None = None) -> float:
+    """Resident memory (MB) of process ``root`` and all its descendants."""
+    table = processes() if table is None else table
+    return sum(table[pid].rss_kb for pid in tree(root, table) if pid in table) / 1024
 
 
 @dataclass

@@ -98,6 +98,7 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
         print(f"{folder} already finished {done_rounds} rounds: pass --rounds N (N > {done_rounds}) to train more")
         return 0
     disk = coordinator.disk()
+    del coordinator  # its engine holds the model 2-3 times: this process only follows the run
     check_disk(disk, folder, settings.rounds - done_rounds)
     launch.prepare_coordinator(folder, settings.port, settings.code)
     (folder / checkpoint.RESULT).unlink(missing_ok=True)

@@ -134,7 +134,7 @@ RUN = table(
 )
 DEPLOY = table(
     Param("per-round", Interval(int, 0, None), 0, "nodes asked per round (0: every online, admitted node)"),
-    Param("deadline", Interval(float, 0, None, "neither"), 60.0, "seconds a round waits for replies"),
+    Param("deadline", Interval(float, 0, None, "neither"), 60.0, "seconds a node has to reply, from when its task leaves"),
     Param("wait-nodes", Interval(float, 0, None, "neither"), 120.0, "seconds to wait for a quorum of nodes to come online"),
     Param("max-count", Interval(int, 1, None), 1_000_000, "replies claiming more samples are rejected (counts are never weights)"),
     Param("rest-after", Interval(int, 1, None), 3,
@@ -144,6 +144,9 @@ DEPLOY = table(
     Param("spool", OneOf(("auto", "memory", "disk")), "auto",
           "where a round's accepted updates wait for the rule: memory, or disk as they arrive (DIR/updates, "
           "read in column blocks, so memory does not grow with nodes x parameters); auto: disk past 1 GiB a round"),
+    Param("in-flight", Interval(int, 0, None), 0,
+          "tasks out at once (each reply waits in Flower until read), the rest sent as replies come back: "
+          "0 (auto): as many as keep those replies under 2 GiB"),
     Param("keep-updates", OneOf(("all", "spot", "none")), "all",
           "accepted updates stored in DIR/updates for `robust audit verify`: all, the spot-checked ones, none"),
     Param("bind", Host(), "127.0.0.1", "address the SuperLink listens on (0.0.0.0 for other machines)"),

@@ -106,9 +106,18 @@ def model_array(w: np.ndarray, downlink: str) -> np.ndarray:
     return w.astype(np.float16) if downlink == "fp16" else w
 
 
-def task_content(task: Task, w: np.ndarray, check: tuple[str, str] | None = None) -> RecordDict:
-    """A task; with ``check = (author, part)``, the task of a spot check of ``author``'s update."""
-    records = {MODEL: ArrayRecord({"w": Array(w)}), TASK: ConfigRecord(asdict(task))}
+def model_record(w: np.ndarray) -> ArrayRecord:
+    """The model array ``w`` as tasks carry it: one record for every task that carries ``w``
+    (each ``Array`` is a serialized copy of the model in the ServerApp, while the SuperLink
+    stores an object once per content hash: shared, ``n`` tasks cost one copy, not ``n``)."""
+    return ArrayRecord({"w": Array(w)})
+
+
+def task_content(task: Task, w: np.ndarray | ArrayRecord, check: tuple[str, str] | None = None) -> RecordDict:
+    """A task carrying the model ``w`` (or its :func:`model_record`, shared with other tasks);
+    with ``check = (author, part)``, the task of a spot check of ``author``'s update."""
+    model = w if isinstance(w, ArrayRecord) else model_record(w)
+    records = {MODEL: model, TASK: ConfigRecord(asdict(task))}
     if check is not None:
         records[CHECK] = ConfigRecord({"author": check[0], "part": check[1]})
     return RecordDict(records)

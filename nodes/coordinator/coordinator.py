@@ -118,6 +118,7 @@ class Inbox:
 
 
 SPOOL_ABOVE = 2**30  # spool = auto: a round's rows past this many bytes wait on disk
+IN_FLIGHT_BYTES = 2 * 2**30  # in-flight = 0 (auto): the replies of the tasks out at once stay under this
 
 
 class Coordinator:
@@ -349,6 +350,13 @@ class Coordinator:
         would pass ``SPOOL_ABOVE`` bytes a round)."""
         spool = self.settings.spool
         return spool == "disk" or (spool == "auto" and len(self.keys) * self.engine.w.numel() * 4 > SPOOL_ABOVE)
+
+    @property
+    def in_flight(self) -> int:
+        """Tasks out at once (``in-flight``; auto: as many as keep their replies, each waiting in
+        the SuperLink until the ServerApp reads it, under ``IN_FLIGHT_BYTES``)."""
+        reply = self.codec.nbytes(self.engine.w.numel())
+        return self.settings.in_flight or max(1, IN_FLIGHT_BYTES // reply)
 
     def spool(self, sha: str, update: torch.Tensor | Encoded, inbox: Inbox) -> Path:
         """Write the accepted update ``sha`` (its row, or its encoding) to the round's spool,

@@ -33,6 +33,20 @@ gives up tasks past their TTL (``deadline`` + 30 s). A synchronous round is the 
 barrier (every task of the round answered, or the deadline). Which replies count when is the
 loop's clock's (``nodes.engine.clocks``): the wall in a deployment, simulated time in the bench.
 
+What Flower holds (``in-flight``). The SuperLink keeps objects content-addressed and
+reference-counted (``flwr/supercore/object_store/in_memory_object_store.py``): the model a
+round's tasks share is stored once, whatever their number, and freed when the last SuperNode
+confirms it pulled its task. A reply is stored until the ServerApp pulls it, and freed then;
+the reply to a task the loop no longer reads would stay until the run ends, so the loop pulls
+and drops those too (until their TTL). The ServerApp builds the model's ``Array`` once for
+every task that carries it (:meth:`Loop.model_of`). What grows with the nodes is the replies:
+every one not yet read waits in the SuperLink, and a pull lands all that came in. So the loop
+keeps at most ``in-flight`` tasks in Flower whose replies it has not filed (auto: as many as
+2 GiB of replies), and sends the others as replies are filed: a synchronous round's tasks go
+out in waves, each task with its own deadline, in canonical order; asynchronous rounds give the
+free nodes idle longest the room there is. A round's result does not depend on the order its
+tasks left or its replies came in: rows are aggregated in canonical order.
+
 Late replies (``late = carry``): the tasks a round leaves unanswered stay out; their replies
 are pulled with the next rounds' and filed in the round they arrive in, until their TTL.
 
@@ -51,11 +65,12 @@ the deadline are nudged once, as in synchronous rounds.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
-from flwr.app import Context, Message, RecordDict
+from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from robust import keys
@@ -63,7 +78,7 @@ from robust import keys
 from .. import checkpoint
 from ..engine.clocks import Barrier, Clock, WallClock
 from ..engine.ledger import Ticket, ttl
-from ..wire import introduction_content, read_identity, task_content
+from ..wire import introduction_content, model_record, read_identity, task_content
 from .coordinator import Coordinator, Inbox, short
 from .verifier import Checkers
 
@@ -156,6 +171,12 @@ class Loop:
         self.online: dict[int, str] = {}
         self.landed: dict[str, Message] = {}  # message id -> its reply, pulled but not yet filed
         self.last_look, self.alone_since = -LOOK_EVERY, time.monotonic()
+        # message id -> its TTL on the clock: every task in Flower whose reply is not yet filed
+        # or dropped, its task withdrawn or not (see "What Flower holds" above)
+        self.out: dict[str, float] = {}
+        self.cap = coord.in_flight
+        self.given: dict[str, float] = {}  # node -> when it was last given a task (the idlest go first)
+        self.model: tuple[str, ArrayRecord] | None = None  # the model pushed last: (its SHA-256, its record)
 
     def look(self) -> None:
         """Who is online now (async: at most every ``LOOK_EVERY`` seconds: each look is a call)."""
@@ -163,32 +184,64 @@ class Loop:
             self.online, self.last_look = self.roster.online(), time.monotonic()
             self.seen.update(self.online)
 
+    def room(self) -> int:
+        """Tasks the window (``in-flight``) lets out now."""
+        return max(0, self.cap - len(self.out))
+
+    def release(self, queue: list[str], node_of: dict[str, int]) -> tuple[list[str], list[str]]:
+        """Send the first tasks of ``queue`` the window has room for: ``(those whose message
+        left, the rest of the queue)``."""
+        room = self.room()
+        return self.send(queue[:room], node_of), queue[room:]
+
+    def idlest(self, fps: list[str]) -> list[str]:
+        """As many of ``fps`` as the window lets out, those idle longest first (so a full window
+        starves no node), in canonical order (so task numbers do not depend on the window)."""
+        return sorted(sorted(fps, key=lambda fp: (self.given.get(fp, -math.inf), fp))[: self.room()])
+
     def send(self, fps: list[str], node_of: dict[str, int]) -> list[str]:
         """Push a task to each of ``fps``; those whose message left have their task out."""
         if not fps:
             return []
         tasks, w = self.coord.tasks(fps)
-        messages = [Message(task_content(tasks[fp], w), dst_node_id=node_of[fp], message_type="train",
+        model = self.model_of(tasks[fps[0]].base, w)
+        messages = [Message(task_content(tasks[fp], model), dst_node_id=node_of[fp], message_type="train",
                             ttl=ttl(self.coord.settings.deadline)) for fp in fps]
         out = []
         for fp, mid in zip(fps, self.grid.push_messages(messages)):
             if mid:
-                self.clock.sent(self.coord.issue(fp, tasks[fp], self.clock.now(), self.clock.life, mid))
+                ticket = self.coord.issue(fp, tasks[fp], self.clock.now(), self.clock.life, mid)
+                self.clock.sent(ticket)
+                self.out[mid], self.given[fp] = ticket.expires, ticket.sent
                 out.append(fp)
         return out
 
+    def model_of(self, base: str, w) -> ArrayRecord:
+        """The record of the model ``w`` (SHA-256 ``base``), built once for every task that carries
+        it: each build is a serialized copy of the model, and hashing its chunks takes seconds at 1e8."""
+        if self.model is None or self.model[0] != base:
+            self.model = None  # the previous model's copy goes before the next one is made
+            self.model = (base, model_record(w))
+        return self.model[1]
+
     def pull(self) -> None:
-        """Land every reply that came in to a task still out, from the node it was sent to."""
-        handles = [t.handle for t in self.coord.ledger if t.handle not in self.landed]
+        """Land every reply that came in to a task still out, from the node it was sent to. The
+        replies to withdrawn tasks (cancelled at a round's end, a quarantined node's) are pulled
+        too, and dropped: Flower frees a reply only when it is pulled, or else at the run's end."""
+        handles = [h for h in self.out if h not in self.landed]
         for reply in self.grid.pull_messages(handles) if handles else []:
-            ticket = self.coord.ledger.handled(reply.metadata.reply_to_message_id)
+            handle = reply.metadata.reply_to_message_id
+            ticket = self.coord.ledger.handled(handle)
             if ticket is not None and self.seen.get(reply.metadata.src_node_id) == ticket.node:
-                self.landed[ticket.handle] = reply
+                self.landed[handle] = reply
+            else:
+                self.out.pop(handle, None)
 
     def file(self, handle: str, inbox: Inbox | None) -> tuple[Ticket, bool, list[dict]]:
         """File the reply landed as ``handle`` (in ``inbox`` for a synchronous round): its task,
         whether it was read, and the records of the buffers it completed (async)."""
         reply, ticket = self.landed.pop(handle), self.coord.ledger.handled(handle)
+        self.out.pop(handle, None)
         error = str(reply.error.reason) if reply.has_error() else ""
         content = None if error else reply.content
         if inbox is None:
@@ -200,7 +253,10 @@ class Loop:
         the deadline once (see "Nudges" above)."""
         coord, now = self.coord, self.clock.now()
         coord.expire(now)
-        self.landed = {h: r for h, r in self.landed.items() if coord.ledger.handled(h) is not None}
+        for handle in [h for h in self.landed if coord.ledger.handled(h) is None]:  # withdrawn: dropped
+            del self.landed[handle]
+            self.out.pop(handle, None)
+        self.out = {h: until for h, until in self.out.items() if until > now}  # Flower dropped them too
         if not self.nudging:
             return
         late = {t.handle: t for t in coord.ledger
@@ -221,8 +277,8 @@ class Loop:
                 f"round {coord.round + 1}: no admitted volunteer is online after waiting {coord.settings.wait_nodes:g} s "
                 "(wait-nodes): start volunteers with `robust node join` (its output says why one cannot connect), "
                 "or admit more if all are quarantined; the run resumes from this round")
-        started, start = time.monotonic(), clock.now()
-        sent = self.send(sorted(nodes.values()), {fp: nid for nid, fp in nodes.items()})
+        started, start, node_of = time.monotonic(), clock.now(), {fp: nid for nid, fp in nodes.items()}
+        sent, queue = self.release(sorted(nodes.values()), node_of)  # the rest as the window frees up
         barrier, inbox, late = Barrier(coord.round + 1, start, bool(sent)), Inbox(), set()
         while True:
             self.pull()
@@ -230,7 +286,9 @@ class Loop:
                 ticket, read, _ = self.file(handle, inbox)
                 if read and ticket.number != barrier.number:  # a carried task's reply
                     late.add(ticket.node)
-            if clock.over(coord.ledger, barrier):
+            sent, queue = self.release(queue, node_of)
+            barrier.sent |= bool(sent)
+            if not queue and clock.over(coord.ledger, barrier):
                 break
             self.tend()
             time.sleep(self.roster.poll)
@@ -251,7 +309,7 @@ class Loop:
         while not coord.done:
             self.look()
             node_of = {fp: nid for nid, fp in self.online.items()}
-            self.send(coord.free(list(node_of)), node_of)
+            self.send(self.idlest(coord.free(list(node_of))), node_of)
             if len(coord.ledger):
                 self.alone_since = time.monotonic()
             elif time.monotonic() - self.alone_since > s.wait_nodes:
@@ -309,11 +367,22 @@ def log_record(record: dict) -> None:
              {short(fp): r for fp, r in record["rejected"].items()})
 
 
+def say_window(coord: Coordinator) -> None:
+    """Tell the operator when the window (``in-flight``) sends a round's tasks in waves."""
+    nodes, cap = len(coord.keys), coord.in_flight
+    if cap < nodes:
+        mb = coord.codec.nbytes(coord.engine.w.numel()) / 2**20
+        log.info("in-flight: at most %d of %d tasks out at once (a reply of %.0f MB waits in Flower until read), "
+                 "the rest sent as replies come back; set in-flight higher for faster rounds if the coordinator "
+                 "has about 2 x in-flight x %.0f MB to spare", cap, nodes, mb, mb)
+
+
 def serve(grid: Grid, coord: Coordinator, poll: float = POLL, introductions: bool = False,
           clock: Clock | None = None) -> None:
     """Play ``coord``'s rounds (or, with ``round = async``, its buffers) until its run is done,
     on the wall (a deployment) or on the bench's simulated ``clock`` (``nodes.engine.clocks``)."""
     loop = Loop(Roster(grid, coord, introductions, poll), coord, clock or WallClock(coord.settings.deadline))
+    say_window(coord)
     if coord.asynchronous:
         loop.play_async()
         return

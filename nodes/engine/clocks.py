@@ -2,11 +2,13 @@
 
 A deployment runs on the wall (:class:`WallClock`): a reply counts as soon as it is pulled, a
 synchronous round ends when every task of it is answered (with none sent, every carried one)
-or at its deadline, and a task is given up at its TTL. The bench's Flower simulation driver
-hands the same loop a simulated clock (``evaluation.sim_clock``) that foresees when each
-reply arrives on the cell's simulated volunteers (speed, link), so that the loop's schedule
-is the local driver's, whatever order the replies physically come in. Either clock only
-reads the coordinator's task ledger (``nodes.engine.ledger``); the loop files what it says.
+or past its deadline (each task's, from when it left: the ServerApp's window, ``in-flight``,
+may send a round's tasks in waves), and a task is given up at its TTL. The bench's Flower
+simulation driver hands the same loop a simulated clock (``evaluation.sim_clock``) that
+foresees when each reply arrives on the cell's simulated volunteers (speed, link), so that
+the loop's schedule is the local driver's, whatever order the replies physically come in.
+Either clock only reads the coordinator's task ledger (``nodes.engine.ledger``); the loop
+files what it says.
 """
 
 from __future__ import annotations
@@ -69,5 +71,8 @@ class WallClock:
         return list(landed)
 
     def over(self, ledger: TaskLedger, barrier: Barrier) -> bool:
-        waiting = any(t.number == barrier.number for t in ledger) or (not barrier.sent and len(ledger) > 0)
+        own = [t for t in ledger if t.number == barrier.number]
+        if own:  # each task has the deadline from when it left (``in-flight`` staggers them)
+            return all(self.now() >= t.sent + self.deadline for t in own)
+        waiting = not barrier.sent and len(ledger) > 0  # only carried tasks: wait for them
         return not waiting or self.now() >= barrier.start + self.deadline

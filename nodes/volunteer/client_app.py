@@ -90,7 +90,7 @@ def answer(node: Node, task_content: RecordDict, sent_at: float) -> RecordDict:
     if config.slow > 0:  # a slow volunteer: a random delay, so replies arrive in a random order
         time.sleep(random.uniform(0, config.slow))
     time.sleep(faults.delay(config.attack, sent_at, task.deadline))
-    worklog.record(folder, task.run, task.round, reply.seconds, bool(reply.refused))
+    worklog.record(folder, task.run, task.round, reply.seconds, bool(reply.refused), sent_at)
     return content(config.attack, reply, row)
 
 

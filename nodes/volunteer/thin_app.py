@@ -62,8 +62,9 @@ def _stop(pid: int | None) -> bool:
     return True
 
 
-def decline(folder: Path, task: Task, task_content: RecordDict, err: channel.ChannelError) -> RecordDict:
-    """The decline of a task the trainer did not answer, saying why; a trainer that hung or
+def decline(folder: Path, task: Task, task_content: RecordDict, err: channel.ChannelError, sent_at: float
+            ) -> RecordDict:
+    """The decline of a task (sent at ``sent_at``) the trainer did not answer, saying why; a trainer that hung or
     garbled is killed first (``node join`` starts a fresh one)."""
     what = {channel.Absent: "is not running", channel.Silent: "did not answer in time",
             channel.Gone: "died while answering", channel.Garbled: "answered garbage"}[type(err)]
@@ -75,7 +76,7 @@ def decline(folder: Path, task: Task, task_content: RecordDict, err: channel.Cha
         then = "it could not be stopped: restart `robust node join`"
     check = check_of(task_content)
     if check is None:
-        worklog.record(folder, task.run, task.round, 0.0, True)
+        worklog.record(folder, task.run, task.round, 0.0, True, sent_at)
     reply = Reply(run=task.run, round=task.round, base=task.base, count=0, signature=b"",
                   refused=f"this node's trainer {what} ({err}): {then}", author=check[0] if check else "")
     return reply_content(reply, None)
@@ -106,7 +107,7 @@ def relay(folder: Path, task_content: RecordDict, sent_at: float, ttl: float) ->
             raise channel.Garbled("the answer holds no reply", pid)
         return reply
     except channel.ChannelError as err:
-        return decline(folder, task, task_content, err)
+        return decline(folder, task, task_content, err, sent_at)
 
 
 app = ClientApp()

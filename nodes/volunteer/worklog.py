@@ -1,5 +1,6 @@
 """The node's own account of what it sent: one line of ``DIR/work.jsonl`` per answered task
-(run, round, training seconds, declined or not, time), written just before the reply leaves."""
+(run, round, training seconds, declined or not, time, and ``task_made``: when the ServerApp
+made the task, by its clock), written just before the reply leaves."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 WORK_LOG = "work.jsonl"
 
 
-def record(folder: Path, run: str, number: int, seconds: float, declined: bool) -> None:
-    """Log the reply to round ``number`` of ``run``."""
-    line = {"run": run, "round": number, "seconds": round(seconds, 3), "declined": declined, "time": time.time()}
+def record(folder: Path, run: str, number: int, seconds: float, declined: bool, made: float) -> None:
+    """Log the reply to round ``number`` of ``run``, whose task was made at ``made`` (Unix time)."""
+    line = {"run": run, "round": number, "seconds": round(seconds, 3), "declined": declined, "time": time.time(),
+            "task_made": made}
     with open(folder / WORK_LOG, "a") as out:
         out.write(json.dumps(line) + "\n")
