@@ -4,6 +4,7 @@ the reference the deployed runs must match bit for bit."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import torch
 
 from flwr.app import RecordDict
 
-from nodes import commands
+from nodes import checkpoint, commands
 from nodes.coordinator.coordinator import Coordinator, Inbox
 from nodes.engine.training import NodeData
 from nodes.settings import Settings
@@ -80,3 +81,13 @@ def play(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None =
     for fp, content in got:
         coord.take(fp, content, inbox)
     return coord.finish_round(asked, inbox, 0.0, checkers)
+
+
+def reference_sha256(root: Path, n: int, settings: Settings) -> str:
+    """The ``model_sha256`` of the federation of ``n`` nodes under ``settings`` played to its end
+    in-process, every reply in order: what a deployment of the same federation must reach."""
+    folder, nodes = make_federation(root, n, settings)
+    coord = Coordinator(folder)
+    while not coord.done:
+        play(coord, nodes)
+    return json.loads((folder / checkpoint.RESULT).read_text())["model_sha256"]

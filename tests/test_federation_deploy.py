@@ -15,11 +15,10 @@ import pytest
 
 from evaluation.stress import kill
 from nodes import checkpoint, commands, launch
-from nodes.coordinator.coordinator import Coordinator
 from nodes.settings import Settings
 from nodes.volunteer import volunteer
 
-from .federation_kit import fingerprint, make_federation, play
+from .federation_kit import fingerprint, make_federation, reference_sha256
 
 
 def robust(*args: str, log: Path) -> subprocess.Popen:
@@ -108,11 +107,7 @@ def test_killed_coordinator_resumes_and_slow_nodes_give_the_same_bits(tmp_path, 
     wait_until(lambda: (coord / checkpoint.RESULT).exists(), 300, "the resumed run to finish", logs)
     assert "resuming after round" in (tmp_path / "coordinator.log").read_text()
     # the reference: the same federation in-process, uninterrupted, every reply in order
-    ref_dir, ref_nodes = make_federation(tmp_path / "reference", 3, settings)
-    ref = Coordinator(ref_dir)
-    while not ref.done:
-        play(ref, ref_nodes)
     deployed = json.loads((coord / checkpoint.RESULT).read_text())
-    assert deployed["model_sha256"] == json.loads((ref_dir / checkpoint.RESULT).read_text())["model_sha256"]
+    assert deployed["model_sha256"] == reference_sha256(tmp_path / "reference", 3, settings)
     assert [r["round"] for r in rounds_done(coord)][-1] == 4
     assert all(3.5 < r["bytes_down"] / r["bytes_up"] < 4 for r in rounds_done(coord) if r["bytes_up"])
