@@ -42,6 +42,10 @@ from robust import keys, tls
 
 POLL = 0.5
 MAX_RESTARTS = 3
+# seconds into a round before its planned kills: early enough to fall within any round (a
+# task reaches a volunteer at its SuperNode's next poll, every 3 s, and a warm trainer answers
+# in tens of ms), so every round has its kills
+KILL_AFTER = 0.5
 
 
 def robust_cli(args: list[str], folder: Path, log: Path) -> subprocess.Popen:
@@ -180,7 +184,7 @@ class Stress:
                 for r in range(len(self.ended) + 1, done + 1):
                     self.ended[r] = time.time()
                     round_started, plan = time.monotonic(), self._plan_kills()
-                if plan and time.monotonic() - round_started > self.settings.deadline / 8:
+                if plan and time.monotonic() - round_started > min(KILL_AFTER, self.settings.deadline / 8):
                     for v in plan:  # mid-round: its ClientApp is training (or waiting for its task)
                         kill(v.proc)
                         v.killed.append(done + 1)
