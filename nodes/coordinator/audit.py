@@ -85,16 +85,23 @@ def encoding_path(folder: Path, sha: str) -> Path:
     return Path(folder) / UPDATES / f"{sha}.npz"
 
 
+def update_path(folder: Path, update: torch.Tensor | Encoded, sha: str) -> Path:
+    """Where the update ``sha`` is stored in the form it came in: a float32 row, or a codec's arrays."""
+    return (row_path if isinstance(update, torch.Tensor) else encoding_path)(folder, sha)
+
+
+def keep(folder: Path, update: torch.Tensor | Encoded, sha: str) -> Path:
+    """Store the update of SHA-256 ``sha`` (a float32 row, or the arrays a node sent), once; the file."""
+    if isinstance(update, torch.Tensor):
+        return _write_once(row_path(folder, sha), lambda out: write_row(out, update))
+    return _write_once(encoding_path(folder, sha), lambda out: np.savez(out, **update))
+
+
 def keep_row(folder: Path, row: torch.Tensor, sha: str | None = None) -> str:
     """Store ``row`` under its SHA-256 (``sha``, if already known), once; return the hash."""
     sha = sha or sha256(row)
-    _write_once(row_path(folder, sha), lambda out: write_row(out, row))
+    keep(folder, row, sha)
     return sha
-
-
-def keep_encoding(folder: Path, enc: Encoded, sha: str) -> Path:
-    """Store the arrays ``enc`` whose decoded row has SHA-256 ``sha``, once; return the file."""
-    return _write_once(encoding_path(folder, sha), lambda out: np.savez(out, **enc))
 
 
 def _write_once(path: Path, write) -> Path:
@@ -128,12 +135,8 @@ def store(folder: Path, keep: str, record: dict, inbox, evidence: set[str] = fro
 def _keep(folder: Path, inbox, fp: str) -> Path:
     """Store node ``fp``'s update at the codec's size (its encoding, if it came encoded; a
     spooled one is there already); the file it is kept in."""
-    sha = inbox.hashes[fp]
-    if fp in inbox.encoded:
-        enc = inbox.encoded[fp]
-        return enc if isinstance(enc, Path) else keep_encoding(folder, enc, sha)
-    row = inbox.rows[fp]
-    return row if isinstance(row, Path) else row_path(folder, keep_row(folder, row, sha))
+    update = inbox.encoded.get(fp, inbox.rows[fp])
+    return update if isinstance(update, Path) else keep(folder, update, inbox.hashes[fp])
 
 
 def _row(folder: Path, sha: str, codec: Codec, d: int, scratch: Path) -> Path | str:

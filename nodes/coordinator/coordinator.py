@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -108,9 +108,8 @@ class Inbox:
         """One inbox filing the entries of ``singles`` (each one node's reply)."""
         inbox = cls()
         for single in singles:
-            for name in ("rows", "rejected", "failed", "seconds", "replies", "hashes", "sizes", "tasks", "encoded",
-                         "spooled"):
-                getattr(inbox, name).update(getattr(single, name))
+            for entries in fields(cls):  # every field is a dict or a set: none is left out
+                getattr(inbox, entries.name).update(getattr(single, entries.name))
         return inbox
 
     def __contains__(self, fp: str) -> bool:
@@ -361,11 +360,10 @@ class Coordinator:
     def spool(self, sha: str, update: torch.Tensor | Encoded, inbox: Inbox) -> Path:
         """Write the accepted update ``sha`` (its row, or its encoding) to the round's spool,
         the audit's store, and let it go."""
-        row = isinstance(update, torch.Tensor)
-        path = (audit.row_path if row else audit.encoding_path)(self.folder, sha)
+        path = audit.update_path(self.folder, update, sha)
         if not path.exists():
             try:
-                (audit.keep_row if row else audit.keep_encoding)(self.folder, update, sha)
+                audit.keep(self.folder, update, sha)
             except OSError as err:  # the disk, not the node: the round fails, the checkpoint stands
                 raise OSError(err.errno, f"round {self.round + 1} stopped: an update could not be spooled to "
                               f"{path.parent} ({err.strerror or err}): free disk space, then `robust coordinator "
