@@ -36,9 +36,15 @@ def unflatten(vector: torch.Tensor, model: nn.Module) -> dict[str, torch.Tensor]
     return out
 
 
+def hash_prefix(dtype: torch.dtype, shape: tuple[int, ...]) -> bytes:
+    """What :func:`sha256` hashes before a vector's bytes: its dtype and shape (for hashes fed
+    block by block, which must name the same rows)."""
+    return f"{dtype}:{tuple(shape)}:".encode()
+
+
 def sha256(vector: torch.Tensor) -> str:
     """SHA-256 of the vector's bytes (dtype and shape included): the model's identity."""
     v = vector.detach().cpu().contiguous()
-    h = hashlib.sha256(f"{v.dtype}:{tuple(v.shape)}:".encode())
+    h = hashlib.sha256(hash_prefix(v.dtype, v.shape))
     h.update(v.numpy().tobytes())
     return h.hexdigest()

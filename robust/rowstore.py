@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .params import hash_prefix
 from .source import npy_header
 
 REF_BYTES = 32  # a reference is the row's SHA-256
@@ -126,7 +127,7 @@ class StreamedRow:
         self.file = os.fdopen(fd, "wb")
         header = {"descr": np.lib.format.dtype_to_descr(np_dtype), "fortran_order": False, "shape": (d,)}
         np.lib.format.write_array_header_1_0(self.file, header)
-        self.hash = hashlib.sha256(f"{dtype}:{(d,)}:".encode())  # robust.params.sha256 of the row
+        self.hash = hashlib.sha256(hash_prefix(dtype, (d,)))  # robust.params.sha256 of the row
 
     def add(self, values: torch.Tensor) -> None:
         """Append the next values (1-D) of the row."""

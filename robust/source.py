@@ -29,7 +29,7 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from .params import sha256
+from .params import hash_prefix, sha256
 
 BLOCK = 8192  # columns per block: 64 rows * 8192 * 8 B = 4 MB in float64, cache-friendly
 CHUNK_BYTES = 128 * 2**20  # what one read of a spool brings in (two are held: read-ahead)
@@ -73,7 +73,7 @@ class Rows:
 
     def sha256s(self) -> list[str]:
         """Each row's ``robust.params.sha256`` (its identity in the audit store), one pass."""
-        return [h.hexdigest() for h in row_hashes(self, f"{self.dtype}:{(self.d,)}:".encode())]
+        return [h.hexdigest() for h in row_hashes(self, hash_prefix(self.dtype, (self.d,)))]
 
 
 class Memory(Rows):
