@@ -200,6 +200,12 @@ class _Checked:
                              "raise per-round or lower quorum")
 
     @property
+    def stale_rows(self) -> bool:
+        """Whether rows may come from older models (``round = async``, ``late = carry``): a late
+        answer still counts, and rows' staleness is weighed and recorded."""
+        return self.round == "async" or self.late == "carry"
+
+    @property
     def quorum_needed(self) -> int:
         """Valid rows a round needs to step: ``quorum``, or if 0 the fewest the aggregator serves."""
         if self.quorum:

@@ -62,7 +62,7 @@ class Task:
         s = settings
         return cls(run=run, round=round, base=base, seed=s.seed, dataset=s.dataset, model=s.model,
                    protocol=s.protocol, batch_size=s.batch_size, lr=s.lr, momentum=s.momentum, threads=s.threads,
-                   deadline=s.deadline, compression=s.compression, late=s.late == "carry" or s.round == "async")
+                   deadline=s.deadline, compression=s.compression, late=s.stale_rows)
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,13 @@ class Reply:
     part: str = ""      # the data the update was computed on: part I/N of the data set
     profile: str = ""   # the compute profile it ran on (nodes.engine.spotcheck.profile_of)
     author: str = ""    # a spot check: the node whose update this recomputes ("" for own work)
+
+
+def refusal(task: Task, reason: str, author: str = "") -> Reply:
+    """The reply of a node that declines ``task`` (a spot check of ``author``'s), saying why:
+    nothing to sign, nothing to read."""
+    return Reply(run=task.run, round=task.round, base=task.base, count=0, signature=b"", refused=reason,
+                 author=author)
 
 
 def signed_payload(run: str, round: int, base: str, update_sha: str, count: int, part: str = "",

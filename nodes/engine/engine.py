@@ -258,12 +258,6 @@ class Engine:
     def accuracy(self) -> float:
         return accuracy(self.model, unflatten(self.w, self.model), self.x_test, self.y_test)
 
-    @property
-    def stale_rows(self) -> bool:
-        """Whether rows may come from older models (``round = async``, ``late = carry``): then
-        their staleness is weighed and recorded."""
-        return self.settings.round == "async" or self.settings.late == "carry"
-
     def ticket(self, node: str) -> Ticket:
         """The task of a node asked this round with the current task model (a synchronous
         round's fresh row)."""
@@ -281,7 +275,7 @@ class Engine:
             raise ValueError(f"rows of {X.dtype} {tuple(X.shape)} for {len(ids)} nodes: the engine takes "
                              f"{self.w.dtype} ({len(ids)}, {self.w.numel()}) (a driver's error, not a node's)")
         tasks = {i: (tasks or {}).get(i) or self.ticket(i) for i in ids}
-        staleness = {i: tasks[i].staleness(self.round) for i in ids} if self.stale_rows else None
+        staleness = {i: tasks[i].staleness(self.round) for i in ids} if self.settings.stale_rows else None
         with profile(self.settings.threads):
             ids, X = valid(*canonical(ids, as_rows(X)), self.settings.max_norm, rejected)
             if staleness is not None:

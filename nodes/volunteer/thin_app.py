@@ -34,7 +34,7 @@ from flwr.clientapp import ClientApp
 
 from robust.code import is_reference
 
-from ..wire import REPLY, Reply, Task, check_of, pack, reply_content, task_of, unpack
+from ..wire import REPLY, Task, check_of, pack, refusal, reply_content, task_of, unpack
 from . import channel, worklog
 
 MARGIN = 3.0  # seconds before the deadline the trainer's time is up
@@ -77,9 +77,7 @@ def decline(folder: Path, task: Task, task_content: RecordDict, err: channel.Cha
     check = check_of(task_content)
     if check is None:
         worklog.record(folder, task.run, task.round, 0.0, True, sent_at)
-    reply = Reply(run=task.run, round=task.round, base=task.base, count=0, signature=b"",
-                  refused=f"this node's trainer {what} ({err}): {then}", author=check[0] if check else "")
-    return reply_content(reply, None)
+    return reply_content(refusal(task, f"this node's trainer {what} ({err}): {then}", check[0] if check else ""), None)
 
 
 def relay(folder: Path, task_content: RecordDict, sent_at: float, ttl: float) -> RecordDict:

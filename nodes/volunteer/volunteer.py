@@ -42,7 +42,7 @@ from ..checkpoint import write_atomic
 from ..engine.protocol import Protocol
 from ..engine.spotcheck import profile_of
 from ..engine.training import NodeData, compute, parse_part, part_of, playing
-from ..wire import Reply, Task, reply_payload
+from ..wire import Reply, Task, refusal, reply_payload
 from . import faults
 
 STATE, CONFIG = "state", "node.json"
@@ -207,11 +207,6 @@ def remember(folder: Path | None, task: Task, attack: str, before: Memory | None
     write_atomic(path, lambda out: torch.save(state, out))
 
 
-def _refuse(task: Task, reason: str, author: str = "") -> tuple[Reply, None]:
-    return Reply(run=task.run, round=task.round, base=task.base, count=0, signature=b"", refused=reason,
-                 author=author), None
-
-
 def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
          attack: str = "", folder: Path | None = None, part: str = "") -> tuple[Reply, np.ndarray | Encoded | None]:
     """The signed reply to ``task`` with global weights ``w`` (or a refusal saying why), and
@@ -221,43 +216,43 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
     signed) with the update."""
 
     if attack == "decline":
-        return _refuse(task, faults.DECLINE)
+        return refusal(task, faults.DECLINE), None
     if task.dataset != data.dataset:
-        return _refuse(task, f"this node holds {data.dataset}, the task trains on {task.dataset}: rejoin with --data {task.dataset}")
+        return refusal(task, f"this node holds {data.dataset}, the task trains on {task.dataset}: rejoin with --data {task.dataset}"), None
     weights = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
     if sha256(weights) != task.base:
-        return _refuse(task, "the model received does not match its announced SHA-256")
+        return refusal(task, "the model received does not match its announced SHA-256"), None
     node = keys.fingerprint(key.public_key())
     played = "" if attack in faults.PROTOCOL_FAULTS else attack  # a protocol fault trains honestly
     try:
         keeps = Protocol.of(task).keeps_momentum
     except ValueError as err:
-        return _refuse(task, f"protocol: {err}")
+        return refusal(task, f"protocol: {err}"), None
     try:
         codec = codecs.build(task.compression)
     except ValueError as err:
-        return _refuse(task, f"compression: {err}")
+        return refusal(task, f"compression: {err}"), None
     d = weights.numel()
     residual = None
     if codec.biased:
         if folder is None:
-            return _refuse(task, f"compression {codec.spec} keeps an error-feedback residual: the node needs a folder")
+            return refusal(task, f"compression {codec.spec} keeps an error-feedback residual: the node needs a folder"), None
         residual = load_residual(folder, task, codec, d)
         if isinstance(residual, str):
-            return _refuse(task, residual)
+            return refusal(task, residual), None
     m = None
     if keeps:
         if folder is None:
-            return _refuse(task, "the momentum protocol needs a node folder to keep its momentum in")
+            return refusal(task, "the momentum protocol needs a node folder to keep its momentum in"), None
         m = load_momentum(folder, task, weights.numel())
         if isinstance(m, str):
-            return _refuse(task, m)
+            return refusal(task, m), None
     last = recall(folder, task, played, weights.numel())
     start = time.perf_counter()
     try:
         delta, after = compute(task, weights, data.x, data.y, data.classes, node, device, played, m, last)
     except ValueError as err:  # the weights do not fit the model on this data
-        return _refuse(task, f"model {task.model} on {data.dataset}: {err}")
+        return refusal(task, f"model {task.model} on {data.dataset}: {err}"), None
     seconds = time.perf_counter() - start
     if keeps:
         save_momentum(folder, task, m, after)
@@ -290,18 +285,18 @@ def check(task: Task, w: np.ndarray, author: str, part: str, data_of: Callable[[
     whose error-feedback residual is the author's own state)."""
     weights = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
     if sha256(weights) != task.base:
-        return _refuse(task, "the model received does not match its announced SHA-256", author)
+        return refusal(task, "the model received does not match its announced SHA-256", author), None
     try:
         if Protocol.of(task).keeps_momentum:
-            return _refuse(task, "a momentum-protocol update cannot be recomputed from its task", author)
+            return refusal(task, "a momentum-protocol update cannot be recomputed from its task", author), None
         codec = codecs.build(task.compression)
         if codec.biased:
-            return _refuse(task, f"a {codec.spec} update carries its author's error-feedback residual: it cannot "
-                                 "be recomputed from its task", author)
+            return refusal(task, f"a {codec.spec} update carries its author's error-feedback residual: it cannot "
+                                 "be recomputed from its task", author), None
         data = data_of(task.dataset, part)
         row, _ = compute(task, weights, data.x, data.y, data.classes, author, device)
     except ValueError as err:
-        return _refuse(task, f"cannot recompute {author[:12]}'s update: {err}", author)
+        return refusal(task, f"cannot recompute {author[:12]}'s update: {err}", author), None
     sent = signed = row.numpy()
     if codec.name != "none":
         sent, signed, _ = encode_update(codec, signed, (task.seed, task.round, author))
