@@ -10,9 +10,21 @@ resumes from its checkpoint).
 
 Per round the report counts replies *sent* (each volunteer logs every reply it hands to
 its SuperNode, ``DIR/work.jsonl``), accepted, rejected (by reason), declined, *lost* (sent
-before the round ended by a node not killed in it, never received), late (sent after the
+before the round ended by a node not killed in it, never read as a reply: missing, or a
+"node error" Flower filed in its place), late (sent after the
 round ended) and killed; then coordinator crashes and the coordinator's peak memory (the
-largest sum of resident memory over its processes, sampled every half second).
+largest sum of resident memory over its processes, sampled every half second, the
+SuperLink's apart).
+
+``--light``: the volunteers are light nodes (``evaluation.light``): one process holds them all,
+each an authenticated node speaking the whole protocol to the same coordinator, replaying a
+precomputed row instead of training (the last ``--nodes / 10`` play ``--attack``), so that
+hundreds of them fit on one machine and what is measured is the coordinator. A killed light
+node drops its session as a SIGKILLed SuperNode does and opens a new one.
+
+A reply the node handed on but Flower's runtime refused (a failed push, an expired task
+token: ``work.jsonl``'s ``refused_by_runtime``, or a light node's failed push) is lost with
+that cause (``lost_causes``).
 """
 
 from __future__ import annotations
@@ -40,12 +52,16 @@ from nodes.volunteer.worklog import WORK_LOG
 from nodes.volunteer.volunteer import check_attack
 from robust import keys, tls
 
+from .light import LightNode, fleet, precompute
+
 POLL = 0.5
 MAX_RESTARTS = 3
 # seconds into a round before its planned kills: early enough to fall within any round (a
 # task reaches a volunteer at its SuperNode's next poll, every 3 s, and a warm trainer answers
 # in tens of ms), so every round has its kills
 KILL_AFTER = 0.5
+LIGHT_DEADLINE = 30.0  # seconds: a light round with a killed node waits this long
+NEVER_RECEIVED = "handed to Flower, never received"
 
 
 def robust_cli(args: list[str], folder: Path, log: Path) -> subprocess.Popen:
@@ -108,6 +124,8 @@ def tree_rss_mb(root: int, table: dict[int, Process] | None = None) -> float:
 
 @dataclass
 class Volunteer:
+    """A ``robust node join`` process (its warm trainer, SuperNode, ClientApps)."""
+
     folder: Path
     part: str
     fault: str
@@ -121,15 +139,54 @@ class Volunteer:
                                 "--key", str(self.folder), "--partition", self.part, "--device", "cpu", *fault],
                                self.folder, self.folder / "join.log")
 
+    def restart(self, coord: Path, port: int) -> None:
+        """SIGKILL it, with every process it started, and start it again."""
+        kill(self.proc)
+        self.start(coord, port)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            launch.stop(self.proc)
+
+    def _work(self, run: str) -> list[dict]:
+        path = self.folder / WORK_LOG
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [entry for entry in map(json.loads, lines) if entry["run"] == run]
+
     def sent(self, run: str) -> dict[int, float]:
         """Round -> when this node last handed a reply for it to its SuperNode."""
-        path, out = self.folder / WORK_LOG, {}
-        if path.exists():
-            for line in path.read_text().splitlines():
-                entry = json.loads(line)
-                if entry["run"] == run:
-                    out[entry["round"]] = entry["time"]
-        return out
+        return {e["round"]: e["time"] for e in self._work(run) if "refused_by_runtime" not in e}
+
+    def refusals(self, run: str) -> dict[int, str]:
+        """Round -> why Flower's runtime refused this node's reply to it."""
+        return {e["round"]: e["refused_by_runtime"] for e in self._work(run) if "refused_by_runtime" in e}
+
+
+@dataclass
+class Light:
+    """A light node (``evaluation.light``), driven from this process."""
+
+    node: LightNode
+    killed: list[int] = field(default_factory=list)
+
+    @property
+    def fp(self) -> str:
+        return self.node.fp
+
+    def start(self, coord: Path, port: int) -> None:
+        self.node.start()
+
+    def restart(self, coord: Path, port: int) -> None:
+        self.node.kill()  # its thread opens a new session
+
+    def stop(self) -> None:
+        self.node.close()
+
+    def sent(self, run: str) -> dict[int, float]:
+        return {r: t for (of, r), t in self.node.sent.items() if of == run}
+
+    def refusals(self, run: str) -> dict[int, str]:
+        return {r: why for of, r, why in self.node.refused if of == run}
 
 
 def reason_kind(reason: str) -> str:
@@ -139,26 +196,40 @@ def reason_kind(reason: str) -> str:
 
 class Stress:
     def __init__(self, args: argparse.Namespace, root: Path) -> None:
-        faults = [f for f in (args.faults or "").split(",") if f]
+        faults = [f for f in (getattr(args, "faults", "") or "").split(",") if f]
+        light = getattr(args, "light", False)
         if len(faults) > args.nodes:
             raise ValueError(f"--faults names {len(faults)} faulty nodes, --nodes is {args.nodes}: one fault per node")
+        if faults and light:
+            raise ValueError("--faults are played by real volunteers: light nodes (--light) replay rows, "
+                             "Byzantine ones included (--attack)")
         for fault in faults:
             check_attack(fault)
         if not 0 <= args.kill < 1:
             raise ValueError(f"--kill {args.kill}: give the share of volunteers killed each round, in [0, 1)")
         n, self.args, self.root = args.nodes, args, root
-        deadline = args.deadline or max(60.0, 6.0 * n)
+        # a round with a killed node waits out its deadline: light nodes answer in milliseconds
+        deadline = args.deadline or (LIGHT_DEADLINE if light else max(60.0, 6.0 * n))
         self.settings = Settings(rounds=args.rounds, model="logreg", aggregator="trimmed-mean", tolerate=max(1, n // 5),
                                  protocol="delta:steps=2", deadline=deadline, wait_nodes=max(120.0, 5.0 * n),
                                  port=launch.free_port())
         self.coord, folders = commands.local_federation(root, n, self.settings, "stress", ("stress", args.seed))
-        self.volunteers = [Volunteer(f, f"{i}/{n}", faults[i - 1] if i <= len(faults) else "")
-                           for i, f in enumerate(folders, start=1)]
-        for v in self.volunteers:
-            v.fp = keys.fingerprint(keys.load_private(v.folder).public_key())
         self.run_id = (self.coord / RUN_ID).read_text().strip()
+        if light:
+            attack = getattr(args, "attack", "") or "none"
+            byzantine = 0 if attack == "none" else max(1, n // 10)
+            fps = [keys.fingerprint(keys.load_private(f).public_key()) for f in folders]
+            rows = precompute(self.settings, self.run_id, fps, byzantine, attack)
+            self.volunteers: list[Volunteer | Light] = [
+                Light(node) for node in fleet(folders, rows, f"127.0.0.1:{self.settings.port}", self.coord / "tls" / tls.CA_CERT)]
+        else:
+            self.volunteers = [Volunteer(f, f"{i}/{n}", faults[i - 1] if i <= len(faults) else "")
+                               for i, f in enumerate(folders, start=1)]
+            for v in self.volunteers:
+                v.fp = keys.fingerprint(keys.load_private(v.folder).public_key())
         self.rng = random.Random(args.seed)
-        self.crashes, self.peak_mb, self.ended = 0, 0.0, {}  # round -> when its record appeared
+        self.crashes, self.ended = 0, {}  # round -> when its record appeared
+        self.peak_mb = {"coordinator": 0.0, "superlink": 0.0}
 
     def start_coordinator(self) -> subprocess.Popen:
         """``robust coordinator start``, returned once it has registered the keys and submitted the run."""
@@ -186,13 +257,14 @@ class Stress:
                     round_started, plan = time.monotonic(), self._plan_kills()
                 if plan and time.monotonic() - round_started > min(KILL_AFTER, self.settings.deadline / 8):
                     for v in plan:  # mid-round: its ClientApp is training (or waiting for its task)
-                        kill(v.proc)
+                        v.restart(self.coord, self.settings.port)
                         v.killed.append(done + 1)
-                        v.start(self.coord, self.settings.port)
                     plan = []
-                self.peak_mb = max(self.peak_mb, tree_rss_mb(coordinator.pid))
+                self.sample(coordinator.pid)
                 if coordinator.poll() is not None:
                     if (self.coord / checkpoint.RESULT).exists():
+                        for r in range(len(self.ended) + 1, len(read_rounds(self.coord)) + 1):
+                            self.ended[r] = time.time()  # its record came as the coordinator finished
                         break
                     self.crashes += 1
                     if self.crashes > MAX_RESTARTS:
@@ -201,68 +273,110 @@ class Stress:
                 time.sleep(POLL)
         finally:
             for v in self.volunteers:
-                if v.proc is not None:
-                    launch.stop(v.proc)
+                v.stop()
             launch.stop(coordinator)
         return self._report(time.monotonic() - started)
 
-    def _plan_kills(self) -> list[Volunteer]:
+    def sample(self, root: int) -> None:
+        """Note the resident memory of the coordinator's processes: the SuperLink's, and the rest's."""
+        table = processes()
+        pids = tree(root, table) & set(table)
+        link = {pid for pid in pids if "flower-superlink" in table[pid].command}
+        for name, group in (("superlink", link), ("coordinator", pids - link)):
+            self.peak_mb[name] = max(self.peak_mb[name], sum(table[pid].rss_kb for pid in group) / 1024)
+
+    def _plan_kills(self) -> list[Volunteer | Light]:
         k = round(self.args.kill * len(self.volunteers))
         return self.rng.sample(self.volunteers, k) if k else []
 
     def _report(self, seconds: float) -> dict:
         sent = {v.fp: v.sent(self.run_id) for v in self.volunteers}
-        rounds = []
+        refused = {v.fp: v.refusals(self.run_id) for v in self.volunteers}
+        rounds, causes = [], Counter()
         for record in read_rounds(self.coord):
             r, end = record["round"], self.ended.get(record["round"], math.inf)
             killed = {v.fp for v in self.volunteers if r in v.killed}
-            on_time = {fp for fp, rs in sent.items() if r in rs and rs[r] <= end}
+            handed = {fp for fp, rs in sent.items() if r in rs and rs[r] <= end} | {fp for fp, rs in refused.items() if r in rs}
             late = {fp for fp, rs in sent.items() if r in rs and rs[r] > end}
+            # never read as a reply: silent, or failed in Flower's hands ("node error": its runtime said so)
+            unread = set(record["missing"]) | {fp for fp, why in record["failed"].items() if why.startswith("node error")}
+            lost = (handed - killed) & unread
+            causes.update(refused[fp].get(r, NEVER_RECEIVED) for fp in lost)
             declined = [fp for fp, why in record["failed"].items() if why.startswith("declined")]
+            received = record["asked"] - len(record["missing"])  # the replies the coordinator read
+            # while replies flow: from the round's start to the last reply handed on in time
+            start = end - record["seconds"]
+            flow = max((rs[r] for fp, rs in sent.items() if fp in handed and r in rs and rs[r] <= end), default=end) - start
             rounds.append({
-                "round": r, "asked": record["asked"], "sent": len(on_time), "accepted": record["accepted"],
+                "round": r, "asked": record["asked"], "sent": len(handed), "received": received, "accepted": record["accepted"],
                 "rejected": dict(Counter(reason_kind(why) for why in record["rejected"].values())),
                 "declined": len(declined), "failed": len(record["failed"]) - len(declined),
-                "lost": len((on_time - killed) & set(record["missing"])), "late": len(late & set(record["missing"])),
+                "lost": len(lost), "late": len(late & set(record["missing"])),
                 "killed": len(killed), "rested": len(record.get("rested", [])), "seconds": record["seconds"],
+                "flow_seconds": round(flow, 3), "replies_per_s": round(received / flow, 1) if flow > 0 else 0.0,
+                "costs": record.get("costs", {}),
             })
         result = json.loads((self.coord / checkpoint.RESULT).read_text())
         return {
-            "nodes": len(self.volunteers), "rounds": rounds, "lost": sum(r["lost"] for r in rounds),
+            "nodes": len(self.volunteers), "light": isinstance(self.volunteers[0], Light), "rounds": rounds,
+            "lost": sum(r["lost"] for r in rounds), "lost_causes": dict(causes),
             "sent": sum(r["sent"] for r in rounds), "accepted": sum(r["accepted"] for r in rounds),
             "rejected": sum(sum(r["rejected"].values()) for r in rounds), "crashes": self.crashes,
-            "coordinator_peak_mb": round(self.peak_mb, 1), "seconds": round(seconds, 1),
-            "final_accuracy": result["final_accuracy"], "folder": str(self.root),
+            "replies_per_s": round(sum(r["received"] for r in rounds) / max(sum(r["flow_seconds"] for r in rounds), 1e-9), 1),
+            "coordinator_peak_mb": round(self.peak_mb["coordinator"], 1),
+            "superlink_peak_mb": round(self.peak_mb["superlink"], 1),
+            "seconds": round(seconds, 1), "final_accuracy": result["final_accuracy"], "folder": str(self.root),
         }
+
+
+COSTS = ("check", "engine", "audit")  # the coordinator's own seconds a round (its record's "costs")
+
+
+def _cell(r: dict, column: str) -> str:
+    if column == "rejected":
+        return str(sum(r["rejected"].values()))
+    if column in COSTS:
+        return f"{r['costs'].get(column, 0.0):.2f}"
+    return f"{r[column]:.1f}" if column in ("seconds", "replies_per_s") else str(r[column])
+
+
+def _counts(title: str, column: str, counts: Counter) -> object:
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column(column)
+    table.add_column("replies", justify="right")
+    for reason, n in counts.most_common():
+        table.add_row(reason, str(n))
+    return table
 
 
 def print_report(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"robust stress: {report['nodes']} volunteers on loopback")
+    kind = "light nodes" if report["light"] else "volunteers"
+    table = Table(title=f"robust stress: {report['nodes']} {kind} on loopback (check, engine, audit: the "
+                        "coordinator's own seconds)")
     columns = ("round", "asked", "sent", "accepted", "rejected", "declined", "failed", "lost", "late", "killed",
-               "rested", "seconds")
+               "rested", "seconds", "replies_per_s", *COSTS)
     for name in columns:
-        table.add_column(name, justify="right")
+        table.add_column(name.replace("replies_per_s", "replies/s"), justify="right")
     reasons: Counter = Counter()
     for r in report["rounds"]:
         reasons.update(r["rejected"])
-        table.add_row(*(str(sum(r["rejected"].values())) if c == "rejected" else
-                        f"{r[c]:.0f}" if c == "seconds" else str(r[c]) for c in columns))
-    console = Console(width=max(Console().width, 120))
+        table.add_row(*(_cell(r, c) for c in columns))
+    console = Console(width=max(Console().width, 170))
     console.print(table)
     if reasons:
-        why = Table(title="rejected replies, by reason")
-        why.add_column("reason")
-        why.add_column("replies", justify="right")
-        for reason, n in reasons.most_common():
-            why.add_row(reason, str(n))
-        console.print(why)
+        console.print(_counts("rejected replies, by reason", "reason", reasons))
+    if report["lost_causes"]:
+        console.print(_counts("lost replies, by cause", "cause", Counter(report["lost_causes"])))
     console.print(f"replies sent {report['sent']}, accepted {report['accepted']}, rejected {report['rejected']}, "
-                  f"lost {report['lost']}; coordinator crashes {report['crashes']}; coordinator peak memory "
-                  f"{report['coordinator_peak_mb']:.0f} MB; final accuracy {report['final_accuracy']:.3f}; "
-                  f"{report['seconds']:.0f} s; files in {report['folder']}")
+                  f"lost {report['lost']}; {report['replies_per_s']:.1f} replies/s through the coordinator; "
+                  f"coordinator crashes {report['crashes']}; peak memory: SuperLink {report['superlink_peak_mb']:.0f} MB, "
+                  f"the rest of the coordinator {report['coordinator_peak_mb']:.0f} MB; final accuracy "
+                  f"{report['final_accuracy']:.3f}; {report['seconds']:.0f} s; files in {report['folder']}")
 
 
 def main(args: argparse.Namespace) -> int:

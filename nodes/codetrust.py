@@ -119,7 +119,8 @@ def install_gate(folder: Path) -> Path:
 
 def run_gated(folder: str) -> int:
     """Flower's ``flwr-clientapp``, with every bundle passed through :func:`admit_bundle`
-    before Flower installs it (a refused one makes the task fail, with the reason).
+    before Flower installs it (a refused one makes the task fail, with the reason), and a
+    reply its runtime refuses logged (``nodes.volunteer.runtime_watch``).
 
     Its command line is Flower's (``flwr.supernode.cli.flwr_clientapp``), parsed here with
     Flower's own arguments: importing that module imports its package, hence the SuperNode's
@@ -129,6 +130,8 @@ def run_gated(folder: str) -> int:
     from flwr.supercore.constant import SUPERNODE_DEFAULT_CLIENT_ADDRESS
     from flwr.supercore.tls import validate_and_resolve_root_certificates
     from flwr.supernode.runtime import run_clientapp
+
+    from .volunteer.runtime_watch import Watch
 
     install = run_clientapp.install_from_fab
 
@@ -141,8 +144,8 @@ def run_gated(folder: str) -> int:
     parser.add_argument("--runtime-api-address", default=SUPERNODE_DEFAULT_CLIENT_ADDRESS)
     add_args_flwr_app_common(parser=parser)
     args = parser.parse_args()
-    run_clientapp.run_clientapp(
-        runtime_api_address=args.runtime_api_address, token=try_obtain_flwr_app_token(args), insecure=args.insecure,
-        certificates=validate_and_resolve_root_certificates(args.root_certificates, args.insecure),
+    Watch(Path(folder)).run(
+        run_clientapp, runtime_api_address=args.runtime_api_address, token=try_obtain_flwr_app_token(args),
+        insecure=args.insecure, certificates=validate_and_resolve_root_certificates(args.root_certificates, args.insecure),
         parent_pid=args.parent_pid, runtime_dependency_install=args.runtime_dependency_install)
     return 0

@@ -193,15 +193,21 @@ def flwr(folder: Path, *args: str, timeout: float = 120.0) -> subprocess.Complet
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def register(folder: Path, public_files: list[Path]) -> dict[Path, str]:
-    """Register volunteers' keys with the SuperLink (in parallel); a key already registered
-    is fine. Returns the files that failed, with Flower's message."""
-    procs = {p: subprocess.Popen([_bin("flwr"), "supernode", "register", str(p), "--format", "json"],
-                                 env=flwr_env(folder / FLWR_HOME), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True, stdin=subprocess.DEVNULL) for p in public_files}
-    failed = {}
-    for path, proc in procs.items():
+def register(folder: Path, public_files: list[Path], at_once: int = 8) -> dict[Path, str]:
+    """Register volunteers' keys with the SuperLink, ``at_once`` ``flwr`` processes at a time
+    (each is a Python process of about 100 MB: hundreds at once would fill the machine); a key
+    already registered is fine. Returns the files that failed, with Flower's message."""
+    failed, waiting = {}, list(public_files)
+    running: dict[Path, subprocess.Popen] = {}
+    while waiting or running:
+        while waiting and len(running) < at_once:
+            path = waiting.pop(0)
+            running[path] = subprocess.Popen([_bin("flwr"), "supernode", "register", str(path), "--format", "json"],
+                                             env=flwr_env(folder / FLWR_HOME), stdout=subprocess.PIPE,
+                                             stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+        path, proc = next(iter(running.items()))
         out, _ = proc.communicate(timeout=120)
+        del running[path]
         if proc.returncode != 0 and "already" not in out.lower():
             failed[path] = out.strip().splitlines()[-1] if out.strip() else f"exit code {proc.returncode}"
     return failed

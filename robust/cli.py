@@ -176,8 +176,12 @@ def parser() -> argparse.ArgumentParser:
     stress.add_argument("--nodes", type=int, default=10)
     stress.add_argument("--rounds", type=int, default=3)
     stress.add_argument("--faults", metavar="FAULT,...", help="protocol faults, one node each, e.g. dtype-lie,oversize,decline,slow-drip")
+    stress.add_argument("--light", action="store_true", help="light nodes: one process drives every node's authenticated "
+                        "session, replaying precomputed rows (hundreds fit on one machine)")
+    stress.add_argument("--attack", default="alie", metavar="SPEC", help="with --light: what the last nodes/10 send "
+                        "(any attack, omniscient ones too; none: every node honest; default alie)")
     stress.add_argument("--kill", type=float, default=0.0, metavar="P", help="share of volunteers SIGKILLed mid-round and restarted, each round")
-    stress.add_argument("--deadline", type=float, default=0.0, metavar="S", help="round deadline (default max(60, 6 x nodes) s)")
+    stress.add_argument("--deadline", type=float, default=0.0, metavar="S", help="round deadline (default max(60, 6 x nodes) s; 30 s with --light)")
     stress.add_argument("--seed", type=int, default=0, help="the nodes' keys and which nodes are killed")
     stress.add_argument("--keep", metavar="DIR", help="work in DIR and keep it")
     stress.add_argument("--json", action="store_true", help="end with one JSON line: every round's counts")

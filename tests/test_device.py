@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 SETTINGS = Settings(rounds=3, aggregator="centered-clipping", tolerate=1, quorum=3, protocol="delta:steps=4",
                     spot_check=0.5, verifier="self")
-VARIES = ("seconds", "train_seconds_max", "prev")  # wall-clock figures, and what a randomised signature changes
+VARIES = ("seconds", "train_seconds_max", "costs", "prev")  # wall-clock figures, and what a randomised signature changes
 
 
 def run(root: Path, settings: Settings) -> tuple[list[dict], Coordinator]:

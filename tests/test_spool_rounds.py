@@ -25,7 +25,7 @@ from .federation_kit import make_federation, play
 SETTINGS = Settings(rounds=3, aggregator="nnm+trimmed-mean", tolerate=1, quorum=3, protocol="delta:steps=4",
                     spot_check=0.5, verifier="self")
 # wall-clock figures, and what an ECDSA signature (randomised) changes: the only fields that may differ
-VARIES = ("seconds", "train_seconds_max", "prev")
+VARIES = ("seconds", "train_seconds_max", "costs", "prev")
 
 
 def run(root, spool: str, keep: str, compression: str = "none") -> tuple[list[dict], Coordinator]:

@@ -7,6 +7,7 @@ import argparse
 import json
 
 from evaluation.stress import Stress, reason_kind
+from nodes.coordinator import audit
 
 
 def test_reason_kinds_group_replies_rejected_for_the_same_cause():
@@ -29,3 +30,19 @@ def test_faults_and_kills_lose_no_reply_and_crash_nothing(tmp_path):
     assert rejected <= {"update bytes hold float64, labelled float32: expected float32"}
     assert sum(r["declined"] for r in report["rounds"]) >= 1
     assert not list(stress.coord.glob("*.db"))  # the SuperLink keeps its state in memory
+
+
+def test_light_nodes_speak_the_whole_protocol_and_lose_no_reply(tmp_path):
+    """``robust stress --light``: one process drives every node's authenticated session to a
+    real coordinator; one node killed each round; the run's log verifies like any other."""
+    args = argparse.Namespace(nodes=6, rounds=2, light=True, attack="alie", kill=0.2, deadline=10.0, seed=0)
+    stress = Stress(args, tmp_path)
+    report = stress.run()
+    json.dumps(report, allow_nan=False)
+    assert report["light"] and report["crashes"] == 0 and report["lost"] == 0 and report["lost_causes"] == {}
+    assert [r["killed"] for r in report["rounds"]] == [1, 1]
+    assert all(r["accepted"] >= 4 and r["received"] == r["accepted"] for r in report["rounds"])
+    assert all(set(r["costs"]) == {"check", "engine", "audit"} for r in report["rounds"])
+    assert report["superlink_peak_mb"] > 0 and report["coordinator_peak_mb"] > 0 and report["replies_per_s"] > 0
+    problems, rounds, replayed = audit.verify(stress.coord)
+    assert problems == [] and rounds == 2 and replayed

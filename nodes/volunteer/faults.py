@@ -17,7 +17,11 @@ faults break the reply itself, each one a check the coordinator must make:
 - ``trainer-crash``, ``trainer-hang``, ``trainer-garbage``: the node's warm trainer
   (``nodes.volunteer.trainer``) is killed (SIGKILL), stops answering, or answers bytes that are
   no answer, at its task of round 1; ``robust node join`` restarts it, and it answers the later
-  rounds honestly.
+  rounds honestly;
+- ``clientapp-stall``: at round 1, once the trainer answered, the task's ClientApp process
+  stops (SIGSTOP, its heartbeat thread too) for longer than Flower's task heartbeat window,
+  then goes on to push its reply, which the SuperNode no longer accepts: a reply lost to the
+  runtime, which the node logs (``nodes.volunteer.runtime_watch``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from ..wire import UPDATE, Reply, reply_content
 
 PROTOCOL_FAULTS = ("nan", "wrong-shape", "huge-norm", "inflated-count", "bad-signature", "replay", "stale-base",
                    "dtype-lie", "shape-lie", "oversize", "slow-drip", "decline", "trainer-crash", "trainer-hang",
-                   "trainer-garbage")
+                   "trainer-garbage", "clientapp-stall")
 REPLAY_FILE = "last-reply.npz"
 DECLINE = "this node declines every task (test fault: decline)"
 DRIP_MARGIN = 5.0  # seconds before the deadline a slow-drip node replies (a SuperNode polls every 3 s)
@@ -104,3 +108,8 @@ def trainer_fault(fault: str, round: int) -> str:
     """What the faulty node's trainer does at its task of ``round`` instead of answering:
     ``crash``, ``hang``, ``garbage``, or ``""`` (answer)."""
     return fault.removeprefix("trainer-") if fault.startswith("trainer-") and round == 1 else ""
+
+
+def stalls_clientapp(fault: str, round: int) -> bool:
+    """Whether the faulty node's ClientApp stalls past its heartbeat window at ``round``."""
+    return fault == "clientapp-stall" and round == 1

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -103,9 +105,22 @@ def relay(folder: Path, task_content: RecordDict, sent_at: float, ttl: float) ->
             raise channel.Garbled(str(err), pid) from None
         if REPLY not in reply.config_records:
             raise channel.Garbled("the answer holds no reply", pid)
+        if header.get("stall") is True:  # a test fault (faults.stalls_clientapp)
+            stall()
         return reply
     except channel.ChannelError as err:
         return decline(folder, task, task_content, err, sent_at)
+
+
+def stall() -> None:
+    """Stop this process, every thread of it, for longer than Flower's task heartbeat window
+    (a helper process sends SIGSTOP, then SIGCONT): test fault ``clientapp-stall``."""
+    from flwr.common import constant
+
+    seconds = constant.HEARTBEAT_PATIENCE * constant.HEARTBEAT_DEFAULT_INTERVAL + 3.0
+    subprocess.run([sys.executable, "-c", "import os, signal, sys, time; pid = int(sys.argv[1]); time.sleep(0.2); "
+                    "os.kill(pid, signal.SIGSTOP); time.sleep(float(sys.argv[2])); os.kill(pid, signal.SIGCONT)",
+                    str(os.getpid()), str(seconds)], check=False)
 
 
 app = ClientApp()

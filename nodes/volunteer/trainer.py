@@ -71,7 +71,8 @@ def handle(node: Node, conn: socket.socket) -> None:
         if fault == "garbage":
             channel.send(conn, {"error": ""}, b"this is not a reply")
             return
-        out = {"error": ""}, pack(answer(node, content, float(header.get("sent_at", 0.0))))
+        stall = faults.stalls_clientapp(node.config.attack, task_of(content).round)
+        out = {"error": "", **({"stall": True} if stall else {})}, pack(answer(node, content, float(header.get("sent_at", 0.0))))
     except Exception as err:  # noqa: BLE001 - the task's failure, said to the ClientApp: never the trainer's end
         out = {"error": f"{type(err).__name__}: {err}"[:2000]}, b""
     try:

@@ -1,0 +1,74 @@
+"""A reply Flower's runtime refused, seen by the volunteer's own ClientApp process, and logged.
+
+A finished reply can still be lost between a volunteer's ClientApp and the coordinator. The
+SuperNode ends a task whose process missed its heartbeat window (``HEARTBEAT_PATIENCE x
+HEARTBEAT_DEFAULT_INTERVAL``, 60 s: a process starved of CPU, or stalled) and revokes its
+token, so the push of the reply then fails (``401 Unauthorized``), or the task's heartbeat is
+refused and the process is stopped before it pushes; any other failed push loses a reply the
+same way. Flower logs it among the ClientApp's lines and goes on; the coordinator only sees a
+node that never answered.
+
+So the volunteer's ``flwr-clientapp`` (its code gate, :func:`nodes.codetrust.run_gated`) runs
+Flower's ClientApp process under a :class:`Watch`: a push that raises, or a process that ends
+with a task pulled and no reply pushed, is one line of ``DIR/work.jsonl`` with
+``refused_by_runtime`` (the cause: ``nodes.volunteer.worklog.refused``) and one line in the
+volunteer's log. ``robust stress`` counts such a reply as lost, with that cause.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..wire import task_of
+from . import worklog
+
+
+class Watch:
+    """Flower's ClientApp process for the volunteer in ``folder``, watched: :meth:`run`."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.task: tuple[str, int] | None = None  # (run, round) of the task pulled, if a task
+        self.settled = False  # its reply pushed, or its refusal logged
+
+    def run(self, run_clientapp, **kwargs) -> None:
+        """``run_clientapp.run_clientapp(**kwargs)`` (Flower's module, passed in: it is imported
+        only in the ClientApp's process), its pull and push watched."""
+        pull, push = run_clientapp.pull_task_input, run_clientapp.push_message
+
+        def pulled(client):
+            message, *rest = pull(client)
+            try:
+                task = task_of(message.content) if message.metadata.message_type == "train" else None
+                self.task = (task.run, task.round) if task else None
+            except ValueError:  # not a task of ours: nothing to account for
+                self.task = None
+            return (message, *rest)
+
+        def pushed(client, message, context) -> None:
+            try:
+                push(client, message, context)
+            except SystemExit:  # Flower's answer to a 401: SIGINT to itself, a graceful exit
+                self.refused("the SuperNode refused the reply and ended the task (401: its task token was no "
+                             "longer valid; the process missed its heartbeat window?)")
+                raise
+            except BaseException as err:
+                self.refused(f"pushing the reply failed ({type(err).__name__}: {str(err)[:300]})")
+                raise
+            self.settled = True
+
+        run_clientapp.pull_task_input, run_clientapp.push_message = pulled, pushed
+        try:
+            run_clientapp.run_clientapp(**kwargs)
+        finally:  # Flower ends the process with SystemExit, whatever happened: a refused heartbeat too
+            self.refused("the runtime ended the task before its reply was pushed (a heartbeat the SuperNode "
+                         "no longer accepted?)")
+
+    def refused(self, cause: str) -> None:
+        if self.task is None or self.settled:
+            return
+        self.settled = True
+        run, number = self.task
+        worklog.refused(self.folder, run, number, cause)
+        print(f"the reply to round {number} of run {run} was lost: {cause}; the coordinator counts this node "
+              "as silent this round", flush=True)
