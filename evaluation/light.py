@@ -114,19 +114,15 @@ class LightNode:
     """One node identity: its key, the row it replays, its session, what it sent."""
 
     key: object  # its EC private key
+    fp: str  # its fingerprint: who it is to the coordinator
     row: Row
     ca: ssl.SSLContext
     address: str
     sent: dict[tuple[str, int], float] = field(default_factory=dict)  # (run, round) -> when its reply was pushed
     refused: list[tuple[str, int, str]] = field(default_factory=list)  # (run, round, cause) of replies refused
-    sessions: int = 0  # sessions opened
     generation: int = 0  # bumped by kill(): the session of an older generation is dead
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
-
-    @property
-    def fp(self) -> str:
-        return keys.fingerprint(self.key.public_key())
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._serve, name=f"light-{self.fp[:8]}", daemon=True)
@@ -161,7 +157,6 @@ class LightNode:
             node = Node(node_id=client.ActivateNode(ActivateNodeRequest(
                 public_key=public_key_to_bytes(self.key.public_key()),
                 heartbeat_interval=HEARTBEAT_DEFAULT_INTERVAL)).node_id)
-            self.sessions += 1
             heartbeat = HeartbeatSender(lambda: _beat(client, node))
             heartbeat.start()
             try:
@@ -248,4 +243,5 @@ def fleet(folders: list[Path], rows: list[Row], address: str, ca: Path) -> list[
     """A light node for each volunteer folder (its key), replaying ``rows``; not yet started.
     They share one TLS context: the coordinator's CA."""
     context = ssl.create_default_context(cafile=str(ca))
-    return [LightNode(keys.load_private(folder), row, context, address) for folder, row in zip(folders, rows)]
+    private = [keys.load_private(folder) for folder in folders]
+    return [LightNode(key, keys.fingerprint(key.public_key()), row, context, address) for key, row in zip(private, rows)]

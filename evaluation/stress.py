@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodes import checkpoint, commands, launch
-from nodes.coordinator.coordinator import RUN_ID
+from nodes.coordinator.coordinator import COSTS, RUN_ID
 from nodes.coordinator.status import read_rounds
 from nodes.settings import Settings
 from nodes.volunteer.worklog import WORK_LOG
@@ -329,8 +329,6 @@ class Stress:
         }
 
 
-COSTS = ("check", "engine", "audit")  # the coordinator's own seconds a round (its record's "costs")
-
 
 def _cell(r: dict, column: str) -> str:
     if column == "rejected":
@@ -356,7 +354,7 @@ def print_report(report: dict) -> None:
     from rich.table import Table
 
     kind = "light nodes" if report["light"] else "volunteers"
-    table = Table(title=f"robust stress: {report['nodes']} {kind} on loopback (check, engine, audit: the "
+    table = Table(title=f"robust stress: {report['nodes']} {kind} on loopback (send, check, engine, audit: the "
                         "coordinator's own seconds)")
     columns = ("round", "asked", "sent", "accepted", "rejected", "declined", "failed", "lost", "late", "killed",
                "rested", "seconds", "replies_per_s", *COSTS)

@@ -117,6 +117,7 @@ class Inbox:
 
 
 SPOOL_ABOVE = 2**30  # spool = auto: a round's rows past this many bytes wait on disk
+COSTS = ("send", "check", "engine", "audit")  # what a round record's ``costs`` split the coordinator's own seconds into
 IN_FLIGHT_BYTES = 2 * 2**30  # in-flight = 0 (auto): the replies of the tasks out at once stay under this
 
 
@@ -140,7 +141,8 @@ class Coordinator:
         self.ledger = TaskLedger(s.max_staleness, lambda fp: fp in flags.quarantined or fp in flags.convicted)
         self.buffers: Buffers[Inbox] = Buffers(self.buffer_size)  # async: each reply a one-node Inbox
         self.started = time.monotonic()  # when the buffer being filled began
-        self.checking = 0.0  # seconds spent reading and checking replies since the last round's record
+        # the coordinator's own seconds since the last round's record, by what they went to (see finish_round)
+        self.costs: dict[str, float] = dict.fromkeys(COSTS, 0.0)
         self.rowstore = self._rule_store()
         self._resume()
         self._collect()
@@ -312,7 +314,7 @@ class Coordinator:
         try:
             self._take(fp, content, inbox)
         finally:
-            self.checking += time.perf_counter() - start
+            self.costs["check"] += time.perf_counter() - start
 
     def _take(self, fp: str, content: RecordDict, inbox: Inbox) -> None:
         ticket = self.ledger.close(fp)  # answered, whatever the reply holds
@@ -421,25 +423,25 @@ class Coordinator:
         node declining the task) are recorded without a flag: they are not lies. A node
         without a usable reply ``rest_after`` rounds in a row is rested (``nodes.coordinator.attendance``).
         The seconds nodes say their training took only feed the overhead figure. ``costs``: the
-        coordinator's own seconds this round, reading and checking replies (``check``), in the
-        engine (spot checks included) and storing the updates for the audit (``audit``); the
-        checkpoint and the log line are written after the record is made."""
+        coordinator's own seconds this round, handing its tasks to Flower (``send``: the
+        transport adds them), reading and checking replies (``check``), in the engine (spot
+        checks included) and storing the updates for the audit (``audit``); the checkpoint
+        and the log line are written after the record is made."""
         ids, X = self.rows(inbox)
         if self._task_bytes is None:  # the model array's bytes: the same every round
             self._task_bytes = content_bytes(task_content(*self.task()))
         self.checks.begin(inbox.replies, checkers)
         start = time.perf_counter()
         record = self.engine.step(asked, ids, X, inbox.rejected, inbox.failed, tasks=inbox.tasks)
-        engine = time.perf_counter() - start
+        self.costs["engine"] += time.perf_counter() - start
         if self.asynchronous:
             record["buffer"] = self.buffer_size
             record["held"] = held or []  # valid replies of this buffer's nodes, left for the next buffer
         record["prev"] = self._tip  # the SHA-256 of the last record's log line
         start = time.perf_counter()
         record["updates"] = audit.store(self.folder, self.settings.keep_updates, record, inbox, self.checks.evidence)
-        record["costs"] = {"check": round(self.checking, 4), "engine": round(engine, 4),
-                           "audit": round(time.perf_counter() - start, 4)}
-        self.checking = 0.0
+        self.costs["audit"] += time.perf_counter() - start
+        record["costs"], self.costs = {k: round(v, 4) for k, v in self.costs.items()}, dict.fromkeys(COSTS, 0.0)
         traffic = {short(fp): [inbox.sizes.get(fp, 0), self._task_bytes] for fp in sorted(asked)}
         record["bytes_up"] = sum(up for up, _ in traffic.values())
         record["bytes_down"] = sum(down for _, down in traffic.values())

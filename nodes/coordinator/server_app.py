@@ -203,12 +203,15 @@ class Loop:
         """Push a task to each of ``fps``; those whose message left have their task out."""
         if not fps:
             return []
+        start = time.perf_counter()
         tasks, w = self.coord.tasks(fps)
         model = self.model_of(tasks[fps[0]].base, w)
         messages = [Message(task_content(tasks[fp], model), dst_node_id=node_of[fp], message_type="train",
                             ttl=ttl(self.coord.settings.deadline)) for fp in fps]
+        ids = self.grid.push_messages(messages)
+        self.coord.costs["send"] += time.perf_counter() - start
         out = []
-        for fp, mid in zip(fps, self.grid.push_messages(messages)):
+        for fp, mid in zip(fps, ids):
             if mid:
                 ticket = self.coord.issue(fp, tasks[fp], self.clock.now(), self.clock.life, mid)
                 self.clock.sent(ticket)
