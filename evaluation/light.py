@@ -6,10 +6,10 @@ ServerApp): Flower's Fleet API over TLS, through Flower's own client
 admitted key by Flower's ``NodeAuthHttpInterceptor``), node heartbeats, tasks pulled and
 inflated and replies pushed object by object as a SuperNode does, every reply signed for its
 task (run, round, base model) as ``nodes.volunteer.volunteer.work`` signs one. It trains
-nothing: it replays a row computed once before the run (:func:`precompute`: each honest
-node's update from the initial model on its part of the data set, the engine's own
-``compute``; a Byzantine node's row from the attack played on those honest rows, so light
-nodes may play omniscient attacks too), declines spot checks, and answers no-op queries.
+nothing: it replays a row computed once before the run (:func:`precompute`: what the
+volunteer's own ``work`` sends for round 1 from the initial model on its part of the data
+set; a Byzantine node's row from a node-side attack the same way, or from an omniscient
+attack played on the honest rows, so light nodes may play omniscient attacks too), declines spot checks, and answers no-op queries.
 
 Why one process: a SuperNode is a process of about 100 MB that starts a ``flwr-clientapp``
 process per task (87 MB with robust's thin ClientApp); 200 of them take more than this
@@ -64,7 +64,8 @@ from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
 import attacks
 from attacks.base import Context, NodeAttack
 from nodes.engine.spotcheck import profile_of
-from nodes.engine.training import compute, part_of
+from nodes.engine.training import part_of
+from nodes.volunteer.volunteer import work
 from nodes.settings import Settings
 from nodes.wire import Reply, Task, check_of, refusal, reply_content, reply_payload, task_of
 from robust import keys
@@ -89,24 +90,28 @@ class Row:
     part: str
 
 
-def precompute(settings: Settings, run: str, fps: list[str], byzantine: int, attack: str) -> list[Row]:
-    """The row each node (fingerprints ``fps``, node ``i`` holding part ``i/n``) replays: the
-    honest update from the initial model, the engine's ``compute``; the last ``byzantine``
-    nodes send what ``attack`` makes of it (a node-side attack: its own poisoned update; an
-    omniscient one: its rows from all the honest rows)."""
-    data, n = load(settings.dataset, root=settings.data_root or None, seed=0), len(fps)
-    model = build_model(settings.model, data.shape, data.classes, settings.seed)
-    w = flat_params(model).detach()
+def precompute(settings: Settings, run: str, private: list, byzantine: int, attack: str) -> list[Row]:
+    """The row each node (its key in ``private``, node ``i`` holding part ``i/n``) replays:
+    what a volunteer's own :func:`~nodes.volunteer.volunteer.work` sends for round 1 from the
+    initial model, honest or, for the last ``byzantine`` nodes, playing a node-side ``attack``;
+    an omniscient ``attack`` makes those nodes' rows from the others' honest rows instead."""
+    data, n = load(settings.dataset, root=settings.data_root or None, seed=0), len(private)
+    w = flat_params(build_model(settings.model, data.shape, data.classes, settings.seed)).detach()
     task = Task.of(settings, run, 1, sha256(w))
-    node_side = byzantine and isinstance(attacks.build(attack, 1), NodeAttack)
-    parts = [part_of(data, f"{i}/{n}") for i in range(1, n + 1)]
-    rows = [compute(task, w, p.x, p.y, p.classes, fp, torch.device("cpu"),
-                    attack if node_side and i >= n - byzantine else "")[0] for i, (p, fp) in enumerate(zip(parts, fps))]
+    node_side = bool(byzantine) and isinstance(attacks.build(attack, 1), NodeAttack)
+    rows = []
+    for i, key in enumerate(private, start=1):
+        part, played = f"{i}/{n}", attack if node_side and i > n - byzantine else ""
+        reply, row = work(task, w.numpy(), part_of(data, part), key, torch.device("cpu"), played, None, part)
+        if reply.refused or not isinstance(row, np.ndarray):
+            raise ValueError(f"light nodes replay plain float32 rows of a stateless protocol: "
+                             f"{reply.refused or 'compression ' + settings.compression} cannot be replayed")
+        rows.append(Row(row, sha256(torch.from_numpy(row)), reply.count, part))
     if byzantine and not node_side:
-        honest = torch.stack(rows[: n - byzantine])
+        honest = torch.stack([torch.from_numpy(r.values) for r in rows[: n - byzantine]])
         crafted = attacks.build(attack, byzantine)(honest, Context(n=n, generator=generator(settings.seed, 1, "attack")))
-        rows[n - byzantine:] = list(crafted)
-    return [Row(row.numpy(), sha256(row), len(p.y), f"{i}/{n}") for i, (row, p) in enumerate(zip(rows, parts), start=1)]
+        rows[n - byzantine:] = [Row(c.numpy(), sha256(c), r.count, r.part) for c, r in zip(crafted, rows[n - byzantine:])]
+    return rows
 
 
 @dataclass
@@ -239,9 +244,8 @@ def push(client: FleetHttpClient, node: Node, reply: Message, seconds: float) ->
                      object_ids_to_push=set(response.objects_to_push))
 
 
-def fleet(folders: list[Path], rows: list[Row], address: str, ca: Path) -> list[LightNode]:
-    """A light node for each volunteer folder (its key), replaying ``rows``; not yet started.
-    They share one TLS context: the coordinator's CA."""
+def fleet(private: list, rows: list[Row], address: str, ca: Path) -> list[LightNode]:
+    """A light node for each key in ``private``, replaying ``rows``; not yet started. They share
+    one TLS context: the coordinator's CA."""
     context = ssl.create_default_context(cafile=str(ca))
-    private = [keys.load_private(folder) for folder in folders]
     return [LightNode(key, keys.fingerprint(key.public_key()), row, context, address) for key, row in zip(private, rows)]

@@ -218,10 +218,10 @@ class Stress:
         if light:
             attack = getattr(args, "attack", "") or "none"
             byzantine = 0 if attack == "none" else max(1, n // 10)
-            fps = [keys.fingerprint(keys.load_private(f).public_key()) for f in folders]
-            rows = precompute(self.settings, self.run_id, fps, byzantine, attack)
+            private = [keys.load_private(f) for f in folders]
+            rows = precompute(self.settings, self.run_id, private, byzantine, attack)
             self.volunteers: list[Volunteer | Light] = [
-                Light(node) for node in fleet(folders, rows, f"127.0.0.1:{self.settings.port}", self.coord / "tls" / tls.CA_CERT)]
+                Light(node) for node in fleet(private, rows, f"127.0.0.1:{self.settings.port}", self.coord / "tls" / tls.CA_CERT)]
         else:
             self.volunteers = [Volunteer(f, f"{i}/{n}", faults[i - 1] if i <= len(faults) else "")
                                for i, f in enumerate(folders, start=1)]

@@ -240,15 +240,6 @@ def stacked(source: Rows, extra: torch.Tensor) -> Transformed:
                        n=source.n + extra.shape[0], dtype=torch.float64)
 
 
-def unstack(source: Rows) -> list[torch.Tensor]:
-    """Every row as its own new ``(d,)`` tensor, from one pass (for rules that keep rows)."""
-    out = [torch.empty(source.d, dtype=source.dtype, device=source.device) for _ in range(source.n)]
-    for s, block in source.blocks():
-        for i, row in enumerate(out):
-            row[s : s + block.shape[1]] = block[i]
-    return out
-
-
 def column_blocks(source: Rows, columns: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``(positions, values)`` for the sorted ``columns`` (1-D, no repeats) block by block:
     ``values`` ``(n, k)`` holds the columns ``columns[positions]`` of every row."""
