@@ -40,9 +40,7 @@ def run_cell(cell: Cell, root: Path) -> dict:
 
     def start_nodes() -> None:
         for node in nodes:
-            procs.append(launch.start_trainer(node.resolve(), node / "trainer.log"))
-            procs.append(launch.start_supernode(node.resolve(), f"127.0.0.1:{port}",
-                                                (coord / "tls" / tls.CA_CERT).resolve(), node / "supernode.log"))
+            procs.extend(launch.start_node(node, f"127.0.0.1:{port}", coord / "tls" / tls.CA_CERT))
 
     log = folder / "coordinator.log"
     start = time.perf_counter()

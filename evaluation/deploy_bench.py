@@ -67,9 +67,7 @@ def main(args: argparse.Namespace) -> int:
         for i, folder in enumerate(folders, start=1):
             data = volunteer.prepare_data(folder, settings.dataset, None, f"{i}/{args.nodes}")
             NodeConfig(str(data.resolve())).save(folder)
-            nodes.append(launch.start_trainer(folder.resolve(), folder / "trainer.log"))
-            nodes.append(launch.start_supernode(folder.resolve(), f"127.0.0.1:{settings.port}", coord / "tls" / tls.CA_CERT,
-                                                folder / "supernode.log"))
+            nodes.extend(launch.start_node(folder, f"127.0.0.1:{settings.port}", coord / "tls" / tls.CA_CERT))
         launch.submit_run(coord)
         _wait_for(coord / checkpoint.RESULT, superlink, "robust run result", 3600)
         ours = [json.loads(line) for line in (coord / checkpoint.ROUNDS).read_text().splitlines()]

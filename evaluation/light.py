@@ -124,9 +124,11 @@ class LightNode:
     ca: ssl.SSLContext
     address: str
     sent: dict[tuple[str, int], float] = field(default_factory=dict)  # (run, round) -> when its reply was pushed
-    refused: list[tuple[str, int, str]] = field(default_factory=list)  # (run, round, cause) of replies refused
+    refused: list[tuple[str, int, float, str]] = field(default_factory=list)  # (run, round, when, cause) of lost replies
+    errors: list[str] = field(default_factory=list)  # why sessions ended, other than a kill or a stop
     generation: int = 0  # bumped by kill(): the session of an older generation is dead
     stop: threading.Event = field(default_factory=threading.Event)
+    wake: threading.Event = field(default_factory=threading.Event)  # set by kill() and close(): stop waiting
     thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -134,25 +136,34 @@ class LightNode:
         self.thread.start()
 
     def kill(self) -> None:
-        """Drop the session as a SIGKILL would (see the module's docstring); a new one opens."""
+        """Drop the session now, as a SIGKILL would (see the module's docstring); a new one opens."""
         self.generation += 1
+        self.wake.set()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """End the node (its session says no goodbye); ``wait``: until its thread is done."""
         self.stop.set()
-        if self.thread is not None:
+        self.wake.set()
+        if wait and self.thread is not None:
             self.thread.join(timeout=30)
 
     def _serve(self) -> None:
         while not self.stop.is_set():
+            generation = self.generation
+            self.wake.clear()
             try:
-                self._session(self.generation)
-            except (httpx.HTTPError, RuntimeError, ValueError, OSError):  # refused, or the SuperLink is gone
+                self._session(generation)
+            except Exception as err:  # noqa: BLE001 - refused (a dead session's window), or the SuperLink is gone: try again
+                self.errors.append(f"{type(err).__name__}: {str(err)[:200]}")
                 self.stop.wait(RETRY)
 
     def _client(self) -> FleetHttpClient:
         public = self.key.public_key()
         return FleetHttpClient(f"https://{self.address}", verify=self.ca, interceptors=[
             RuntimeVersionHttpInterceptor(component_name="SuperNode"), NodeAuthHttpInterceptor(self.key, public)])
+
+    def _alive(self, generation: int) -> bool:
+        return not self.stop.is_set() and self.generation == generation
 
     def _session(self, generation: int) -> None:
         """One session, as a SuperNode keeps it: activate, heartbeat, pull and answer tasks,
@@ -162,21 +173,22 @@ class LightNode:
             node = Node(node_id=client.ActivateNode(ActivateNodeRequest(
                 public_key=public_key_to_bytes(self.key.public_key()),
                 heartbeat_interval=HEARTBEAT_DEFAULT_INTERVAL)).node_id)
-            heartbeat = HeartbeatSender(lambda: _beat(client, node))
+            heartbeat = HeartbeatSender(lambda: _alive_beat(client, node, lambda: self._alive(generation)))
             heartbeat.start()
             try:
-                phase = random.Random(self.fp).uniform(0, POLL)  # nodes do not all poll at once
-                self.stop.wait(phase)
-                while not self.stop.is_set() and self.generation == generation:
+                self.wake.wait(random.Random(self.fp).uniform(0, POLL))  # nodes do not all poll at once
+                while self._alive(generation):
                     if not self._answer_one(client, node, generation):
-                        self.stop.wait(POLL)
+                        self.wake.wait(POLL)
             finally:
-                heartbeat.stop()
+                if heartbeat.is_running:
+                    heartbeat.stop()
         finally:
             client.close()
 
     def _answer_one(self, client: FleetHttpClient, node: Node, generation: int) -> bool:
-        """Pull one message and answer it; whether there was one."""
+        """Pull one message and answer it; whether there was one. A reply the SuperLink does not
+        take is logged as lost, and the session goes on, as a SuperNode's does."""
         response = client.PullMessages(PullMessagesRequest(node=node))
         if not response.messages_list:
             return False
@@ -187,17 +199,16 @@ class LightNode:
             make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, run_id),
             return_type=Message)
         message.metadata.__dict__["_message_id"] = tree.object_id
-        if self.generation != generation:
-            return True  # killed while it held the task: no reply
         start = time.perf_counter()
         content, task = self.reply(message)
-        reply = Message(content, reply_to=message)
+        if not self._alive(generation):
+            return True  # killed while it held the task: no reply
         try:
-            push(client, node, reply, time.perf_counter() - start)
-        except (httpx.HTTPError, RuntimeError) as err:
+            push(client, node, Message(content, reply_to=message), time.perf_counter() - start)
+        except Exception as err:  # noqa: BLE001 - whatever the runtime said, the reply is lost: logged, with why
             if task is not None:
-                self.refused.append((task.run, task.round, f"{type(err).__name__}: {str(err)[:200]}"))
-            raise
+                self.refused.append((task.run, task.round, time.time(), f"{type(err).__name__}: {str(err)[:200]}"))
+            return True
         if task is not None:
             self.sent[(task.run, task.round)] = time.time()
         return True
@@ -220,12 +231,15 @@ class LightNode:
 PROFILE = profile_of(torch.device("cpu"))
 
 
-def _beat(client: FleetHttpClient, node: Node) -> bool:
-    """One node heartbeat; ``False`` (retried by Flower's sender) if it did not get through."""
+def _alive_beat(client: FleetHttpClient, node: Node, alive) -> bool:
+    """One node heartbeat while the session is ``alive()`` (a killed one sends none); ``False``
+    (retried by Flower's sender) if it did not get through."""
+    if not alive():
+        return True
     try:
         return bool(client.SendNodeHeartbeat(SendNodeHeartbeatRequest(
             node=node, heartbeat_interval=HEARTBEAT_DEFAULT_INTERVAL)).success)
-    except httpx.HTTPError:
+    except (httpx.HTTPError, ValueError):
         return False
 
 

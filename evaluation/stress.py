@@ -18,7 +18,8 @@ SuperLink's apart).
 
 ``--light``: the volunteers are light nodes (``evaluation.light``): one process holds them all,
 each an authenticated node speaking the whole protocol to the same coordinator, replaying a
-precomputed row instead of training (the last ``--nodes / 10`` play ``--attack``), so that
+precomputed row instead of training (the last ``max(1, nodes // 10)`` play ``--attack``,
+default ``alie``; ``none``: all honest), so that
 hundreds of them fit on one machine and what is measured is the coordinator. A killed light
 node drops its session as a SIGKILLed SuperNode does and opens a new one.
 
@@ -157,9 +158,9 @@ class Volunteer:
         """Round -> when this node last handed a reply for it to its SuperNode."""
         return {e["round"]: e["time"] for e in self._work(run) if "refused_by_runtime" not in e}
 
-    def refusals(self, run: str) -> dict[int, str]:
-        """Round -> why Flower's runtime refused this node's reply to it."""
-        return {e["round"]: e["refused_by_runtime"] for e in self._work(run) if "refused_by_runtime" in e}
+    def refusals(self, run: str) -> dict[int, tuple[float, str]]:
+        """Round -> when and why Flower's runtime refused this node's reply to it."""
+        return {e["round"]: (e["time"], e["refused_by_runtime"]) for e in self._work(run) if "refused_by_runtime" in e}
 
 
 @dataclass
@@ -185,8 +186,8 @@ class Light:
     def sent(self, run: str) -> dict[int, float]:
         return {r: t for (of, r), t in self.node.sent.items() if of == run}
 
-    def refusals(self, run: str) -> dict[int, str]:
-        return {r: why for of, r, why in self.node.refused if of == run}
+    def refusals(self, run: str) -> dict[int, tuple[float, str]]:
+        return {r: (when, why) for of, r, when, why in self.node.refused if of == run}
 
 
 def reason_kind(reason: str) -> str:
@@ -200,6 +201,8 @@ class Stress:
         light = getattr(args, "light", False)
         if len(faults) > args.nodes:
             raise ValueError(f"--faults names {len(faults)} faulty nodes, --nodes is {args.nodes}: one fault per node")
+        if getattr(args, "attack", None) and not light:
+            raise ValueError("--attack is what light nodes replay (--light); real volunteers play --faults")
         if faults and light:
             raise ValueError("--faults are played by real volunteers: light nodes (--light) replay rows, "
                              "Byzantine ones included (--attack)")
@@ -216,7 +219,7 @@ class Stress:
         self.coord, folders = commands.local_federation(root, n, self.settings, "stress", ("stress", args.seed))
         self.run_id = (self.coord / RUN_ID).read_text().strip()
         if light:
-            attack = getattr(args, "attack", "") or "none"
+            attack = getattr(args, "attack", None) or "alie"
             byzantine = 0 if attack == "none" else max(1, n // 10)
             private = [keys.load_private(f) for f in folders]
             rows = precompute(self.settings, self.run_id, private, byzantine, attack)
@@ -252,8 +255,7 @@ class Stress:
         try:
             while True:
                 done = len(read_rounds(self.coord))
-                for r in range(len(self.ended) + 1, done + 1):
-                    self.ended[r] = time.time()
+                if self._note_ended(done):
                     round_started, plan = time.monotonic(), self._plan_kills()
                 if plan and time.monotonic() - round_started > min(KILL_AFTER, self.settings.deadline / 8):
                     for v in plan:  # mid-round: its ClientApp is training (or waiting for its task)
@@ -263,8 +265,7 @@ class Stress:
                 self.sample(coordinator.pid)
                 if coordinator.poll() is not None:
                     if (self.coord / checkpoint.RESULT).exists():
-                        for r in range(len(self.ended) + 1, len(read_rounds(self.coord)) + 1):
-                            self.ended[r] = time.time()  # its record came as the coordinator finished
+                        self._note_ended(len(read_rounds(self.coord)))  # its record came as the coordinator finished
                         break
                     self.crashes += 1
                     if self.crashes > MAX_RESTARTS:
@@ -273,9 +274,19 @@ class Stress:
                 time.sleep(POLL)
         finally:
             for v in self.volunteers:
+                if isinstance(v, Light):
+                    v.node.close(wait=False)  # every light node at once; joined below
+            for v in self.volunteers:
                 v.stop()
             launch.stop(coordinator)
         return self._report(time.monotonic() - started)
+
+    def _note_ended(self, done: int) -> bool:
+        """Note when the rounds up to ``done`` were first seen ended; whether one was new."""
+        new = range(len(self.ended) + 1, done + 1)
+        for r in new:
+            self.ended[r] = time.time()
+        return bool(new)
 
     def sample(self, root: int) -> None:
         """Note the resident memory of the coordinator's processes: the SuperLink's, and the rest's."""
@@ -296,17 +307,19 @@ class Stress:
         for record in read_rounds(self.coord):
             r, end = record["round"], self.ended.get(record["round"], math.inf)
             killed = {v.fp for v in self.volunteers if r in v.killed}
-            handed = {fp for fp, rs in sent.items() if r in rs and rs[r] <= end} | {fp for fp, rs in refused.items() if r in rs}
+            handed = ({fp for fp, rs in sent.items() if r in rs and rs[r] <= end}
+                      | {fp for fp, rs in refused.items() if r in rs and rs[r][0] <= end})
             late = {fp for fp, rs in sent.items() if r in rs and rs[r] > end}
             # never read as a reply: silent, or failed in Flower's hands ("node error": its runtime said so)
             unread = set(record["missing"]) | {fp for fp, why in record["failed"].items() if why.startswith("node error")}
             lost = (handed - killed) & unread
-            causes.update(refused[fp].get(r, NEVER_RECEIVED) for fp in lost)
+            causes.update(refused[fp][r][1] if r in refused[fp] else NEVER_RECEIVED for fp in lost)
             declined = [fp for fp, why in record["failed"].items() if why.startswith("declined")]
-            received = record["asked"] - len(record["missing"])  # the replies the coordinator read
-            # while replies flow: from the round's start to the last reply handed on in time
-            start = end - record["seconds"]
-            flow = max((rs[r] for fp, rs in sent.items() if fp in handed and r in rs and rs[r] <= end), default=end) - start
+            received = record["asked"] - len(unread)  # the replies the coordinator read
+            # while replies flow: from the round's start (its end less its seconds, as this process saw
+            # them: up to POLL late) to the last reply handed on in time
+            last = max((rs[r] for fp, rs in sent.items() if fp in handed and r in rs and rs[r] <= end), default=end)
+            flow = last - (end - record["seconds"]) if math.isfinite(end) else record["seconds"]
             rounds.append({
                 "round": r, "asked": record["asked"], "sent": len(handed), "received": received, "accepted": record["accepted"],
                 "rejected": dict(Counter(reason_kind(why) for why in record["rejected"].values())),

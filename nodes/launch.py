@@ -283,3 +283,12 @@ def start_trainer(folder: Path, log: Path | None = None, own_group: bool = True,
     choices) it first checks them and prepares the node's data and ``node.json``."""
     args = [sys.executable, "-m", "nodes.volunteer.trainer", str(folder)]
     return spawn(args + (["--setup", json.dumps(setup)] if setup else []), folder / FLWR_HOME, log, own_group)
+
+
+def start_node(folder: Path, coordinator: str, ca: Path) -> list[subprocess.Popen]:
+    """A prepared volunteer's (``node.json`` written) warm trainer and SuperNode, logging to
+    ``trainer.log`` and ``supernode.log`` in its folder: a bench's volunteer, without the
+    supervisor that ``robust node join`` adds."""
+    folder = folder.resolve()
+    return [start_trainer(folder, folder / "trainer.log"),
+            start_supernode(folder, coordinator, ca.resolve(), folder / "supernode.log")]

@@ -178,7 +178,7 @@ def parser() -> argparse.ArgumentParser:
     stress.add_argument("--faults", metavar="FAULT,...", help="protocol faults, one node each, e.g. dtype-lie,oversize,decline,slow-drip")
     stress.add_argument("--light", action="store_true", help="light nodes: one process drives every node's authenticated "
                         "session, replaying precomputed rows (hundreds fit on one machine)")
-    stress.add_argument("--attack", default="alie", metavar="SPEC", help="with --light: what the last nodes/10 send "
+    stress.add_argument("--attack", metavar="SPEC", help="with --light: what the last max(1, nodes/10) send "
                         "(any attack, omniscient ones too; none: every node honest; default alie)")
     stress.add_argument("--kill", type=float, default=0.0, metavar="P", help="share of volunteers SIGKILLed mid-round and restarted, each round")
     stress.add_argument("--deadline", type=float, default=0.0, metavar="S", help="round deadline (default max(60, 6 x nodes) s; 30 s with --light)")

@@ -19,8 +19,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from flwr.supercore.exit.exit_handler import add_exit_handler
+
 from ..wire import task_of
 from . import worklog
+
+
+PUSH_REFUSED = ("the process was ended while pushing its reply: the SuperNode refused it (a 401: the task's token "
+                "no longer valid, its heartbeat window missed?) or the node was stopped")
+ENDED = ("the runtime ended the task before its reply was pushed (a heartbeat the SuperNode no longer accepted?) "
+         "or the node was stopped")
 
 
 class Watch:
@@ -29,11 +37,14 @@ class Watch:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.task: tuple[str, int] | None = None  # (run, round) of the task pulled, if a task
+        self.pushing = False  # its reply is being pushed
         self.settled = False  # its reply pushed, or its refusal logged
 
     def run(self, run_clientapp, **kwargs) -> None:
         """``run_clientapp.run_clientapp(**kwargs)`` (Flower's module, passed in: it is imported
-        only in the ClientApp's process), its pull and push watched."""
+        only in the ClientApp's process), its pull and push watched, and its end: Flower ends
+        the process from its exit handlers (a refused heartbeat's SIGINT too), with a force-exit
+        timer that may cut the unwinding short, so the watch's own handler runs before it."""
         pull, push = run_clientapp.pull_task_input, run_clientapp.push_message
 
         def pulled(client):
@@ -41,16 +52,16 @@ class Watch:
             try:
                 task = task_of(message.content) if message.metadata.message_type == "train" else None
                 self.task = (task.run, task.round) if task else None
-            except ValueError:  # not a task of ours: nothing to account for
+            except Exception:  # noqa: BLE001 - not a task of ours: nothing to account for
                 self.task = None
             return (message, *rest)
 
         def pushed(client, message, context) -> None:
+            self.pushing = True
             try:
                 push(client, message, context)
-            except SystemExit:  # Flower's answer to a 401: SIGINT to itself, a graceful exit
-                self.refused("the SuperNode refused the reply and ended the task (401: its task token was no "
-                             "longer valid; the process missed its heartbeat window?)")
+            except SystemExit:  # Flower's answer to a 401 is a SIGINT to itself; or the node was stopped
+                self.refused(PUSH_REFUSED)
                 raise
             except BaseException as err:
                 self.refused(f"pushing the reply failed ({type(err).__name__}: {str(err)[:300]})")
@@ -58,11 +69,15 @@ class Watch:
             self.settled = True
 
         run_clientapp.pull_task_input, run_clientapp.push_message = pulled, pushed
+        add_exit_handler(self.ending, run_before_force_exit=True)
         try:
             run_clientapp.run_clientapp(**kwargs)
-        finally:  # Flower ends the process with SystemExit, whatever happened: a refused heartbeat too
-            self.refused("the runtime ended the task before its reply was pushed (a heartbeat the SuperNode "
-                         "no longer accepted?)")
+        finally:
+            self.ending()
+
+    def ending(self) -> None:
+        """The process ends: a task pulled whose reply was not pushed is a reply lost."""
+        self.refused(PUSH_REFUSED if self.pushing else ENDED)
 
     def refused(self, cause: str) -> None:
         if self.task is None or self.settled:

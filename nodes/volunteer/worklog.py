@@ -14,14 +14,15 @@ WORK_LOG = "work.jsonl"
 
 def record(folder: Path, run: str, number: int, seconds: float, declined: bool, made: float) -> None:
     """Log the reply to round ``number`` of ``run``, whose task was made at ``made`` (Unix time)."""
-    line = {"run": run, "round": number, "seconds": round(seconds, 3), "declined": declined, "time": time.time(),
-            "task_made": made}
-    with open(folder / WORK_LOG, "a") as out:
-        out.write(json.dumps(line) + "\n")
+    _append(folder, {"run": run, "round": number, "seconds": round(seconds, 3), "declined": declined,
+                     "time": time.time(), "task_made": made})
 
 
 def refused(folder: Path, run: str, number: int, cause: str) -> None:
     """Log that Flower's runtime refused the reply to round ``number`` of ``run``, and why."""
-    line = {"run": run, "round": number, "time": time.time(), "refused_by_runtime": cause}
+    _append(folder, {"run": run, "round": number, "time": time.time(), "refused_by_runtime": cause})
+
+
+def _append(folder: Path, line: dict) -> None:
     with open(folder / WORK_LOG, "a") as out:
         out.write(json.dumps(line) + "\n")
