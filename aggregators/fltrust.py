@@ -40,7 +40,7 @@ def cosines_and_norms(X: Rows, order: torch.Tensor, u: torch.Tensor) -> tuple[to
     sq = torch.zeros(n, dtype=F64, device=X.device)
     for s, block in X.blocks():
         block = block[order].to(F64)
-        dots += block @ u[s : s + block.shape[1]]
+        dots += (block * u[s : s + block.shape[1]]).sum(dim=1)  # not a matrix-vector product: its bits depend on the row's place
         sq += block.square().sum(dim=1)
     norms = sq.sqrt()
     cos = torch.where(norms > 0, dots / torch.where(norms > 0, norms, 1.0), 0.0)

@@ -27,6 +27,7 @@ import re
 import sys
 import tomllib
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 TRUSTED, REQUESTS, GATE_DIR = "trusted-code", "code-requests", "bin"
@@ -111,16 +112,18 @@ def install_gate(folder: Path) -> Path:
     bin_dir = folder / GATE_DIR
     bin_dir.mkdir(exist_ok=True)
     gate = bin_dir / "flwr-clientapp"
-    gate.write_text(f"#!{sys.executable}\nimport sys\nfrom nodes.codetrust import run_gated\n"
-                    f"sys.exit(run_gated({str(folder.resolve())!r}))\n")
+    gate.write_text(f"#!{sys.executable}\nimport sys\nfrom pathlib import Path\nfrom nodes.codetrust import run_gated\n"
+                    f"from nodes.volunteer.runtime_watch import Watch\nFOLDER = {str(folder.resolve())!r}\n"
+                    f"sys.exit(run_gated(FOLDER, Watch(Path(FOLDER)).run))\n")
     gate.chmod(0o755)
     return bin_dir
 
 
-def run_gated(folder: str) -> int:
+def run_gated(folder: str, run: Callable[..., None] | None = None) -> int:
     """Flower's ``flwr-clientapp``, with every bundle passed through :func:`admit_bundle`
-    before Flower installs it (a refused one makes the task fail, with the reason), and a
-    reply its runtime refuses logged (``nodes.volunteer.runtime_watch``).
+    before Flower installs it (a refused one makes the task fail, with the reason); run by
+    ``run(run_clientapp, **its arguments)`` (the volunteer's gate passes
+    ``nodes.volunteer.runtime_watch.Watch.run``: a reply the runtime refuses is logged), or as is.
 
     Its command line is Flower's (``flwr.supernode.cli.flwr_clientapp``), parsed here with
     Flower's own arguments: importing that module imports its package, hence the SuperNode's
@@ -130,8 +133,6 @@ def run_gated(folder: str) -> int:
     from flwr.supercore.constant import SUPERNODE_DEFAULT_CLIENT_ADDRESS
     from flwr.supercore.tls import validate_and_resolve_root_certificates
     from flwr.supernode.runtime import run_clientapp
-
-    from .volunteer.runtime_watch import Watch
 
     install = run_clientapp.install_from_fab
 
@@ -144,8 +145,12 @@ def run_gated(folder: str) -> int:
     parser.add_argument("--runtime-api-address", default=SUPERNODE_DEFAULT_CLIENT_ADDRESS)
     add_args_flwr_app_common(parser=parser)
     args = parser.parse_args()
-    Watch(Path(folder)).run(
-        run_clientapp, runtime_api_address=args.runtime_api_address, token=try_obtain_flwr_app_token(args),
+    arguments = dict(
+        runtime_api_address=args.runtime_api_address, token=try_obtain_flwr_app_token(args),
         insecure=args.insecure, certificates=validate_and_resolve_root_certificates(args.root_certificates, args.insecure),
         parent_pid=args.parent_pid, runtime_dependency_install=args.runtime_dependency_install)
+    if run is None:
+        run_clientapp.run_clientapp(**arguments)
+    else:
+        run(run_clientapp, **arguments)
     return 0

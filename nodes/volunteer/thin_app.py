@@ -117,7 +117,7 @@ def stall() -> None:
     (a helper process sends SIGSTOP, then SIGCONT): test fault ``clientapp-stall``."""
     from flwr.common import constant
 
-    seconds = constant.HEARTBEAT_PATIENCE * constant.HEARTBEAT_DEFAULT_INTERVAL + 3.0
+    seconds = constant.HEARTBEAT_PATIENCE * constant.HEARTBEAT_DEFAULT_INTERVAL + 1.0
     subprocess.run([sys.executable, "-c", "import os, signal, sys, time; pid = int(sys.argv[1]); time.sleep(0.2); "
                     "os.kill(pid, signal.SIGSTOP); time.sleep(float(sys.argv[2])); os.kill(pid, signal.SIGCONT)",
                     str(os.getpid()), str(seconds)], check=False)
