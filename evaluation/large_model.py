@@ -48,7 +48,7 @@ from .cell import Cell
 from .local import run_cell
 from .memory import peak_extra_bytes
 from .scenario import DEFAULTS, cells, validate
-from .stress import processes, robust_cli, tree, tree_rss_mb
+from .stress import processes, robust_cli, rss_mb, tree
 
 CODE = Path(__file__).resolve().parent.parent / "examples" / "large"
 MODEL, BASELINE, AGGREGATOR, ATTACK, PROTOCOL = "bignet:make", "mlp", "nnm+trimmed-mean", "alie", "delta:steps=5"
@@ -123,8 +123,8 @@ class Peaks:
         while not self._stop.wait(SAMPLE):
             table = processes()
             trees = {name: tree(pid, table) for name, pid in list(self.roots.items())}
-            for name, pid in list(self.roots.items()):
-                self.mb[name] = max(self.mb.get(name, 0.0), tree_rss_mb(pid, table))
+            for name, pids in trees.items():
+                self.mb[name] = max(self.mb.get(name, 0.0), rss_mb(pids, table))
             for part, (name, mark) in list(self.parts.items()):
                 hwm = sum(table[pid].hwm_kb for pid in trees[name] if pid in table and mark in table[pid].command)
                 self.mb[part] = max(self.mb.get(part, 0.0), hwm / 1024)

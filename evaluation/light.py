@@ -30,7 +30,6 @@ counts as lost.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import ssl
 import threading
@@ -65,9 +64,9 @@ import attacks
 from attacks.base import Context, NodeAttack
 from nodes.engine.spotcheck import profile_of
 from nodes.engine.training import part_of
-from nodes.volunteer.volunteer import work
+from nodes.volunteer.volunteer import sign, work
 from nodes.settings import Settings
-from nodes.wire import Reply, Task, check_of, refusal, reply_content, reply_payload, task_of
+from nodes.wire import Reply, Task, check_of, refusal, reply_content, task_of
 from robust import keys
 from robust.data import load
 from robust.models import build_model
@@ -77,6 +76,7 @@ from robust.seeds import generator
 POLL = 3.0  # seconds between a node's pulls when it has no task: a SuperNode's
 RETRY = 5.0  # seconds between a refused or failed session's attempts to open again
 DECLINE_CHECK = "a light node trains nothing: it cannot recompute another node's update"
+PROFILE = profile_of(torch.device("cpu"))  # what its replies declare they were computed on
 
 
 @dataclass(frozen=True)
@@ -224,11 +224,7 @@ class LightNode:
             return reply_content(refusal(task, DECLINE_CHECK, check[0]), None), None
         reply = Reply(run=task.run, round=task.round, base=task.base, count=self.row.count, signature=b"",
                       part=self.row.part, profile=PROFILE)
-        reply = dataclasses.replace(reply, signature=keys.sign(self.key, reply_payload(reply, self.row.sha)))
-        return reply_content(reply, self.row.values), task
-
-
-PROFILE = profile_of(torch.device("cpu"))
+        return reply_content(sign(reply, self.key, self.row.sha), self.row.values), task
 
 
 def _alive_beat(client: FleetHttpClient, node: Node, alive) -> bool:

@@ -117,10 +117,9 @@ def tree(root: int, table: dict[int, Process]) -> set[int]:
     return found
 
 
-def tree_rss_mb(root: int, table: dict[int, Process] | None = None) -> float:
-    """Resident memory (MB) of process ``root`` and all its descendants."""
-    table = processes() if table is None else table
-    return sum(table[pid].rss_kb for pid in tree(root, table) if pid in table) / 1024
+def rss_mb(pids: set[int], table: dict[int, Process]) -> float:
+    """Resident memory (MB) of the processes ``pids`` in ``table`` (those gone are not counted)."""
+    return sum(table[pid].rss_kb for pid in pids if pid in table) / 1024
 
 
 @dataclass
@@ -294,7 +293,7 @@ class Stress:
         pids = tree(root, table) & set(table)
         link = {pid for pid in pids if "flower-superlink" in table[pid].command}
         for name, group in (("superlink", link), ("coordinator", pids - link)):
-            self.peak_mb[name] = max(self.peak_mb[name], sum(table[pid].rss_kb for pid in group) / 1024)
+            self.peak_mb[name] = max(self.peak_mb[name], rss_mb(group, table))
 
     def _plan_kills(self) -> list[Volunteer | Light]:
         k = round(self.args.kill * len(self.volunteers))
@@ -340,7 +339,6 @@ class Stress:
             "superlink_peak_mb": round(self.peak_mb["superlink"], 1),
             "seconds": round(seconds, 1), "final_accuracy": result["final_accuracy"], "folder": str(self.root),
         }
-
 
 
 def _cell(r: dict, column: str) -> str:

@@ -119,11 +119,11 @@ def install_gate(folder: Path) -> Path:
     return bin_dir
 
 
-def run_gated(folder: str, run: Callable[..., None] | None = None) -> int:
+def run_gated(folder: str, run: Callable[..., None]) -> int:
     """Flower's ``flwr-clientapp``, with every bundle passed through :func:`admit_bundle`
     before Flower installs it (a refused one makes the task fail, with the reason); run by
     ``run(run_clientapp, **its arguments)`` (the volunteer's gate passes
-    ``nodes.volunteer.runtime_watch.Watch.run``: a reply the runtime refuses is logged), or as is.
+    ``nodes.volunteer.runtime_watch.Watch.run``: a reply the runtime refuses is logged).
 
     Its command line is Flower's (``flwr.supernode.cli.flwr_clientapp``), parsed here with
     Flower's own arguments: importing that module imports its package, hence the SuperNode's
@@ -149,8 +149,5 @@ def run_gated(folder: str, run: Callable[..., None] | None = None) -> int:
         runtime_api_address=args.runtime_api_address, token=try_obtain_flwr_app_token(args),
         insecure=args.insecure, certificates=validate_and_resolve_root_certificates(args.root_certificates, args.insecure),
         parent_pid=args.parent_pid, runtime_dependency_install=args.runtime_dependency_install)
-    if run is None:
-        run_clientapp.run_clientapp(**arguments)
-    else:
-        run(run_clientapp, **arguments)
+    run(run_clientapp, **arguments)
     return 0

@@ -44,9 +44,10 @@ coordinator replay`` and ``robust audit verify`` check.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -310,11 +311,17 @@ class Coordinator:
         reply that cannot be read or checked, for any reason, is the node's rejection."""
         if fp in inbox or not self.ledger.reads(fp):
             return  # a node answers once a round; a quarantined node is not read
+        with self.timed("check"):
+            self._take(fp, content, inbox)
+
+    @contextlib.contextmanager
+    def timed(self, cost: str) -> Iterator[None]:
+        """Count the seconds the block takes in this round's ``costs[cost]`` (``COSTS``)."""
         start = time.perf_counter()
         try:
-            self._take(fp, content, inbox)
+            yield
         finally:
-            self.costs["check"] += time.perf_counter() - start
+            self.costs[cost] += time.perf_counter() - start
 
     def _take(self, fp: str, content: RecordDict, inbox: Inbox) -> None:
         ticket = self.ledger.close(fp)  # answered, whatever the reply holds
@@ -431,16 +438,14 @@ class Coordinator:
         if self._task_bytes is None:  # the model array's bytes: the same every round
             self._task_bytes = content_bytes(task_content(*self.task()))
         self.checks.begin(inbox.replies, checkers)
-        start = time.perf_counter()
-        record = self.engine.step(asked, ids, X, inbox.rejected, inbox.failed, tasks=inbox.tasks)
-        self.costs["engine"] += time.perf_counter() - start
+        with self.timed("engine"):
+            record = self.engine.step(asked, ids, X, inbox.rejected, inbox.failed, tasks=inbox.tasks)
         if self.asynchronous:
             record["buffer"] = self.buffer_size
             record["held"] = held or []  # valid replies of this buffer's nodes, left for the next buffer
         record["prev"] = self._tip  # the SHA-256 of the last record's log line
-        start = time.perf_counter()
-        record["updates"] = audit.store(self.folder, self.settings.keep_updates, record, inbox, self.checks.evidence)
-        self.costs["audit"] += time.perf_counter() - start
+        with self.timed("audit"):
+            record["updates"] = audit.store(self.folder, self.settings.keep_updates, record, inbox, self.checks.evidence)
         record["costs"], self.costs = {k: round(v, 4) for k, v in self.costs.items()}, dict.fromkeys(COSTS, 0.0)
         traffic = {short(fp): [inbox.sizes.get(fp, 0), self._task_bytes] for fp in sorted(asked)}
         record["bytes_up"] = sum(up for up, _ in traffic.values())

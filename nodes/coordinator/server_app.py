@@ -203,13 +203,12 @@ class Loop:
         """Push a task to each of ``fps``; those whose message left have their task out."""
         if not fps:
             return []
-        start = time.perf_counter()
-        tasks, w = self.coord.tasks(fps)
-        model = self.model_of(tasks[fps[0]].base, w)
-        messages = [Message(task_content(tasks[fp], model), dst_node_id=node_of[fp], message_type="train",
-                            ttl=ttl(self.coord.settings.deadline)) for fp in fps]
-        ids = self.grid.push_messages(messages)
-        self.coord.costs["send"] += time.perf_counter() - start
+        with self.coord.timed("send"):
+            tasks, w = self.coord.tasks(fps)
+            model = self.model_of(tasks[fps[0]].base, w)
+            messages = [Message(task_content(tasks[fp], model), dst_node_id=node_of[fp], message_type="train",
+                                ttl=ttl(self.coord.settings.deadline)) for fp in fps]
+            ids = self.grid.push_messages(messages)
         out = []
         for fp, mid in zip(fps, ids):
             if mid:

@@ -60,10 +60,7 @@ class Watch:
             self.pushing = True
             try:
                 push(client, message, context)
-            except SystemExit:  # Flower's answer to a 401 is a SIGINT to itself; or the node was stopped
-                self.refused(PUSH_REFUSED)
-                raise
-            except BaseException as err:
+            except Exception as err:  # a 401 is no exception here: Flower's SIGINT to itself ends the process (ending)
                 self.refused(f"pushing the reply failed ({type(err).__name__}: {str(err)[:300]})")
                 raise
             self.settled = True

@@ -207,6 +207,11 @@ def remember(folder: Path | None, task: Task, attack: str, before: Memory | None
     write_atomic(path, lambda out: torch.save(state, out))
 
 
+def sign(reply: Reply, key, update_sha: str) -> Reply:
+    """``reply`` signed with the node's ``key`` for an update of SHA-256 ``update_sha``."""
+    return dataclasses.replace(reply, signature=keys.sign(key, reply_payload(reply, update_sha)))
+
+
 def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
          attack: str = "", folder: Path | None = None, part: str = "") -> tuple[Reply, np.ndarray | Encoded | None]:
     """The signed reply to ``task`` with global weights ``w`` (or a refusal saying why), and
@@ -268,7 +273,7 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
     count, base = faults.corrupt_fields(attack, len(data.y), task.base)
     reply = Reply(run=task.run, round=task.round, base=base, count=count, signature=b"", seconds=seconds,
                   part=part, profile=profile_of(device))
-    reply = dataclasses.replace(reply, signature=keys.sign(key, reply_payload(reply, sha256(torch.from_numpy(signed)))))
+    reply = sign(reply, key, sha256(torch.from_numpy(signed)))
     if folder is not None:
         reply, again = faults.corrupt_reply(attack, reply, signed, folder)
         if again is not signed:  # a replayed (decoded) row: sent again as the codec carries it
@@ -302,4 +307,4 @@ def check(task: Task, w: np.ndarray, author: str, part: str, data_of: Callable[[
         sent, signed, _ = encode_update(codec, signed, (task.seed, task.round, author))
     reply = Reply(run=task.run, round=task.round, base=task.base, count=0, signature=b"", part=part,
                   profile=profile_of(device), author=author)
-    return dataclasses.replace(reply, signature=keys.sign(key, reply_payload(reply, sha256(torch.from_numpy(signed))))), sent
+    return sign(reply, key, sha256(torch.from_numpy(signed))), sent
