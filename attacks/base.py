@@ -131,6 +131,7 @@ class NodeAttack(Attack):
     kind = "node"
     remembers = False  # whether the node needs its previous round (a :class:`Memory`)
     stop_after = 0  # 0: attacks every round; R: honest from round R + 1 on
+    estimates = 0  # K > 0: the node also computes K honest rows on its own data for forge's ``own``
 
     def active(self, round: int) -> bool:
         """Whether the node attacks in ``round`` (1-based) or behaves honestly (after ``stop_after``)."""
@@ -140,8 +141,9 @@ class NodeAttack(Attack):
     def trains_alone(self) -> bool:
         """Whether a bench driver must compute this attacker's row with the volunteer's own
         function, one node at a time: its training changes with the round or with its memory
-        (a :meth:`shaping` hook, a stop round), which the batched kernels do not model."""
-        return bool(self.stop_after) or type(self).shaping is not NodeAttack.shaping
+        (a :meth:`shaping` hook, a stop round), or it computes :attr:`estimates`, which the
+        batched kernels do not model."""
+        return bool(self.stop_after) or bool(self.estimates) or type(self).shaping is not NodeAttack.shaping
 
     def shaping(self, round: int, w: torch.Tensor, last: Memory | None) -> Shaping | None:
         """How the node bends its local training in ``round`` from the global model ``w``
@@ -159,8 +161,12 @@ class NodeAttack(Attack):
         """Factor the node applies to its update before sending it."""
         return 1.0
 
-    def forge(self, row: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+    def forge(self, row: torch.Tensor, previous: torch.Tensor | None, own: torch.Tensor | None = None
+              ) -> torch.Tensor:
         """What the node sends for the update ``row`` it computed this round (``previous``: the
-        one it computed last round, if it took part; only read when :attr:`remembers`)."""
+        one it computed last round, if it took part; only read when :attr:`remembers`;
+        ``own``: for an attack with :attr:`estimates` ``K``, the ``(K, d)`` honest rows the node
+        also computed from the same model and momentum, each on its own draw of batches from
+        its data (``nodes.engine.training.estimates``): its view of what honest nodes send)."""
         scale = self.scale()
         return row * scale if scale != 1.0 else row

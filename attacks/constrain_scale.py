@@ -58,9 +58,10 @@ class ConstrainScale(Backdoor):
         alpha = self.alpha
         return Shaping(loss=lambda ce, local, start: alpha * ce + (1 - alpha) * distance2(local, start))
 
-    def forge(self, row: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+    def forge(self, row: torch.Tensor, previous: torch.Tensor | None, own: torch.Tensor | None = None
+              ) -> torch.Tensor:
         if not self.norm:
-            return super().forge(row, previous)
+            return super().forge(row, previous, own)
         length = float(torch.linalg.vector_norm(row.to(torch.float64)))
         if length == 0.0:
             return row  # no direction to scale along

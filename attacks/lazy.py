@@ -22,5 +22,6 @@ class Lazy(NodeAttack):
     name = "lazy"
     remembers = True
 
-    def forge(self, row: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+    def forge(self, row: torch.Tensor, previous: torch.Tensor | None, own: torch.Tensor | None = None
+              ) -> torch.Tensor:
         return row if previous is None else previous

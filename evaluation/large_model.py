@@ -196,7 +196,8 @@ def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNT
         "rounds": [{"round": r["round"], "seconds": r["seconds"], "train_seconds_max": r["train_seconds_max"],
                     "accepted": r["accepted"], "asked": r["asked"], "rejected": r["rejected"], "failed": r["failed"],
                     "missing": r["missing"], "accuracy": r["accuracy"], "bytes_up": r["bytes_up"],
-                    "bytes_down": r["bytes_down"], "quarantined": r["quarantined"]} for r in records],
+                    "bytes_down": r["bytes_down"], "flagged": r["flagged"], "quarantined": r["quarantined"]}
+                   for r in records],
         "final_accuracy": json.loads((coord / checkpoint.RESULT).read_text())["final_accuracy"],
         "coordinator_peak_mb": round(peaks.mb.get("coordinator", 0.0), 1),
         "parts_peak_mb": {part: round(peaks.mb.get(part, 0.0), 1) for part in PARTS},
@@ -219,11 +220,12 @@ def print_report(report: dict) -> None:
     print(f"\ndeployment: coordinator + {dep['volunteers']} volunteers on loopback, {dep['model']} (d = {dep['d']:,}), "
           f"{dep['attack'] or 'no'} attacker, "
           f"task {dep['task_bytes'] / MB:.1f} MB, reply {dep['reply_bytes'] / MB:.1f} MB (model {dep['model_bytes'] / MB:.1f} MB)")
-    print("| round | accepted | seconds | slowest training s | MB up | MB down | quarantined | accuracy |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| round | accepted | seconds | slowest training s | MB up | MB down | flagged | quarantined | accuracy |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in dep["rounds"]:
         print(f"| {r['round']} | {r['accepted']}/{r['asked']} | {r['seconds']:.1f} | {r['train_seconds_max']:.1f} "
-              f"| {r['bytes_up'] / MB:.0f} | {r['bytes_down'] / MB:.0f} | {len(r['quarantined'])} | {r['accuracy']:.3f} |")
+              f"| {r['bytes_up'] / MB:.0f} | {r['bytes_down'] / MB:.0f} | {len(r['flagged'])} | {len(r['quarantined'])} "
+              f"| {r['accuracy']:.3f} |")
     print(f"peak resident MB: coordinator tree {dep['coordinator_peak_mb']:.0f}, largest volunteer tree "
           f"{dep['volunteer_peak_mb']:.0f} ({', '.join(f'{k} {v:.0f}' for k, v in dep['volunteers_peak_mb'].items())}); "
           f"final accuracy {dep['final_accuracy']:.3f}; {dep['seconds']:.0f} s")
@@ -241,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=MODEL, help=f"the model factory in examples/large (default {MODEL}; "
                    "hugenet:make has 100.8M parameters)")
     p.add_argument("--volunteers", type=int, default=VOLUNTEERS, metavar="N", help=f"volunteers deployed (default {VOLUNTEERS})")
-    p.add_argument("--attack", default="", help="an attack the last volunteer plays (e.g. alie; default none)")
+    p.add_argument("--attack", default="", help="an attack the last volunteer plays (e.g. alie-local; default none)")
     p.add_argument("--quorum", type=int, default=0, metavar="Q", help="replies a round steps on (default: every volunteer's)")
     p.add_argument("--no-bench", action="store_true", help="the deployment only")
     args = p.parse_args(argv)

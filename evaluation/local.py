@@ -35,7 +35,7 @@ from nodes.engine.ledger import TaskLedger, Ticket
 from nodes.engine.protocol import Protocol
 from nodes.engine.root import Root
 from nodes.engine.spotcheck import Verdict, referee
-from nodes.engine.training import compute
+from nodes.engine.training import compute, estimates
 from nodes.wire import Task
 from robust.compute import profile
 from robust.batches import draw_batches, node_key
@@ -117,10 +117,12 @@ class CellRun:
             self._local[i] = data.x_train[part].clone(), data.y_train[part].clone()
         return self._local[i]
 
-    def _forge(self, idx: list[int], rows: torch.Tensor, t: int, w: torch.Tensor | None = None) -> torch.Tensor:
-        """The rows the asked nodes ``idx`` send, computed from ``w`` (the global model if
-        ``None``: the round's task model): a node-side attacker's ``forge`` of its own."""
-        attack = self.setup.attack
+    def _forge(self, idx: list[int], rows: torch.Tensor, task: Task, before: torch.Tensor | None,
+               w: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows the asked nodes ``idx`` send for ``task``, computed from ``w`` (the global
+        model if ``None``: the round's task model) and their momenta ``before`` it: a node-side
+        attacker's ``forge`` of its own (with its own honest estimates, as a volunteer's)."""
+        attack, t, w = self.setup.attack, task.round, self.sent if w is None else w
         byz = [j for j, i in enumerate(idx) if self.setup.attack_of(self.ids[i])]
         if not isinstance(attack, NodeAttack) or not byz:
             return rows
@@ -128,9 +130,14 @@ class CellRun:
         for j in byz:
             honest, last = rows[j].clone(), self.last.get(idx[j])
             if attack.active(t):
-                rows[j] = attack.forge(honest, None if last is None else last.row)
+                own = None
+                if attack.estimates:
+                    x, y = self.local(idx[j])
+                    own = estimates(task, w, x, y, self.setup.data.classes, self.ids[idx[j]], torch.device("cpu"),
+                                    before[j], attack.estimates)
+                rows[j] = attack.forge(honest, None if last is None else last.row, own)
             if attack.remembers:
-                self.last[idx[j]] = Memory(t, self.sent if w is None else w, honest)
+                self.last[idx[j]] = Memory(t, w, honest)
         return rows
 
     def _poisoned(self, parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
@@ -177,23 +184,28 @@ class CellRun:
         idx = [self.index[fp] for fp in asked]
         if not idx:  # every node quarantined
             return torch.empty(0, self.engine.w.numel())
-        task = self.task()
+        task, before = self.task(), self._before(idx)
         if not self.vectorize:
-            return self._forge(idx, self._per_node(idx, task), task.round)
+            return self._forge(idx, self._per_node(idx, task), task, before)
         alone = torch.tensor([self.alone[i] for i in idx])
         if not alone.any():
-            return self._forge(idx, self._batched(idx), task.round)
+            return self._forge(idx, self._batched(idx), task, before)
         rows = torch.empty(len(idx), self.engine.w.numel())
         if not alone.all():
             rows[~alone] = self._batched([i for i, a in zip(idx, alone.tolist()) if not a])
         rows[alone] = self._per_node([i for i, a in zip(idx, alone.tolist()) if a], task)
-        return self._forge(idx, rows, task.round)
+        return self._forge(idx, rows, task, before)
 
     def row(self, node: str, task: Task, w: torch.Tensor) -> torch.Tensor:
         """One node's row for ``task`` carrying model ``w`` (an asynchronous driver's), as a
         volunteer computes it."""
         i = self.index[node]
-        return self._forge([i], self._per_node([i], task, w), task.round, w)[0]
+        return self._forge([i], self._per_node([i], task, w), task, self._before([i]), w)[0]
+
+    def _before(self, idx: list[int]) -> torch.Tensor | None:
+        """Nodes ``idx``'s momenta before their rows advance them, if an attacker needs them to
+        compute its :attr:`~attacks.base.NodeAttack.estimates` (a copy)."""
+        return self.momenta[idx] if getattr(self.setup.attack, "estimates", 0) else None
 
     def _per_node(self, idx: list[int], task: Task, w: torch.Tensor | None = None) -> torch.Tensor:
         """Nodes ``idx``'s rows for ``task`` from model ``w`` (the round's task model if ``None``), each

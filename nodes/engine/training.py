@@ -108,6 +108,18 @@ def compute(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, class
     return row.detach().to("cpu", torch.float32), m.detach().to("cpu", torch.float32)
 
 
+def estimates(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,
+              device: torch.device, m: torch.Tensor | None, k: int) -> torch.Tensor:
+    """The ``(k, d)`` honest rows node ``node`` also computes for an attack with
+    :attr:`~attacks.base.NodeAttack.estimates` (its view of what honest nodes send): :func:`compute`
+    from the same model ``w`` and momentum ``m`` on the same data, each under the identity
+    ``node/estimate/j``, hence its own draw of batches (and of a dropout stream)."""
+    out = torch.empty(k, w.numel())
+    for j in range(k):
+        out[j] = compute(task, w, x, y, classes, f"{node}/estimate/{j + 1}", device, "", m)[0]
+    return out
+
+
 def transmitted(codec: Codec, row: torch.Tensor, key: tuple) -> torch.Tensor:
     """The row the coordinator decodes from an honest node's ``row`` (no residual): what a spot
     check's recomputation is compared as."""

@@ -41,7 +41,7 @@ from robust.params import sha256
 from ..checkpoint import write_atomic
 from ..engine.protocol import Protocol
 from ..engine.spotcheck import profile_of
-from ..engine.training import NodeData, compute, parse_part, part_of, playing
+from ..engine.training import NodeData, compute, estimates, parse_part, part_of, playing
 from ..wire import Reply, Task, refusal, reply_payload
 from . import faults
 
@@ -98,12 +98,17 @@ def check_attack(spec: str) -> None:
         )
 
 
-def forge(attack: str, row: torch.Tensor, last: Memory | None, round: int) -> torch.Tensor:
+def forge(attack: str, row: torch.Tensor, last: Memory | None, round: int,
+          own: Callable[[int], torch.Tensor] | None = None) -> torch.Tensor:
     """What a node playing ``attack`` sends in ``round`` for the update ``row`` it computed
     (``last``: what it kept of its previous round, for an attack that
-    :attr:`~attacks.base.NodeAttack.remembers`)."""
+    :attr:`~attacks.base.NodeAttack.remembers`; ``own(K)``: the node's ``K`` more honest rows,
+    for an attack with :attr:`~attacks.base.NodeAttack.estimates`, computed only then)."""
     played = playing(attack, round)
-    return row if played is None else played.forge(row, None if last is None else last.row)
+    if played is None:
+        return row
+    return played.forge(row, None if last is None else last.row,
+                        own(played.estimates) if played.estimates and own is not None else None)
 
 
 def _state_path(folder: Path, run: str) -> Path:
@@ -262,7 +267,8 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
     if keeps:
         save_momentum(folder, task, m, after)
     remember(folder, task, played, last, weights, delta)
-    delta = forge(played, delta, last, task.round)
+    delta = forge(played, delta, last, task.round,
+                  lambda k: estimates(task, weights, data.x, data.y, data.classes, node, device, m, k))
     row = faults.corrupt_row(attack, delta.numpy())
     sent, signed = row, row  # codec none: the row itself
     code_key = (task.seed, task.round, node)

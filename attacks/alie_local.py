@@ -1,0 +1,51 @@
+"""``alie-local``: A little is enough (Baruch, Baruch & Goldberg, NeurIPS 2019) played by a node
+that sees no other node's update.
+
+The paper's attackers estimate the honest nodes' per-coordinate mean and standard deviation
+from updates they compute themselves on their own data; the omniscient ``alie`` is given the
+honest rows instead. This node computes its honest row ``g_0`` and ``K = estimates`` more,
+``g_1 .. g_K``, from the same model and momentum, each on its own draw of batches from its data
+(``nodes.engine.training.estimates``), and sends::
+
+    mean(g_0 .. g_K) - z * std(g_0 .. g_K)
+
+(per coordinate, population standard deviation, summed row by row in that order). Its spread is that of batch draws on one
+node's data: a lower bound of the spread across nodes, which also differ in their data, so the
+row stays inside the honest cloud where coordinate-wise and distance-based rules do not see
+it. ``z`` defaults to 1: the paper's ``z`` is a function of ``n`` and ``f``, which a node does
+not know. Costs ``K`` extra local trainings a round.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import NodeAttack, register
+
+
+@register
+class ALIELocal(NodeAttack):
+    name = "alie-local"
+
+    def __init__(self, f: int, *, z: float = 1.0, estimates: int = 3) -> None:
+        super().__init__(f)
+        self._check_param("z", z, True, "a finite number")
+        self._check_param("estimates", estimates, 1 <= estimates <= 64,
+                          "an integer in [1, 64]: the honest rows the node computes to estimate the spread")
+        self.z, self.estimates = z, estimates
+
+    def forge(self, row: torch.Tensor, previous: torch.Tensor | None, own: torch.Tensor | None = None
+              ) -> torch.Tensor:
+        if own is None or own.shape != (self.estimates, row.numel()):
+            raise ValueError(f"alie-local forges from its {self.estimates} own honest rows (got "
+                             f"{None if own is None else tuple(own.shape)}): compute them with "
+                             "nodes.engine.training.estimates")
+        # one (d,) row at a time, in a fixed order (a 100M-parameter node holds no (K + 1, d) temporaries)
+        mean = row.clone()
+        for r in own:
+            mean += r
+        mean /= len(own) + 1
+        var = (row - mean).square_()
+        for r in own:
+            var += (r - mean).square_()
+        return var.div_(len(own) + 1).sqrt_().mul_(-self.z).add_(mean)
