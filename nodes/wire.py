@@ -312,7 +312,7 @@ def pack(content: RecordDict) -> bytes:
     return recorddict_to_proto(content).SerializeToString()
 
 
-def unpack(data: bytes) -> RecordDict:
+def unpack(data: bytes | bytearray) -> RecordDict:
     """The content :func:`pack` made of ``data``; ``ValueError`` if it is none."""
     try:
         return recorddict_from_proto(ProtoRecordDict.FromString(data))

@@ -28,7 +28,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,6 +37,7 @@ LENGTH = struct.Struct(">Q")
 HEADER_CAP = 1 << 16  # bytes: a header is a few small fields
 BODY_CAP = 1 << 40  # bytes: above any model's reply; what is read is only what arrives
 SUN_PATH = 100  # bytes: a socket's path must be shorter than 104 (macOS) or 108 (Linux)
+CHUNK = 1 << 24  # bytes a read's buffer starts with, and grows by at least
 
 
 class ChannelError(Exception):
@@ -127,34 +128,39 @@ def send(conn: socket.socket, header: dict, body: bytes) -> None:
     conn.sendall(body)
 
 
-def _read(conn: socket.socket, n: int, until: float | None) -> bytes:
-    out = bytearray()
-    while len(out) < n:
+def _read(conn: socket.socket, n: int, until: float | None) -> bytearray:
+    """``n`` bytes from ``conn``, read into one buffer (a 400 MB body is held once, never copied);
+    the buffer grows with what arrives, so a length no one sends costs nothing."""
+    out, got = bytearray(min(n, CHUNK)), 0
+    while got < n:
         if until is not None:
             left = until - time.monotonic()
             if left <= 0:
                 raise Silent("no answer in time")
             conn.settimeout(left)
+        if got == len(out):
+            out.extend(bytes(min(n - got, max(got, CHUNK))))  # doubling: each byte is moved O(1) times
         try:
-            chunk = conn.recv(min(n - len(out), 1 << 20))
+            with memoryview(out) as view:
+                k = conn.recv_into(view[got:], min(len(out) - got, 1 << 20))
         except TimeoutError:
             raise Silent("no answer in time") from None
         except OSError as err:
             raise Gone(f"the connection failed ({err.strerror or err})") from None
-        if not chunk:
-            raise Gone(f"the connection closed after {len(out)} of {n} bytes")
-        out += chunk
-    return bytes(out)
+        if not k:
+            raise Gone(f"the connection closed after {got} of {n} bytes")
+        got += k
+    return out
 
 
-def _frame(conn: socket.socket, cap: int, until: float | None) -> bytes:
+def _frame(conn: socket.socket, cap: int, until: float | None) -> bytearray:
     (n,) = LENGTH.unpack(_read(conn, LENGTH.size, until))
     if n > cap:
         raise Garbled(f"a frame of {n} bytes (at most {cap})")
     return _read(conn, n, until)
 
 
-def receive(conn: socket.socket, until: float | None = None) -> tuple[dict, bytes]:
+def receive(conn: socket.socket, until: float | None = None) -> tuple[dict, bytearray]:
     """``(header, body)`` from ``conn``, whole by ``until`` (``time.monotonic()``; ``None``: no limit)."""
     try:
         header = json.loads(_frame(conn, HEADER_CAP, until))
@@ -165,17 +171,18 @@ def receive(conn: socket.socket, until: float | None = None) -> tuple[dict, byte
     return header, _frame(conn, BODY_CAP, until)
 
 
-def ask(folder: Path, header: dict, body: bytes, until: float) -> tuple[dict, bytes, int | None]:
-    """Send a request to the trainer of ``folder``; its answer, whole by ``until``
-    (``time.monotonic()``), and the trainer's pid. A :class:`ChannelError` says why not, with
-    the trainer's pid."""
+def ask(folder: Path, header: dict, body: Callable[[], bytes], until: float) -> tuple[dict, bytearray, int | None]:
+    """Send a request (``body()``: its body, made once connected and let go once sent: a big
+    task is not held while the trainer works) to the trainer of ``folder``; its answer, whole
+    by ``until`` (``time.monotonic()``), and the trainer's pid. A :class:`ChannelError` says why
+    not, with the trainer's pid."""
     conn = connect(folder, until)
     pid = peer_pid(conn)
     try:
         with conn:
             conn.settimeout(max(until - time.monotonic(), 0.001))  # a trainer that reads nothing fills the buffer
             try:
-                send(conn, header, body)
+                send(conn, header, body())
             except TimeoutError:
                 raise Silent("the request was not read in time") from None
             except OSError as err:

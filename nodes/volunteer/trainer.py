@@ -63,6 +63,7 @@ def handle(node: Node, conn: socket.socket) -> None:
         return
     try:
         content = unpack(body)
+        del body  # held through the training otherwise: a 400 MB task twice
         fault = faults.trainer_fault(node.config.attack, task_of(content).round)
         if fault == "crash":
             os.kill(os.getpid(), signal.SIGKILL)
