@@ -9,11 +9,12 @@ honest rows instead. This node computes its honest row ``g_0`` and ``K = estimat
 
     mean(g_0 .. g_K) - z * std(g_0 .. g_K)
 
-(per coordinate, population standard deviation, summed row by row in that order). Its spread is that of batch draws on one
-node's data: a lower bound of the spread across nodes, which also differ in their data, so the
-row stays inside the honest cloud where coordinate-wise and distance-based rules do not see
-it. ``z`` defaults to 1: the paper's ``z`` is a function of ``n`` and ``f``, which a node does
-not know. Costs ``K`` extra local trainings a round.
+(per coordinate, population standard deviation, summed row by row in that order). Its
+spread is that of batch draws on one node's data, which is usually narrower than the spread
+across nodes (they also differ in their data): the row stays inside the honest cloud, where
+coordinate-wise and distance-based rules do not see it. ``z`` defaults to 1: the paper's ``z``
+is a function of ``n`` and ``f``, which a node does not know. Costs ``K`` extra local
+trainings a round.
 """
 
 from __future__ import annotations

@@ -306,15 +306,38 @@ def read_identity(content: RecordDict) -> bytes:
     return value
 
 
-def pack(content: RecordDict) -> bytes:
-    """A message's content as bytes (Flower's own protobuf form), for the volunteer's local
-    channel (``nodes.volunteer.channel``)."""
-    return recorddict_to_proto(content).SerializeToString()
+def _arrays(content: RecordDict) -> list[tuple[str, str]]:
+    """``(record, array)`` names of every array in ``content``, in one order both sides agree on."""
+    return [(name, key) for name in sorted(content.array_records) for key in sorted(content.array_records[name])]
 
 
-def unpack(data: bytes | bytearray) -> RecordDict:
-    """The content :func:`pack` made of ``data``; ``ValueError`` if it is none."""
+def pack(content: RecordDict) -> list[bytes]:
+    """A message's content as frames for the volunteer's local channel (``nodes.volunteer.channel``):
+    Flower's protobuf form of ``content`` with every array's bytes left out, then those bytes,
+    one frame per array (the arrays' own bytes objects: a 400 MB model is not copied)."""
+    records = {name: ArrayRecord({key: Array(dtype=a.dtype, shape=tuple(a.shape), stype=a.stype, data=b"")
+                                  for key, a in record.items()}) if isinstance(record, ArrayRecord) else record
+               for name, record in content.items()}
+    return [recorddict_to_proto(RecordDict(records)).SerializeToString(),
+            *(content.array_records[name][key].data for name, key in _arrays(content))]
+
+
+def unpack(frames: list[bytes | bytearray]) -> RecordDict:
+    """The content :func:`pack` made ``frames`` of; ``ValueError`` if they are none. Consumes
+    ``frames`` (each array's frame is let go once its bytes are the array's)."""
     try:
-        return recorddict_from_proto(ProtoRecordDict.FromString(data))
+        content = recorddict_from_proto(ProtoRecordDict.FromString(frames[0]))
     except Exception as err:  # noqa: BLE001 - any parser failure means: not a message's content
         raise ValueError(f"not a message's content ({type(err).__name__})") from None
+    names = _arrays(content)
+    if len(frames) != len(names) + 1:
+        raise ValueError(f"not a message's content ({len(names)} arrays, {len(frames) - 1} frames of bytes)")
+    del frames[0]
+    for name, key in names:
+        array = content.array_records[name][key]
+        if array.data:
+            raise ValueError(f"not a message's content (array {name}.{key} holds bytes in its skeleton)")
+        data = frames.pop(0)
+        array.data = data if isinstance(data, bytes) else bytes(data)
+        del data
+    return content

@@ -86,7 +86,8 @@ def test_the_bench_computes_its_attackers_as_a_volunteer_does(protocol):
             i = run.index[fp]
             m = run.momenta[i].clone()
             row, _ = compute(run.task(), w, *run.local(i), classes, fp, CPU, spec, m)
-            want[fp] = forge(spec, row, None, t, lambda k: estimates(run.task(), w, *run.local(i), classes, fp, CPU, m, k))
+            own = lambda k: estimates(run.task(), w, *run.local(i), classes, fp, CPU, m, k)  # noqa: E731
+            want[fp] = forge(spec, row, None, t, own)
         asked = run.engine.select(run.ids)
         X_ = run.rows(asked)
         run.add(run.engine.step(asked, asked, X_))

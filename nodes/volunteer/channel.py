@@ -5,11 +5,13 @@ A Unix stream socket, ``DIR/trainer/socket``, in a folder only the volunteer's u
 read its replies. The trainer binds it (replacing the one a killed trainer left behind); a
 ClientApp connects, sends one request, reads one answer, and the connection closes.
 
-A request and an answer are two frames each, a frame being its length (8 bytes, big-endian)
-then its bytes: a JSON object (the header), then the body (a Flower ``RecordDict`` as protobuf
-bytes: the task's content, the reply's content). A request's header holds ``sent_at`` (when
-the coordinator sent the task, Unix time); an answer's holds ``error`` (empty, or why the
-trainer could not answer).
+A request and an answer are frames, a frame being its length (8 bytes, big-endian) then its
+bytes: a JSON object (the header, with ``parts``: how many frames the body has), then the
+body's frames (a Flower ``RecordDict``, the task's content or the reply's, as
+``nodes.wire.pack`` cuts it: its protobuf form without the arrays' bytes, then each array's
+bytes, sent from the array's own buffer and read into one buffer each, never copied whole). A
+request's header holds ``sent_at`` (when the coordinator sent the task, Unix time); an
+answer's holds ``error`` (empty, or why the trainer could not answer).
 
 Reading is bounded in time and checked, and each way it fails has its own exception: no
 trainer listening (:class:`Absent`), none answering in time (:class:`Silent`), a connection
@@ -38,6 +40,7 @@ HEADER_CAP = 1 << 16  # bytes: a header is a few small fields
 BODY_CAP = 1 << 40  # bytes: above any model's reply; what is read is only what arrives
 SUN_PATH = 100  # bytes: a socket's path must be shorter than 104 (macOS) or 108 (Linux)
 CHUNK = 1 << 24  # bytes a read's buffer starts with, and grows by at least
+PARTS, PARTS_CAP = "parts", 1 << 16  # the header's count of the body's frames, and its most
 
 
 class ChannelError(Exception):
@@ -121,11 +124,13 @@ def connect(folder: Path, until: float) -> socket.socket:
             time.sleep(0.2)
 
 
-def send(conn: socket.socket, header: dict, body: bytes) -> None:
-    head = json.dumps(header).encode()
+def send(conn: socket.socket, header: dict, body: list[bytes]) -> None:
+    """``header`` (with the count of ``body``'s frames, ``parts``) and each frame of ``body``."""
+    head = json.dumps({**header, PARTS: len(body)}).encode()
     conn.sendall(LENGTH.pack(len(head)) + head)
-    conn.sendall(LENGTH.pack(len(body)))
-    conn.sendall(body)
+    for part in body:
+        conn.sendall(LENGTH.pack(len(part)))
+        conn.sendall(part)
 
 
 def _read(conn: socket.socket, n: int, until: float | None) -> bytearray:
@@ -160,18 +165,23 @@ def _frame(conn: socket.socket, cap: int, until: float | None) -> bytearray:
     return _read(conn, n, until)
 
 
-def receive(conn: socket.socket, until: float | None = None) -> tuple[dict, bytearray]:
-    """``(header, body)`` from ``conn``, whole by ``until`` (``time.monotonic()``; ``None``: no limit)."""
+def receive(conn: socket.socket, until: float | None = None) -> tuple[dict, list[bytearray]]:
+    """``(header, body's frames)`` from ``conn``, whole by ``until`` (``time.monotonic()``;
+    ``None``: no limit)."""
     try:
         header = json.loads(_frame(conn, HEADER_CAP, until))
     except (UnicodeDecodeError, ValueError):
         raise Garbled("the header is not JSON") from None
     if not isinstance(header, dict):
         raise Garbled(f"the header is a JSON {type(header).__name__}, not an object")
-    return header, _frame(conn, BODY_CAP, until)
+    parts = header.pop(PARTS, None)
+    if type(parts) is not int or not 0 <= parts <= PARTS_CAP:
+        raise Garbled(f"the header's {PARTS} is {parts!r}, not a count of frames (at most {PARTS_CAP})")
+    return header, [_frame(conn, BODY_CAP, until) for _ in range(parts)]
 
 
-def ask(folder: Path, header: dict, body: Callable[[], bytes], until: float) -> tuple[dict, bytearray, int | None]:
+def ask(folder: Path, header: dict, body: Callable[[], list[bytes]], until: float
+        ) -> tuple[dict, list[bytearray], int | None]:
     """Send a request (``body()``: its body, made once connected and let go once sent: a big
     task is not held while the trainer works) to the trainer of ``folder``; its answer, whole
     by ``until`` (``time.monotonic()``), and the trainer's pid. A :class:`ChannelError` says why

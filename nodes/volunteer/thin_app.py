@@ -93,17 +93,16 @@ def relay(folder: Path, task_content: RecordDict, sent_at: float, ttl: float) ->
         return answer(Node.load(folder), task_content, sent_at)
     until = time.monotonic() + budget(task, sent_at, ttl, time.time())
     try:
-        header, body, pid = channel.ask(folder, {"sent_at": sent_at}, lambda: pack(task_content), until)
+        header, frames, pid = channel.ask(folder, {"sent_at": sent_at}, lambda: pack(task_content), until)
         error = header.get("error")
         if not isinstance(error, str):
             raise channel.Garbled("the answer's header has no error field", pid)
         if error:
             raise RuntimeError(f"the trainer could not answer: {error}")
         try:
-            reply = unpack(body)
+            reply = unpack(frames)  # each frame let go as its array takes it: one copy of the reply at a time
         except ValueError as err:
             raise channel.Garbled(str(err), pid) from None
-        del body  # what Flower sends is the reply: the bytes it came in go before Flower copies it
         if REPLY not in reply.config_records:
             raise channel.Garbled("the answer holds no reply", pid)
         if header.get("stall") is True:  # a test fault (faults.stalls_clientapp)

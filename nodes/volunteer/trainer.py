@@ -55,27 +55,26 @@ def setup(folder: Path, device: str, dataset: str, root: str | None, part: str, 
 def handle(node: Node, conn: socket.socket) -> None:
     """Read one task from ``conn`` and answer it."""
     try:
-        header, body = channel.receive(conn, time.monotonic() + REQUEST_WAIT)
+        header, frames = channel.receive(conn, time.monotonic() + REQUEST_WAIT)
     except channel.Gone:  # closed unasked: `node join` checking that the trainer listens
         return
     except channel.ChannelError as err:
         print(f"trainer: dropped a request that is not one ({err})", flush=True)
         return
     try:
-        content = unpack(body)
-        del body  # held through the training otherwise: a 400 MB task twice
+        content = unpack(frames)  # the frames let go as the arrays take them: the task is held once
         fault = faults.trainer_fault(node.config.attack, task_of(content).round)
         if fault == "crash":
             os.kill(os.getpid(), signal.SIGKILL)
         if fault == "hang":
             threading.Event().wait()
         if fault == "garbage":
-            channel.send(conn, {"error": ""}, b"this is not a reply")
+            channel.send(conn, {"error": ""}, [b"this is not a reply"])
             return
         stall = faults.stalls_clientapp(node.config.attack, task_of(content).round)
         out = {"error": "", **({"stall": True} if stall else {})}, pack(answer(node, content, float(header.get("sent_at", 0.0))))
     except Exception as err:  # noqa: BLE001 - the task's failure, said to the ClientApp: never the trainer's end
-        out = {"error": f"{type(err).__name__}: {err}"[:2000]}, b""
+        out = {"error": f"{type(err).__name__}: {err}"[:2000]}, []
     try:
         channel.send(conn, *out)
     except OSError as err:  # the ClientApp is gone (Flower stopped it): the next task is another's
