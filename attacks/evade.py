@@ -24,12 +24,12 @@ Each round the Byzantine rows are ``B(s) = r(s) + J`` along a direction ``r``:
 
 ``J`` is the per-row jitter, one of
 
-- ``jitter=gauss`` (default): the seeded ``spread * std(H) * N(0, 1)`` of
+- ``jitter=gauss``: the seeded ``spread * std(H) * N(0, 1)`` of
   :meth:`OmniscientAttack.jitter` (default ``spread=1``: a crafted row varies around its target
   as much as an honest row around the mean, so the colluders neither coincide nor sit
   suspiciously close to the centre). ``J`` is drawn once per round, before the search: the
   rows checked are the rows sent.
-- ``jitter=own`` and ``jitter=typical``: no noise, each colluder bends a real update ``o_i``
+- ``jitter=own`` and ``jitter=typical`` (default): no noise, each colluder bends a real update ``o_i``
   instead, its own honest update (``own``, ``Context.own``) or, for ``typical``, one of the
   ``f`` honest rows least suspicious on their worst detector (each row of ``H`` ranked by
   every detector's score of ``H`` alone, its highest rank kept; the ``f`` lowest, ties to the
@@ -49,10 +49,10 @@ Each round the Byzantine rows are ``B(s) = r(s) + J`` along a direction ``r``:
 
 A row *passes* a detector when its score (the deployment's detectors, ``Context.detectors``, on ``[H; B(s)]``;
 scores are per row and permutation-equivariant, so the engine's order does not matter) is at
-most that candidate round's threshold, the ``quantile`` (default 0.95, linear interpolation)
+most that candidate round's threshold, the ``quantile`` (default 1: the most suspicious honest row; linear interpolation)
 of the honest rows' scores, and the rows together pass it when, besides, the round's AUC of
 that detector (the share of (crafted, honest) pairs where the crafted row scores higher, ties
-counting half, as ``evaluation.metrics.roc_auc``) is at most ``auc`` (default 1: no bound).
+counting half, as ``evaluation.metrics.roc_auc``) is at most ``auc`` (default 0.7; 1: no bound).
 A row's share in a round's AUC is the share of honest rows it outranks, so ``quantile`` bounds
 (about) every chosen detector's AUC in the rounds the rows hide, and ``auc`` bounds it exactly.
 ``policy`` is the coordinator's per-round flag rule (``Context.flagged``: no crafted
@@ -77,6 +77,13 @@ auc=0.7,quantile=1`` costs 19.2 pp of accuracy (seeds 0 and 1; 16.8 pp over seed
 with every detector's AUC <= 0.57 (median-cosine; 0.59 over seeds 0 to 3), and ``auc=0.6``
 11.5 pp at AUCs <= 0.54. The direction does it: ``sign`` and ``alie`` with the same rows cost
 1.2 and 0.1 pp, ``grad`` with the Gaussian jitter 20 pp at a spectral AUC of 0.86.
+
+The defaults (``detector=all,dir=grad,jitter=typical,auc=0.7,quantile=1``) are that strongest
+measured setting, chosen on the quick scenario and the stealth grid
+(``evaluation/scenarios/stealth.toml``: the worst attack for 8 of its 10 defences, never
+quarantined); ``evade:detector=all`` alone plays it. The earlier defaults (``dir=alie,
+jitter=gauss,quantile=0.95,auc=1``) cost 0.6 pp against ``mean`` and were seen (best
+detector AUC 0.89).
 """
 
 from __future__ import annotations
@@ -139,8 +146,8 @@ class Evade(OmniscientAttack):
     spread = 1.0
     jitters_in_craft = True
 
-    def __init__(self, f: int, *, detector: str = "all", dir: str = "alie", steps: int = 12,
-                 max: float = 10.0, quantile: float = 0.95, auc: float = 1.0, jitter: str = "gauss") -> None:
+    def __init__(self, f: int, *, detector: str = "all", dir: str = "grad", steps: int = 12,
+                 max: float = 10.0, quantile: float = 1.0, auc: float = 0.7, jitter: str = "typical") -> None:
         super().__init__(f)
         if detector == UNSCORED:
             raise ValueError(f"evade detector {UNSCORED} is the rule's choice, not a score: name a detector, "

@@ -19,6 +19,20 @@ from nodes.engine.flags import FlagPolicy
 F64 = torch.float64
 F, RATIO, MAX, STEPS, Q = 3, 1.5, 10.0, 12, 0.95
 TARGETS = tuple(d for d in DETECTORS if d != "discarded")  # what evade:detector=all hides from
+EARLIER = {"dir": "alie", "jitter": "gauss", "quantile": "0.95", "auc": "1"}  # the defaults before the strongest setting
+
+
+def old(spec: str) -> str:
+    """``spec`` with evade's earlier defaults for what it leaves out: these tests pin the mechanics
+    (bisection, quantiles, the Gaussian jitter) that the earlier defaults exercised."""
+    given = {item.split("=")[0] for item in spec.split(":", 1)[1].split(",")}
+    return ",".join([spec, *(f"{k}={v}" for k, v in EARLIER.items() if k not in given)])
+
+
+def test_its_defaults_are_its_strongest_measured_setting():
+    attack = attacks.build("evade:detector=all", F)
+    assert (attack.dir, attack.jitter_kind, attack.auc, attack.quantile, attack.policy) == ("grad", "typical", 0.7, 1.0, True)
+    assert old("evade:detector=all,dir=sign") == "evade:detector=all,dir=sign,jitter=gauss,quantile=0.95,auc=1"
 
 
 def honest_rows(h: int = 12, d: int = 400, seed: int = 0) -> torch.Tensor:
@@ -67,7 +81,7 @@ def crossing(rows: torch.Tensor, detector: str, q: float = Q) -> list[str]:
 @pytest.mark.parametrize("direction", list(DIRECTIONS))
 @pytest.mark.parametrize("detector", [*TARGETS, "policy", "all"])
 def test_the_rows_sent_pass_and_one_bisection_step_more_crosses(detector, direction):
-    attack = attacks.build(f"evade:detector={detector},dir={direction}", F)
+    attack = attacks.build(old(f"evade:detector={detector},dir={direction}"), F)
     rows = attack(H, ctx())
     s = attack.last_strength
     jitter = attack.jitter(H, ctx())  # the same seeded draw the attack made
@@ -84,7 +98,7 @@ def test_the_rows_sent_pass_and_one_bisection_step_more_crosses(detector, direct
 
 
 def test_the_check_does_not_depend_on_where_the_rows_sit():
-    attack = attacks.build("evade:detector=all,dir=sign", F)
+    attack = attacks.build(old("evade:detector=all,dir=sign"), F)
     rows = attack(H, ctx())
     order = torch.randperm(H.shape[0] + F, generator=torch.Generator().manual_seed(3))
     X = torch.cat([H, rows])[order]
@@ -96,16 +110,16 @@ def test_the_check_does_not_depend_on_where_the_rows_sit():
 
 
 def test_a_lower_quantile_hides_deeper_and_pushes_less():
-    deep = attacks.build("evade:detector=all,dir=sign,quantile=0.6", F)
+    deep = attacks.build(old("evade:detector=all,dir=sign,quantile=0.6"), F)
     rows = deep(H, ctx())
     assert crossing(rows, "all", q=0.6) == []
-    loose = attacks.build("evade:detector=all,dir=sign", F)
+    loose = attacks.build(old("evade:detector=all,dir=sign"), F)
     loose(H, ctx())
     assert 0 < deep.last_strength < loose.last_strength
 
 
 def test_the_policy_alone_is_the_flag_ratio():
-    attack = attacks.build("evade:detector=policy,dir=alie", F)
+    attack = attacks.build(old("evade:detector=policy,dir=alie"), F)
     attack(H, ctx())
     tight = attack.last_strength
     attack(H, ctx(flagged=policy(2 * RATIO)))
@@ -113,12 +127,12 @@ def test_the_policy_alone_is_the_flag_ratio():
 
 
 def test_seeded_and_the_colluders_differ():
-    attack = attacks.build("evade:detector=all,dir=sign", F)
+    attack = attacks.build(old("evade:detector=all,dir=sign"), F)
     a, b = attack(H, ctx()), attack(H, ctx())
     assert torch.equal(a, b)
     assert not torch.equal(a, attack(H, ctx(seed=2)))
     assert all(not torch.equal(a[i], a[j]) for i in range(F) for j in range(i + 1, F))
-    spread = attacks.build("evade:detector=all,dir=sign,spread=0.5", F)
+    spread = attacks.build(old("evade:detector=all,dir=sign,spread=0.5"), F)
     assert not torch.equal(spread(H, ctx()), a)
 
 
@@ -147,12 +161,12 @@ def test_parameter_errors():
 
 def test_what_the_context_must_carry():
     with pytest.raises(ValueError, match="evade detector=policy hides from the deployment's detectors and flag policy"):
-        attacks.build("evade:detector=policy", F)(H, ctx(flagged=None))
+        attacks.build(old("evade:detector=policy"), F)(H, ctx(flagged=None))
     with pytest.raises(ValueError, match="evade detector=norm hides from the deployment's detectors"):
-        attacks.build("evade:detector=norm", F)(H, ctx(detectors=None))
+        attacks.build(old("evade:detector=norm"), F)(H, ctx(detectors=None))
     with pytest.raises(ValueError, match="pass Context.own"):
-        attacks.build("evade:detector=norm", F)(H, ctx(own=None))
-    rows = attacks.build("evade:detector=norm", F)(H, ctx(flagged=None))  # a detector alone needs no policy
+        attacks.build(old("evade:detector=norm"), F)(H, ctx(own=None))
+    rows = attacks.build(old("evade:detector=norm"), F)(H, ctx(flagged=None))  # a detector alone needs no policy
     assert rows.shape == (F, H.shape[1])
 
 
@@ -186,19 +200,19 @@ def test_grad_pushes_orthogonally_to_the_honest_mean_toward_the_previous_one():
 
 
 def test_grad_remembers_the_previous_round_only():
-    attack = attacks.build("evade:detector=all,dir=grad,jitter=own", F)
+    attack = attacks.build(old("evade:detector=all,dir=grad,jitter=own"), F)
     first = attack(H, ctx(round=2))
     assert torch.allclose(first, OWN)  # no round 1 seen: no push, the colluders' own rows (to rounding)
-    pushed = after_a_round("evade:detector=all,dir=grad,jitter=own")
+    pushed = after_a_round(old("evade:detector=all,dir=grad,jitter=own"))
     a, b = pushed(H, ctx(round=2)), pushed(H, ctx(round=2))  # a call again in the same round
     assert torch.equal(a, b) and not torch.allclose(a, OWN) and pushed.last_strength > 0
-    assert torch.equal(a, after_a_round("evade:detector=all,dir=grad,jitter=own")(H, ctx(round=2)))  # seeded
+    assert torch.equal(a, after_a_round(old("evade:detector=all,dir=grad,jitter=own"))(H, ctx(round=2)))  # seeded
     assert torch.allclose(pushed(H, ctx(round=4)), OWN)  # round 3 unseen: no push again
 
 
 @pytest.mark.parametrize("jitter", ["own", "typical"])
 def test_a_bent_row_keeps_its_distance_to_the_mean_and_its_part_along_it(jitter):
-    attack = after_a_round(f"evade:detector=all,dir=grad,jitter={jitter},quantile=1")
+    attack = after_a_round(old(f"evade:detector=all,dir=grad,jitter={jitter},quantile=1"))
     H0 = H.clone()
     rows = attack(H, ctx(round=2))
     assert torch.equal(H, H0)  # the honest rows are not touched
@@ -224,7 +238,7 @@ def test_bend_shrinks_the_rest_and_stops_at_zero():
 @pytest.mark.parametrize("jitter", ["own", "typical"])
 def test_bent_rows_pass_the_auc_bound_and_one_step_more_does_not(direction, jitter):
     auc = 0.7
-    attack = after_a_round(f"evade:detector=all,dir={direction},jitter={jitter},auc={auc},quantile=1")
+    attack = after_a_round(old(f"evade:detector=all,dir={direction},jitter={jitter},auc={auc},quantile=1"))
     rows = attack(H, ctx(round=2))
     s, h = attack.last_strength, H.shape[0]
     if s is None:
@@ -247,9 +261,9 @@ def test_bent_rows_pass_the_auc_bound_and_one_step_more_does_not(direction, jitt
 
 
 def test_a_tighter_auc_pushes_less():
-    tight = after_a_round("evade:detector=all,dir=grad,jitter=typical,auc=0.65,quantile=1")
+    tight = after_a_round(old("evade:detector=all,dir=grad,jitter=typical,auc=0.65,quantile=1"))
     tight(H, ctx(round=2))
-    loose = after_a_round("evade:detector=all,dir=grad,jitter=typical,quantile=1")
+    loose = after_a_round(old("evade:detector=all,dir=grad,jitter=typical,quantile=1"))
     loose(H, ctx(round=2))
     assert 0 < tight.last_strength < loose.last_strength
 
@@ -260,7 +274,7 @@ SMALL = ['aggregators=["mean"]', "nodes=10", "byzantine=2", "rounds=15", "seeds=
 def test_in_a_bench_cell_it_damages_mean_while_every_detector_misses_it():
     cfg = grid(load_scenario("evaluation/scenarios/quick.toml", SMALL))[0]
     clean = run_cell(Cell(cfg, "mean", "none", 0))
-    run = CellRun(Cell(cfg, "mean", "evade:detector=all,dir=sign", 0))
+    run = CellRun(Cell(cfg, "mean", old("evade:detector=all,dir=sign"), 0))
     ratio, hidden = run.setup.settings.flag_ratio, 0
     while not run.engine.done:
         r = run.play_round()
@@ -287,7 +301,7 @@ def test_in_a_bench_cell_it_damages_mean_while_every_detector_misses_it():
 def test_in_a_bench_cell_grad_bends_typical_rows_under_the_auc_bound_every_round():
     cfg = grid(load_scenario("evaluation/scenarios/quick.toml", SMALL))[0]
     clean = run_cell(Cell(cfg, "mean", "none", 0))
-    spec, auc = "evade:detector=all,dir=grad,jitter=typical,auc=0.7,quantile=1", 0.7
+    spec, auc = old("evade:detector=all,dir=grad,jitter=typical,auc=0.7,quantile=1"), 0.7
     run = CellRun(Cell(cfg, "mean", spec, 0))
     pushed = 0
     while not run.engine.done:
