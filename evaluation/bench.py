@@ -124,7 +124,8 @@ def main(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 130
-    write_speed(out / "speed.json", todo_all[0].config)
+    if args.speed:
+        write_speed(out / "speed.json", todo_all[0].config)
     paths = write_report(results, out)
     print(f"report: {out / 'summary.md'} ({len(paths)} files in {out})")
     return 0

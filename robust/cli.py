@@ -158,6 +158,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--sweep", metavar="ATTACK:PARAM=LO..HI", help="stealth frontier: sweep any one parameter of an attack, "
                      "the others fixed, e.g. alie:z=0.1..3 or evade:detector=all,dir=ipm,max=0.5..4")
     run.add_argument("--sweep-points", type=int, default=8, help="values in the sweep (default 8)")
+    run.add_argument("--speed", action="store_true", help="also time the engine against a plain per-node loop "
+                     "on the first scenario (about 7 s; DIR/speed.json and the report's Speed section)")
     run.set_defaults(run=_bench)
     listing = sub.add_parser("attacks", help="list every attack a spec may name: its kind (omniscient or node) and its file")
     listing.set_defaults(run=_attacks)

@@ -24,6 +24,7 @@ test set is scaled exactly like the data the model trains on.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import math
 import pickle
@@ -260,7 +261,20 @@ def load(name: str, *, root: str | None = None, seed: int = 0) -> Dataset:
                        classes=classes)
     if name not in LOADERS:
         raise ValueError(f"unknown data set {name!r}: choose one of {', '.join(names())}")
+    if name in GENERATED:
+        return _generated(name, seed)
     return _finish(name, *LOADERS[name](folder, seed))
+
+
+GENERATED = ("digits", "mnist1d", "synthetic")  # the sets that need no files
+
+
+@functools.lru_cache(maxsize=8)
+def _generated(name: str, seed: int) -> Dataset:
+    """A set that needs no files, made once per process per seed (digits: 0.5 s each time; a
+    bench process runs many cells on it). Callers share its tensors and never write to them
+    (a node's part is a copy); the dataclass is frozen."""
+    return _finish(name, *LOADERS[name](None, seed))
 
 
 LOADER = "loader() -> (x_train, y_train, x_test, y_test)"

@@ -87,7 +87,7 @@ def test_inf_rows_are_rejected_and_the_run_goes_on():
 
 def test_bench_runs_resumes_and_reports(tmp_path):
     out = tmp_path / "run"
-    first = bench(out)
+    first = bench(out, "--speed")
     assert first.returncode == 0, first.stderr
     assert "report:" in first.stdout and "speed:" in first.stdout
     rows = records(out)
@@ -105,6 +105,7 @@ def test_bench_runs_resumes_and_reports(tmp_path):
     assert all((out / name).stat().st_size > 1000 for name in ("heatmap.png", "accuracy_curves.png"))
     again = bench(out)  # everything is finished: nothing runs twice
     assert "6 cells (6 already in" in again.stderr and len(records(out)) == 6
+    assert "speed:" not in again.stdout  # timed only when asked
 
     parallel = tmp_path / "jobs"
     assert bench(parallel, "--jobs", "2").returncode == 0

@@ -76,7 +76,17 @@ def test_same_seed_same_bits_other_seed_other_data(offline, name):
     assert not torch.equal(other.x_train, again.x_train)
 
 
-def test_mnist1d_is_seeded_and_leaves_the_global_rngs_alone(monkeypatch):
+@pytest.fixture
+def uncached():
+    """No set made by another test, none left for the next: this test changes how sets are made."""
+    from robust import data
+
+    data._generated.cache_clear()
+    yield
+    data._generated.cache_clear()
+
+
+def test_mnist1d_is_seeded_and_leaves_the_global_rngs_alone(monkeypatch, uncached):
     import mnist1d.data
 
     def small_args():  # 500 samples instead of 5000: the same code path, a tenth of the time
@@ -105,6 +115,12 @@ def test_synthetic_is_learnable_but_not_separable(offline):
     ds = offline["synthetic"]
     model = LogisticRegression(max_iter=1000).fit(ds.x_train.numpy(), ds.y_train.numpy())
     assert 0.8 <= model.score(ds.x_test.numpy(), ds.y_test.numpy()) <= 0.95
+
+
+def test_a_generated_set_is_made_once_per_process_and_seed():
+    a, b, c = load("digits", seed=0), load("digits", root="/nonexistent", seed=0), load("digits", seed=1)
+    assert a is b and a is not c  # digits needs no files: root is ignored
+    assert not torch.equal(a.y_train, c.y_train)
 
 
 def test_unknown_name_lists_the_choices():
