@@ -3,9 +3,10 @@
 Every coordinate-wise rule (median, trimmed mean, MeaMed, Bulyan's second stage) reads the
 sorted values of each column. The rows are read as a source (``robust.source.Rows``, in
 memory or on disk) in blocks of ``BLOCK`` columns, each sorted transposed, so the extra
-memory is O(n * BLOCK) per thread; the blocks of a window run on all of torch's threads. The
-reduction of a sorted block is a function of the *sorted* values only, so the result is
-bitwise the same for any order of the rows, and for either kind of source.
+memory is O(n * BLOCK) per thread; the blocks of a window run on all of torch's threads (a
+window of one block, in the calling thread). The reduction of a sorted block is a function of
+the *sorted* values only, so the result is bitwise the same for any order of the rows, and
+for either kind of source.
 
 On CPU the sort is NumPy's (vectorised AVX-512/AVX2 sort: 9x faster than ``torch.sort`` on a
 (1e6, 100) block here); on CUDA it is ``torch.sort``.
@@ -45,9 +46,17 @@ def reduce_sorted_columns(
         out[start : start + block.shape[0]] = reduce(block)
 
     threads = 1 if source.device.type == "cuda" else torch.get_num_threads()
-    with ThreadPoolExecutor(threads) as pool:
+    pool = None  # started at the first window of two blocks or more: a small matrix is one block, done here
+    try:
         for window in windows(source, threads):
+            if len(window) == 1:
+                work(window[0])
+                continue
+            pool = pool or ThreadPoolExecutor(threads)
             list(pool.map(work, window))
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return out.add_(0.0)  # -0.0 -> +0.0, so signed zeros cannot reveal the row order
 
 

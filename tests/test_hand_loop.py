@@ -1,0 +1,44 @@
+"""The hand-vectorised baseline of the bench's speed (``evaluation.hand_loop``): its written-out
+backward is autograd's, it trains, and the paired comparison runs both on one grid."""
+
+import torch
+import torch.nn.functional as F
+
+from evaluation.cell import Cell
+from evaluation.hand_loop import gradients, paired, run_cell
+from evaluation.scenario import cells, load_scenario
+from robust.data import load
+from robust.models import build_model
+from robust.params import flat_params, unflatten
+
+TINY = ["nodes=6", "byzantine=1", "rounds=12", "seeds=[0]", 'aggregators=["trimmed-mean"]',
+        'attacks=["none", "alie"]', "model=mlp", "protocol=momentum", "dataset=digits"]
+
+
+def test_its_backward_is_autograds():
+    data = load("digits")
+    model = build_model("mlp", data.shape, data.classes, seed=3)
+    w = flat_params(model) + 0.1 * torch.randn(sum(p.numel() for p in model.parameters()), generator=torch.Generator().manual_seed(0))
+    xb, yb = data.x_train[:48].flatten(1).view(3, 16, -1), data.y_train[:48].view(3, 16)
+    hidden, features = model[1].weight.shape
+    got = gradients(w, xb, yb, hidden, features, data.classes)
+    for i in range(3):
+        params = {k: v.detach().requires_grad_() for k, v in unflatten(w, model).items()}
+        loss = F.cross_entropy(torch.func.functional_call(model, params, (xb[i],)), yb[i])
+        want = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(params.values()))])
+        assert torch.allclose(got[i], want, atol=1e-6)
+
+
+def test_it_trains_and_the_pair_runs_both_on_one_grid():
+    todo = cells(load_scenario(None, TINY))
+    assert [c.attack for c in todo] == ["none", "alie"]
+    assert run_cell(todo[0]) > 0.5  # 10 classes: chance is 0.1
+    out = paired(None, TINY, 1)
+    assert out["cells"] == 2 and out["hand_seconds"] > 0 and out["bench_seconds"] > 0
+    assert out["speedup"] == out["hand_seconds"] / out["bench_seconds"]
+
+
+def test_it_leaves_the_shared_data_alone():
+    before = load("digits").x_train.clone()
+    run_cell(Cell({**cells(load_scenario(None, TINY))[0].config, "rounds": 1}, "mean", "backdoor", 0))
+    assert torch.equal(load("digits").x_train, before)
