@@ -49,8 +49,9 @@ Each round the Byzantine rows are ``B(s) = r(s) + J`` along a direction ``r``:
 
 A row *passes* a detector when its score (the deployment's detectors, ``Context.detectors``, on ``[H; B(s)]``;
 scores are per row and permutation-equivariant, so the engine's order does not matter) is at
-most that candidate round's threshold, the ``quantile`` (default 1: the most suspicious honest row; linear interpolation)
-of the honest rows' scores, and the rows together pass it when, besides, the round's AUC of
+most that candidate round's threshold, the ``quantile`` (default 1: the most suspicious
+honest row; linear interpolation) of the honest rows' scores, and the rows together pass it
+when, besides, the round's AUC of
 that detector (the share of (crafted, honest) pairs where the crafted row scores higher, ties
 counting half, as ``evaluation.metrics.roc_auc``) is at most ``auc`` (default 0.7; 1: no bound).
 A row's share in a round's AUC is the share of honest rows it outranks, so ``quantile`` bounds

@@ -40,7 +40,8 @@ def run_cell(cell: Cell) -> float:
     """Plays ``cell`` (an ``mlp`` under the ``momentum`` protocol) by hand; its final test accuracy."""
     cfg = cell.config
     if cfg["model"] != "mlp" or cfg["protocol"] != "momentum":
-        raise ValueError(f"the hand loop plays model mlp under protocol momentum (got {cfg['model']}, {cfg['protocol']})")
+        raise ValueError(f"the hand loop plays model mlp under protocol momentum "
+                         f"(got {cfg['model']}, {cfg['protocol']})")
     n, f, rounds, batch = int(cfg["nodes"]), int(cfg["byzantine"]), int(cfg["rounds"]), int(cfg["batch-size"])
     lr, beta = float(cfg["lr"]), float(cfg["momentum"])
     data = load(cfg["dataset"], root=cfg.get("data-root") or None, seed=0)
@@ -82,8 +83,8 @@ def run_cell(cell: Cell) -> float:
 
 def _layers(w: torch.Tensor, hidden: int, features: int, classes: int) -> tuple[torch.Tensor, ...]:
     a = hidden * features
-    return (w[:a].view(hidden, features), w[a : a + hidden], w[a + hidden : a + hidden + classes * hidden].view(classes, hidden),
-            w[a + hidden + classes * hidden :])
+    b = a + hidden + classes * hidden
+    return w[:a].view(hidden, features), w[a : a + hidden], w[a + hidden : b].view(classes, hidden), w[b:]
 
 
 def logits(w: torch.Tensor, x: torch.Tensor, hidden: int, features: int, classes: int) -> torch.Tensor:

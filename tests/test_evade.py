@@ -19,7 +19,7 @@ from nodes.engine.flags import FlagPolicy
 F64 = torch.float64
 F, RATIO, MAX, STEPS, Q = 3, 1.5, 10.0, 12, 0.95
 TARGETS = tuple(d for d in DETECTORS if d != "discarded")  # what evade:detector=all hides from
-EARLIER = {"dir": "alie", "jitter": "gauss", "quantile": "0.95", "auc": "1"}  # the defaults before the strongest setting
+EARLIER = {"dir": "alie", "jitter": "gauss", "quantile": "0.95", "auc": "1"}  # the defaults before the strongest
 
 
 def old(spec: str) -> str:
@@ -31,7 +31,8 @@ def old(spec: str) -> str:
 
 def test_its_defaults_are_its_strongest_measured_setting():
     attack = attacks.build("evade:detector=all", F)
-    assert (attack.dir, attack.jitter_kind, attack.auc, attack.quantile, attack.policy) == ("grad", "typical", 0.7, 1.0, True)
+    got = (attack.dir, attack.jitter_kind, attack.auc, attack.quantile, attack.policy)
+    assert got == ("grad", "typical", 0.7, 1.0, True)
     assert old("evade:detector=all,dir=sign") == "evade:detector=all,dir=sign,jitter=gauss,quantile=0.95,auc=1"
 
 

@@ -18,7 +18,8 @@ TINY = ["nodes=6", "byzantine=1", "rounds=12", "seeds=[0]", 'aggregators=["trimm
 def test_its_backward_is_autograds():
     data = load("digits")
     model = build_model("mlp", data.shape, data.classes, seed=3)
-    w = flat_params(model) + 0.1 * torch.randn(sum(p.numel() for p in model.parameters()), generator=torch.Generator().manual_seed(0))
+    d = sum(p.numel() for p in model.parameters())
+    w = flat_params(model) + 0.1 * torch.randn(d, generator=torch.Generator().manual_seed(0))
     xb, yb = data.x_train[:48].flatten(1).view(3, 16, -1), data.y_train[:48].view(3, 16)
     hidden, features = model[1].weight.shape
     got = gradients(w, xb, yb, hidden, features, data.classes)
