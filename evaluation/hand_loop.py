@@ -49,6 +49,9 @@ def run_cell(cell: Cell) -> float:
     x_test, y_test = data.x_test.flatten(1), data.y_test
     parts = partition(data.y_train, n, cfg["partition"], alpha=float(cfg.get("alpha", 1.0)), seed=cell.seed)
     attack = attacks.build(cell.attack, f)
+    if isinstance(attack, NodeAttack) and (attack.trains_alone or attack.remembers or attack.scale() != 1.0
+                                           or type(attack).forge is not NodeAttack.forge):
+        raise ValueError(f"the hand loop plays node-side attacks that only poison data (got {cell.attack})")
     byz = list(range(n - f, n)) if cell.attack != "none" else []
     if isinstance(attack, NodeAttack):  # node-side: its nodes train on poisoned data, then are rows like any
         for i in byz:
@@ -58,10 +61,9 @@ def run_cell(cell: Cell) -> float:
     sizes = torch.tensor([len(p) for p in parts], dtype=torch.float64)
     model = build_model(cfg["model"], data.shape, data.classes, cell.seed)
     hidden, features = model[1].weight.shape
-    w, d = flat_params(model), sum(p.numel() for p in model.parameters())
-    m = torch.zeros(n, d)
-    rule = aggregators.build(cell.aggregator, f)
-    inputs = aggregators.RoundInputs(ids=tuple(f"node{i}" for i in range(n)), w=w, reference=None)
+    w = flat_params(model)
+    m = torch.zeros(n, w.numel())
+    rule, ids = aggregators.build(cell.aggregator, f), tuple(f"node{i}" for i in range(n))
     gen, previous, state = torch.Generator().manual_seed(cell.seed), None, {}
     accuracy = 0.0
     with profile(1):
@@ -69,12 +71,11 @@ def run_cell(cell: Cell) -> float:
             pos = (torch.rand(n, batch, generator=gen, dtype=torch.float64) * sizes[:, None]).long()
             idx = table.gather(1, pos)
             m = beta * m + gradients(w, x[idx], y[idx], hidden, features, data.classes)
-            X = m
+            X, inputs = m, aggregators.RoundInputs(ids=ids, w=w)
             if byz and not isinstance(attack, NodeAttack):
                 ctx = Context(n=n, generator=gen, previous=previous, own=m[byz], round=t, state=state, step_sign=-1,
                               aggregator=lambda rows: rule(rows, inputs))
                 X = torch.cat([m[: n - f], attack(m[: n - f], ctx)])
-            inputs = aggregators.RoundInputs(ids=inputs.ids, w=w, reference=None)
             previous = rule(X, inputs)
             w = w - lr * previous
             accuracy = float((logits(w, x_test, hidden, features, data.classes).argmax(1) == y_test).float().mean())

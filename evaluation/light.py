@@ -9,7 +9,8 @@ task (run, round, base model) as ``nodes.volunteer.volunteer.work`` signs one. I
 nothing: it replays a row computed once before the run (:func:`precompute`: what the
 volunteer's own ``work`` sends for round 1 from the initial model on its part of the data
 set; a Byzantine node's row from a node-side attack the same way, or from an omniscient
-attack played on the honest rows, so light nodes may play omniscient attacks too), declines spot checks, and answers no-op queries.
+attack played on the honest rows, so light nodes may play omniscient attacks too), declines
+spot checks, and answers no-op queries.
 
 Why one process: a SuperNode is a process of about 100 MB that starts a ``flwr-clientapp``
 process per task (87 MB with robust's thin ClientApp); 200 of them take more than this

@@ -64,7 +64,7 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
 
 # What `--attack` accepts (nodes.volunteer.faults.PROTOCOL_FAULTS and the node-side attacks): kept here,
 # as text, so that `robust --help` imports neither torch nor Flower; a test checks it.
-_NODE_BEHAVIOURS = ("label-flip, backdoor:..., neurotoxin:k=5,stop_after=R, constrain-scale:alpha=0.7,norm=N, forge:scale=..., lazy, and the protocol faults nan, wrong-shape, huge-norm, inflated-count, "
+_NODE_BEHAVIOURS = ("label-flip, alie-local:z=1,estimates=3, backdoor:..., neurotoxin:k=5,stop_after=R, constrain-scale:alpha=0.7,norm=N, forge:scale=..., lazy, and the protocol faults nan, wrong-shape, huge-norm, inflated-count, "
                     "bad-signature, replay, stale-base, dtype-lie, shape-lie, oversize, slow-drip, decline, trainer-crash, "
                     "trainer-hang, trainer-garbage, clientapp-stall")
 

@@ -1,6 +1,7 @@
 """The hand-vectorised baseline of the bench's speed (``evaluation.hand_loop``): its written-out
 backward is autograd's, it trains, and the paired comparison runs both on one grid."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -37,6 +38,13 @@ def test_it_trains_and_the_pair_runs_both_on_one_grid():
     out = paired(None, TINY, 1)
     assert out["cells"] == 2 and out["hand_seconds"] > 0 and out["bench_seconds"] > 0
     assert out["speedup"] == out["hand_seconds"] / out["bench_seconds"]
+
+
+def test_it_refuses_a_node_side_attack_it_does_not_model():
+    config = cells(load_scenario(None, TINY))[0].config
+    for spec in ("lazy", "backdoor:gamma=3", "neurotoxin"):
+        with pytest.raises(ValueError, match="only poison data"):
+            run_cell(Cell(config, "mean", spec, 0))
 
 
 def test_it_leaves_the_shared_data_alone():
