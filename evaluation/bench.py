@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import os
 import sys
+from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
@@ -38,18 +39,20 @@ def record_id(cell: Cell, engine: str) -> str:
     return cell_id(cell) if engine == "local" else f"{cell_id(cell)}-{engine}"
 
 
-def _run(cell: Cell, engine: str) -> dict:
+def run_one(cell: Cell, engine: str) -> dict:
     record = run_cell(cell, vectorize=engine == "local")
     return {"cell": record_id(cell, engine), **record}
 
 
 class Progress:
     """Cells done on stderr: at a terminal a live bar (done/total, time left, the last cell's
-    result); in a log or a pipe one plain line per finished cell."""
+    result, and on a cluster the cells each node has done); in a log or a pipe one plain line
+    per finished cell."""
 
     def __init__(self, total: int, done: int) -> None:
         self.bar = live_bar("cells", stderr=True)
         self.task = self.bar.add_task("", total=total, completed=done, last="")
+        self.nodes: Counter[str] = Counter()
 
     def __enter__(self) -> Progress:
         self.bar.start()
@@ -62,9 +65,12 @@ class Progress:
     def done(self) -> int:
         return int(self.bar.tasks[0].completed)
 
-    def update(self, record: dict) -> None:
+    def update(self, record: dict, node: str | None = None) -> None:
         last = (f"{record['aggregator']} vs {record['attack']} seed {record['seed']}: "
                 f"accuracy {100 * record['final_accuracy']:.1f}%")
+        if node is not None:
+            self.nodes[node] += 1
+            last += " | per node: " + ", ".join(f"{name} {count}" for name, count in sorted(self.nodes.items()))
         self.bar.update(self.task, advance=1, last=last)
         if self.bar.disable:
             print(f"{self.done}/{self.bar.tasks[0].total:.0f} cells | {last}", file=sys.stderr, flush=True)
@@ -76,6 +82,13 @@ def main(args: argparse.Namespace) -> int:
     engine = "per-node" if args.no_vectorize else args.engine
     if engine in ("flower", "deploy") and args.jobs > 1:
         raise ValueError(f"--engine {engine} runs one cell at a time on every core: drop --jobs")
+    if args.cluster:
+        from .cluster import address
+
+        address(args.cluster)  # a bad one is refused before any cell runs
+    if args.cluster and (engine in ("flower", "deploy") or args.jobs > 1):
+        raise ValueError("--cluster runs cells of --engine local, one per CPU of the cluster: "
+                         f"drop {'--jobs' if args.jobs > 1 else '--engine ' + engine}")
     if args.no_vectorize and args.engine != "local":
         raise ValueError(f"--no-vectorize is a mode of --engine local: drop it with --engine {args.engine}")
     scenario = load_scenario(args.config, [*(args.set or []), *([f"code={json.dumps(args.path)}"] if args.path else [])], engine)
@@ -87,7 +100,7 @@ def main(args: argparse.Namespace) -> int:
     todo = [c for c in todo_all if record_id(c, engine) not in finished]
     print(
         f"robust bench: {len(todo_all)} cells ({len(todo_all) - len(todo)} already in {results}), "
-        f"{args.jobs} job(s), {ENGINES_SAID[engine]}",
+        f"{f'Ray cluster ({args.cluster})' if args.cluster else f'{args.jobs} job(s)'}, {ENGINES_SAID[engine]}",
         file=sys.stderr,
     )
     progress = Progress(len(todo_all), len(todo_all) - len(todo))
@@ -96,11 +109,11 @@ def main(args: argparse.Namespace) -> int:
             sink.write("\n")
     with results.open("a") as sink:
 
-        def save(record: dict) -> None:
+        def save(record: dict, node: str | None = None) -> None:
             sink.write(json.dumps(record) + "\n")
             sink.flush()
             os.fsync(sink.fileno())
-            progress.update(record)
+            progress.update(record, node)
 
         try:
             with progress:
@@ -112,9 +125,13 @@ def main(args: argparse.Namespace) -> int:
                     from .deploy import run_cells
 
                     run_cells(todo, out / "federations", lambda cell, record: save({"cell": record_id(cell, engine), **record}))
+                elif args.cluster:
+                    from .cluster import run_cells
+
+                    run_cells(todo, engine, args.cluster, save)
                 elif args.jobs == 1:
                     for cell in todo:
-                        save(_run(cell, engine))
+                        save(run_one(cell, engine))
                 else:
                     _run_parallel(todo, args.jobs, engine, save)
         except KeyboardInterrupt:
@@ -153,7 +170,7 @@ def write_speed(path: Path, config: dict) -> None:
 def _run_parallel(todo: list[Cell], jobs: int, engine: str, save) -> None:
     context = multiprocessing.get_context("spawn")  # no forked torch thread pools
     with ProcessPoolExecutor(jobs, mp_context=context) as pool:
-        pending = {pool.submit(_run, cell, engine) for cell in todo}
+        pending = {pool.submit(run_one, cell, engine) for cell in todo}
         try:
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)

@@ -146,6 +146,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--config", metavar="FILE", help="scenario TOML, e.g. evaluation/scenarios/quick.toml")
     run.add_argument("--out", metavar="DIR", required=True, help="results and report folder")
     run.add_argument("--jobs", type=int, default=1, help="cells run in parallel processes (default 1)")
+    run.add_argument("--cluster", metavar="ray|ray://HOST:PORT", help="run the cells as tasks on a running Ray cluster "
+                     "(ray: the one at RAY_ADDRESS); robust[cluster] on every node")
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a scenario key (repeatable)")
     run.add_argument("--path", metavar="DIR", help="folder of your model / dataset modules (the scenario key code)")
     run.add_argument("--no-vectorize", action="store_true", help="compute each node's update one by one, as a volunteer does")
