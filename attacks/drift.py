@@ -17,6 +17,13 @@ The honest nodes keep training against the bias, so it settles where their pull 
 balances it: a small push buys a small, lasting shift. Rows equal to the honest mean are
 more typical than any honest row (a direction detector sees that); ``spread=1`` gives them
 the honest rows' own per-coordinate scatter.
+
+Default ``eps=1``, its strongest and quietest measured (``evaluation/scenarios/adaptive.toml``:
+the quick scenario, 5 defences, seeds 0-3): 0.3 pp of final accuracy on average over the
+defences at a best-detector AUC of 0.62, where ``eps`` 0.05, 0.2 and 0.5 cost none (each
+made Krum 15 pp better) and were seen at AUC 1.00, 0.99 and 0.80, ``eps=2`` cost none at AUC
+1.00, and ``eps=1,spread=1`` none at 0.92. On digits drift moves accuracy little at any
+``eps``: its harm is the target class's share, which a run's accuracy does not show.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from .base import Context, OmniscientAttack, register
 class Drift(OmniscientAttack):
     name = "drift"
 
-    def __init__(self, f: int, *, eps: float = 0.05, target: int = 0) -> None:
+    def __init__(self, f: int, *, eps: float = 1.0, target: int = 0) -> None:
         super().__init__(f)
         self._check_param("eps", eps, eps > 0, "> 0: the nudge, in honest-row norms")
         self._check_param("target", target, target >= 0, ">= 0: the class to favour")

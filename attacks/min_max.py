@@ -8,6 +8,12 @@ to precision ``tol``) that keeps ``m`` inside the honest cloud, for ``min-max``:
     max_i ||m - h_i|| <= max_{i,j} ||h_i - h_j||
 
 (its twin ``min-sum``, in ``min_sum.py``, shares the perturbation and the search).
+
+Default ``dev=sign``, the strongest of the three measured (``evaluation/scenarios/adaptive.toml``:
+the quick scenario, 5 defences, seeds 0-3): min-max costs 2.8 pp on average over the defences
+with ``sign`` (7.2 against Krum), 0.3 with ``unit`` and -1.3 with ``std``; min-sum 1.8, 0.2
+and -0.2. With ``sign`` no node of either was quarantined under any of the five; with
+``unit`` all were.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ def largest_gamma(accept, gamma_init: float, tol: float) -> float:
 class MinMaxSum(OmniscientAttack):
     """Shared parameters and search of min-max and min-sum; :meth:`fits` is the cloud test."""
 
-    def __init__(self, f: int, *, dev: str = "unit", gamma_init: float = 10.0, tol: float = 1e-5) -> None:
+    def __init__(self, f: int, *, dev: str = "sign", gamma_init: float = 10.0, tol: float = 1e-5) -> None:
         super().__init__(f)
         if dev not in ("unit", "sign", "std"):
             raise ValueError(f"{self.name} dev must be unit, sign or std (got dev={dev!r})")

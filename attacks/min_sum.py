@@ -5,6 +5,8 @@ with ``gamma`` the largest value that keeps ``m`` inside the honest cloud, here 
 sums of squared distances::
 
     sum_i ||m - h_i||^2 <= max_i sum_j ||h_i - h_j||^2
+
+Default ``dev=sign``, its strongest measured (min-max's docstring gives the figures).
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
                 elif args.cluster:
                     from .cluster import run_cells
 
-                    run_cells(todo, engine, args.cluster, save)
+                    run_cells(todo, engine, args.cluster, run_one, save)
                 elif args.jobs == 1:
                     for cell in todo:
                         save(run_one(cell, engine))

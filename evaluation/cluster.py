@@ -93,26 +93,27 @@ def node_label(ray) -> str:
     return f"{ray.util.get_node_ip_address()}/{context.get_node_id()[:6]}"
 
 
-def _task(cell: Cell, engine: str, want: dict[str, str]) -> tuple[dict, str]:
+def _task(work: Callable[[Cell, str], dict], cell: Cell, engine: str, want: dict[str, str]) -> tuple[dict, str]:
     import ray
-
-    from .bench import run_one
 
     have = versions()
     if have != want:
         raise RuntimeError(f"node {node_label(ray)} runs {have}, the driver {want}: install the same versions there")
-    return run_one(cell, engine), node_label(ray)
+    return work(cell, engine), node_label(ray)
 
 
-def run_cells(todo: list[Cell], engine: str, spec: str, save: Callable[[dict, str], None]) -> None:
-    """Run ``todo`` as tasks on the cluster; ``save(record, node)`` each as it ends."""
+def run_cells(todo: list[Cell], engine: str, spec: str, work: Callable[[Cell, str], dict],
+              save: Callable[[dict, str], None]) -> None:
+    """Run ``work(cell, engine)`` for each cell of ``todo`` as a task on the cluster (``work``
+    is the local run's own function, found by name on each node); ``save(record, node)`` each
+    as it ends."""
     if not todo:
         return
     ray = connect(spec)
     try:
         task = ray.remote(num_cpus=1, max_retries=RETRIES, retry_exceptions=False)(_task)
         want = versions()
-        cells = {task.remote(cell, engine, want): cell for cell in todo}
+        cells = {task.remote(work, cell, engine, want): cell for cell in todo}
         pending = list(cells)
         try:
             while pending:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import plots
 from .metrics import leaves_band
+from .paging import sheet_name, sheets
 from .results import (
     CLEAN, STEALTH_AUC, AccuracyRow, Group, Results, best_detector, finite, median_round, partition,
 )
@@ -88,7 +89,7 @@ def _scenario_section(res: Results) -> list[str]:
 
 
 def _accuracy_section(res: Results) -> list[str]:
-    attacks = res.attacks()
+    rows = res.accuracy_rows()
 
     def cell(row: AccuracyRow, attack: str) -> str:
         group = row.cells.get(attack)
@@ -97,16 +98,48 @@ def _accuracy_section(res: Results) -> list[str]:
         low = f" ({pct(group.minimum)})" if len(group.records) > 1 else ""
         return pct(group.mean) + low
 
-    rows = [
-        [row.label, *(cell(row, a) for a in attacks),
-         pct(row.worst.mean) if row.worst else "—", row.worst.key.attack if row.worst else "—"]
-        for row in res.accuracy_rows()
-    ]
-    return [
+    pages = sheets(list(dict.fromkeys(row.aggregator for row in rows)), res.attacks())
+    lines = [
         "## Accuracy", "",
         "Final accuracy (%), mean over seeds (lowest seed in brackets). Worst case: the lowest "
-        "mean over the attacks other than none.",
-        "", *table(["aggregator", *attacks, "worst case", "worst attack"], rows),
+        "mean over the attacks other than none" + (", over the whole grid; a big grid's table is split "
+        "by attack and defence family" if len(pages) > 1 else "") + ".", "",
+    ]
+    for number, (defences, attacks) in enumerate(pages, start=1):
+        if len(pages) > 1:
+            lines += [f"### {sheet_name(number, len(pages), defences, attacks).capitalize()}", ""]
+        lines += table(["aggregator", *attacks, "worst case", "worst attack"], [
+            [row.label, *(cell(row, a) for a in attacks),
+             pct(row.worst.mean) if row.worst else "—", row.worst.key.attack if row.worst else "—"]
+            for row in rows if row.aggregator in defences
+        ])
+    return lines
+
+
+def _worst_section(res: Results) -> list[str]:
+    """Per defence, the attack that hurt it most: the grid's worst cases, ahead of its tables."""
+    rows = [row for row in res.accuracy_rows() if row.worst]
+    if not rows:
+        return []
+
+    def quarantined(group: Group) -> str:
+        if "caught_round" not in group.records[0]:
+            return "—"
+        share, every = caught(group)
+        return f"{share:g}/{every}" + (f" by round {rounds(median_round(r['caught_round'] for r in group.records))}"
+                                        if share == every else "")
+
+    return [
+        "## Worst cases", "",
+        "Per defence, the attack that left the lowest final accuracy (mean over seeds, lowest seed in "
+        "brackets), the accuracy it cost (clean minus attacked, pp), its best detector's mean AUC, and how "
+        "many of its nodes were quarantined (mean over seeds) and, when all were, by which round (median "
+        "over seeds). Defences by worst case, worst last.", "",
+        *table(["defence", "worst attack", "accuracy", "damage (pp)", "best AUC", "quarantined"], [
+            [row.label, row.worst.key.attack, f"{pct(row.worst.mean)} ({pct(row.worst.minimum)})",
+             pct(res.damage(row.worst)), num(row.worst.detection and row.worst.detection.auc), quarantined(row.worst)]
+            for row in rows
+        ]),
     ]
 
 
@@ -160,6 +193,13 @@ def caught_damage(group: Group, clean: Group | None) -> float | None:
     return statistics.fmean(gaps) if gaps else None
 
 
+def caught(group: Group) -> tuple[float, int]:
+    """Byzantine nodes quarantined (mean over seeds), of how many."""
+    quarantined = group.records[0]["rounds_to_quarantine"]
+    share = statistics.fmean(sum(v is not None for v in r["rounds_to_quarantine"].values()) for r in group.records)
+    return share, len(quarantined)
+
+
 def _quarantine_section(res: Results) -> list[str]:
     """The flag policy as deployed: who it quarantined, how soon, and what it cost before."""
     groups = [g for g in res.grid if "false_quarantines" in g.records[0]]
@@ -167,12 +207,10 @@ def _quarantine_section(res: Results) -> list[str]:
         return []
     rows = []
     for g in sorted(groups, key=lambda g: (g.key.attack != CLEAN, g.key.attack, g.key.aggregator)):
-        byzantine = len(g.records[0]["rounds_to_quarantine"])
-        caught = statistics.fmean(sum(v is not None for v in r["rounds_to_quarantine"].values()) for r in g.records)
         attacked = g.key.attack != CLEAN
         rows.append([
             res.label(g.key.attack, g.key.scenario), g.key.aggregator,
-            f"{caught:g}/{byzantine}" if attacked else "—",
+            "{:g}/{}".format(*caught(g)) if attacked else "—",
             rounds(median_round(r["caught_round"] for r in g.records)) if attacked else "—",
             pct(caught_damage(g, res.clean(g.key))) if attacked else "—",
             f"{statistics.fmean(r['false_quarantines'] for r in g.records):g}",
@@ -341,15 +379,17 @@ def _speed_section(path: Path) -> list[str]:
 
 
 def write_summary(records: Sequence[dict], out_dir: str | Path, figures: Sequence[Path] = ()) -> Path:
-    """Write ``out_dir/summary.md`` (scenario, accuracy, detectability, backdoor, quarantine, stealth
-    frontier when there are sweep records, links to ``figures``); return its path."""
+    """Write ``out_dir/summary.md`` (the stealth frontier and the worst cases first, then the
+    scenario, accuracy, detectability, backdoor, quarantine, sweeps when there are sweep
+    records, links to ``figures``); return its path."""
     res = Results(records)
     lines = ["# robust bench report", ""]
     if not res.records:
         lines += ["No finished cells yet.", ""]
     else:
-        lines += _scenario_section(res)
         lines += _stealth_section(res)
+        lines += _worst_section(res)
+        lines += _scenario_section(res)
         if res.grid:
             lines += _accuracy_section(res)
         if any(g.key.attack != CLEAN for g in res.grid):
@@ -375,5 +415,5 @@ def write_report(results_path: str | Path, out_dir: str | Path) -> list[Path]:
     records = read_results(results_path)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    figures = [p for plot in plots.ALL if (p := plot(records, out / f"{plot.__name__}.png"))]
+    figures = [p for plot in plots.ALL for p in plot(records, out / f"{plot.__name__}.png")]
     return [write_summary(records, out, figures), *figures]

@@ -131,6 +131,7 @@ class AccuracyRow:
     """One aggregator in one scenario: its group per attack, and the worst attacked one."""
 
     label: str
+    aggregator: str
     cells: dict[str, Group]
     worst: Group | None
 
@@ -201,5 +202,5 @@ class Results:
             cells = {g.key.attack: g for g in groups}
             attacked = [g for a, g in cells.items() if a != CLEAN]
             worst = min(attacked, key=lambda g: g.mean, default=None)
-            rows.append(AccuracyRow(self.label(aggregator, scenario), cells, worst))
+            rows.append(AccuracyRow(self.label(aggregator, scenario), aggregator, cells, worst))
         return sorted(rows, key=lambda row: -row.worst.mean if row.worst else math.inf)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .clock import time_to_target
 from .figures import new_figure, palette, save_png
+from .paging import attack_family, page_paths, pages
 from .results import CLEAN, Group, Results
 from .tables import num, show, table
 
@@ -90,33 +91,38 @@ def time_section(res: Results) -> list[str]:
     ]
 
 
-def accuracy_vs_time(records: Sequence[dict], path: str | Path) -> Path | None:
+def accuracy_vs_time(records: Sequence[dict], path: str | Path) -> list[Path]:
     """Per attack, accuracy against simulated time (top) and against bytes sent up (bottom),
-    one line per round mode / codec / volunteers (mean over seeds; asynchronous dashed)."""
+    one line per round mode / codec / volunteers (mean over seeds; asynchronous dashed); many
+    attacks on several pages."""
     res = Results(records)
     if not timed(res):
-        return None
-    attacks = res.attacks()
-    figure = new_figure(4.2 * len(attacks) + 2.5, 6.8)
-    axes = figure.subplots(2, len(attacks), squeeze=False)
+        return []
     labels = sorted({f"{g.key.aggregator}: {_label(g, res.varying)}" for g in res.grid})
     colours = palette(labels)
-    for column, attack in enumerate(attacks):
-        for group in (g for g in res.grid if g.key.attack == attack and "times" in g.records[0]):
-            label = f"{group.key.aggregator}: {_label(group, res.varying)}"
-            times = [statistics.fmean(t) for t in zip(*(r["times"] for r in group.records))]
-            sent = [statistics.fmean(b) / 1e6 for b in zip(*(r["bytes"] for r in group.records))]
-            curve = [100 * a for a in group.curve][: len(times)]
-            style = {"label": label, "color": colours[label],
-                     "linestyle": "--" if '"async"' in dict(group.key.scenario).get("round", "") else "-"}
-            axes[0][column].plot(times[: len(curve)], curve, **style)
-            axes[1][column].plot(sent[: len(curve)], curve, **style)
-        axes[0][column].set(title=attack, xlabel="simulated seconds", ylabel="accuracy (%)" if column == 0 else "")
-        axes[1][column].set(xlabel="MB sent up", xscale="log", ylabel="accuracy (%)" if column == 0 else "")
-        for ax in (axes[0][column], axes[1][column]):
-            ax.grid(alpha=0.3)
-    lines = {line.get_label(): line for ax in axes.flat for line in ax.get_lines()}
-    figure.legend(lines.values(), lines.keys(), title="defence: volunteers", loc="outside right upper",
-                  fontsize="small")
-    figure.suptitle("Accuracy against simulated time and bytes, mean over seeds")
-    return save_png(figure, path)
+    columns = pages(res.attacks(), attack_family, limit=6)
+    out = []
+    for number, (attacks, page) in enumerate(zip(columns, page_paths(path, len(columns))), start=1):
+        figure = new_figure(4.2 * len(attacks) + 2.5, 6.8)
+        axes = figure.subplots(2, len(attacks), squeeze=False)
+        for column, attack in enumerate(attacks):
+            for group in (g for g in res.grid if g.key.attack == attack and "times" in g.records[0]):
+                label = f"{group.key.aggregator}: {_label(group, res.varying)}"
+                times = [statistics.fmean(t) for t in zip(*(r["times"] for r in group.records))]
+                sent = [statistics.fmean(b) / 1e6 for b in zip(*(r["bytes"] for r in group.records))]
+                curve = [100 * a for a in group.curve][: len(times)]
+                style = {"label": label, "color": colours[label],
+                         "linestyle": "--" if '"async"' in dict(group.key.scenario).get("round", "") else "-"}
+                axes[0][column].plot(times[: len(curve)], curve, **style)
+                axes[1][column].plot(sent[: len(curve)], curve, **style)
+            axes[0][column].set(title=attack, xlabel="simulated seconds", ylabel="accuracy (%)" if column == 0 else "")
+            axes[1][column].set(xlabel="MB sent up", xscale="log", ylabel="accuracy (%)" if column == 0 else "")
+            for ax in (axes[0][column], axes[1][column]):
+                ax.grid(alpha=0.3)
+        lines = {line.get_label(): line for ax in axes.flat for line in ax.get_lines()}
+        figure.legend(lines.values(), lines.keys(), title="defence: volunteers", loc="outside right upper",
+                      fontsize="small")
+        more = f" (page {number} of {len(columns)})" if len(columns) > 1 else ""
+        figure.suptitle(f"Accuracy against simulated time and bytes, mean over seeds{more}")
+        out.append(save_png(figure, page))
+    return out

@@ -101,14 +101,26 @@ def test_mimic_copies_a_node():
     assert attack.target == chosen
 
 
+def test_adaptive_attacks_default_to_their_strongest_measured_setting():
+    # evaluation/scenarios/adaptive.toml; the docstrings give the figures
+    assert attacks.build("min-max", 1).dev == attacks.build("min-sum", 1).dev == "sign"
+    assert attacks.build("poisoned-fl", 1).c == 0.5 and attacks.build("drift", 1).eps == 1.0
+    cc = attacks.build("cc-orthogonal", 1)
+    assert (cc.angle, cc.lam, cc.radius) == (90.0, 0.9, 0.99)
+    H = torch.tensor([[1.0, -3.0], [2.0, -1.0], [4.0, -2.0]], dtype=F64)  # sign differs from unit in 2-D
+    assert torch.equal(attacks.build("min-max", 1)(H, ctx()), attacks.build("min-max:dev=sign", 1)(H, ctx()))
+    assert not torch.equal(attacks.build("min-max", 1)(H, ctx()), attacks.build("min-max:dev=unit", 1)(H, ctx()))
+
+
 def test_min_max_and_min_sum_hand_computed():
     # H = 0, 1, 4: mean 5/3, unit perturbation p = +1, m = 5/3 - gamma.
     H = torch.tensor([[0.0], [1.0], [4.0]], dtype=F64)
     # min-max: (4 - m)^2 <= max pairwise 16  ->  gamma = 4 - 7/3 = 5/3  ->  m = 0
-    assert float(attacks.build("min-max", 1)(H, ctx())[0, 0]) == pytest.approx(0.0, abs=1e-4)
+    assert float(attacks.build("min-max:dev=unit", 1)(H, ctx())[0, 0]) == pytest.approx(0.0, abs=1e-4)
     # min-sum: 78/9 + 3 gamma^2 <= 25  ->  gamma = 7/3  ->  m = -2/3
-    assert float(attacks.build("min-sum", 1)(H, ctx())[0, 0]) == pytest.approx(-2 / 3, abs=1e-4)
-    # sign perturbation: same p here; std perturbation: p = std = sqrt(26/9)
+    assert float(attacks.build("min-sum:dev=unit", 1)(H, ctx())[0, 0]) == pytest.approx(-2 / 3, abs=1e-4)
+    # sign perturbation (the default): the same p here; std perturbation: p = std = sqrt(26/9)
+    assert float(attacks.build("min-max", 1)(H, ctx())[0, 0]) == pytest.approx(0.0, abs=1e-4)
     sd = math.sqrt(26 / 9)
     got = float(attacks.build("min-max:dev=std", 1)(H, ctx())[0, 0])
     assert got == pytest.approx(5 / 3 - (5 / 3) / sd * sd, abs=1e-4)

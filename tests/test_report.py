@@ -214,3 +214,51 @@ def test_quarantine_table_by_hand(tmp_path):
     # the none seeds) minus attacked at the round caught (2: .75 - .70) or at the end (3: .91 - .80)
     assert "| ipm | mean | 1.5/2 | never | 8.0 | 0.5 |" in section
     assert "| none | mean | — | — | — | 0 |" in section
+
+
+def test_the_summary_leads_with_the_frontier_and_the_worst_cases(report):
+    _, summary = report
+    heads = [line for line in summary.splitlines() if line.startswith("## ")]
+    assert heads[:3] == ["## Stealth frontier", "## Worst cases", "## Scenario"]
+    worst = summary.split("## Worst cases")[1].split("\n## ")[0]
+    # krum's worst: ipm, 61.0 (60.0), clean 87.0; mean's: alie, 55.0 (50.0), clean 91.0; best AUC
+    # of krum/ipm: norm mean(.98) (NaN left out); mean/alie: krum-score .9
+    assert worst.index("| krum | ipm | 61.0 (60.0) | 26.0 | 0.98 | — |") < worst.index(
+        "| mean | alie | 55.0 (50.0) | 36.0 | 0.90 | — |")
+
+
+def big_grid(defences, attacks):
+    """A grid of ``defences`` x ``attacks`` (``none`` first), one seed, made-up accuracies."""
+    return [record(agg, attack, 0, [.3, .9 - .01 * i - .02 * j], CLEAN_SCORES if attack == "none" else
+                   {"norm": (.5 + .01 * j, .1, None)}, 1.0)
+            for i, agg in enumerate(defences) for j, attack in enumerate(["none", *attacks])]
+
+
+def test_a_big_grid_is_split_by_family_into_readable_pages(tmp_path):
+    attacks = [f"{family}:k={k}" for family in ("min-max", "drift", "poisoned-fl") for k in range(5)]  # 15
+    defences = ["mean", "trimmed-mean", "nnm+trimmed-mean", "krum"]
+    paths = write_report(write_jsonl(tmp_path / "results.jsonl", big_grid(defences, attacks)), tmp_path)
+    names = [p.name for p in paths]
+    # 15 attacks, 11 to a page with none: min-max and drift whole on page 1, poisoned-fl on page 2
+    for plot in ("heatmap", "accuracy_curves", "damage_vs_detectability"):
+        assert [n for n in names if n.startswith(plot)] == [f"{plot}-1.png", f"{plot}-2.png"]
+    summary = paths[0].read_text()
+    accuracy = summary.split("## Accuracy")[1].split("\n## ")[0]
+    first, second = accuracy.split("### Page 1 of 2: attacks min-max, drift; defences mean, trimmed-mean, krum")[1] \
+        .split("### Page 2 of 2: attacks poisoned-fl; defences mean, trimmed-mean, krum")
+    headers = [next(line for line in part.splitlines() if line.startswith("| aggregator |")) for part in (first, second)]
+    assert headers[0].startswith("| aggregator | none | min-max:k=0 |") and "poisoned-fl" not in headers[0]
+    assert headers[1].startswith("| aggregator | none | poisoned-fl:k=0 | poisoned-fl:k=1 |") and "drift" not in headers[1]
+    for part in (first, second):  # every defence on every page, its worst case over the whole grid
+        assert part.count("| nnm+trimmed-mean |") == 1 and "| poisoned-fl:k=4 |" in part
+
+
+def test_pages_keep_families_whole_and_bound_their_size():
+    from evaluation.paging import attack_family, defence_family, pages
+
+    items = ["a:1", "a:2", "b:1", "c:1", "c:2", "c:3", "d:1"]
+    assert pages(items, attack_family, limit=3) == [["a:1", "a:2", "b:1"], ["c:1", "c:2", "c:3"], ["d:1"]]
+    assert pages(["x:1", "x:2", "x:3", "x:4", "y:1"], attack_family, limit=3) == [["x:1", "x:2", "x:3"], ["x:4", "y:1"]]
+    assert pages(items, attack_family, limit=12) == [items]
+    assert defence_family("bucketing:s=2+centered-clipping:tau=10") == "centered-clipping"
+    assert defence_family("krum") == "krum"
