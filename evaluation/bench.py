@@ -18,6 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 from nodes.coordinator.status import live_bar
+from robust.allocator import reuse_freed_memory
 
 from .cell import Cell
 from .local import run_cell
@@ -40,6 +41,7 @@ def record_id(cell: Cell, engine: str) -> str:
 
 
 def run_one(cell: Cell, engine: str) -> dict:
+    reuse_freed_memory()  # in whichever process runs the cell: this one, a --jobs worker, a Ray node's
     record = run_cell(cell, vectorize=engine == "local")
     return {"cell": record_id(cell, engine), **record}
 

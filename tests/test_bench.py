@@ -232,3 +232,12 @@ def test_a_partly_quarantined_coalition_crafts_for_the_colluders_left():
     ctx = attacks.Context(n=5, generator=generator(3, 4, "attack"), own=X[:1], round=4)
     assert list(threat.coalitions) == [1] and torch.equal(out[0], attacks.build("alie", 1)(X[1:], ctx)[0])
     assert torch.equal(out[1:], X[1:])
+
+
+def test_a_cell_process_keeps_its_freed_memory_for_reuse():
+    import platform
+
+    from robust.allocator import reuse_freed_memory
+
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert reuse_freed_memory() is glibc  # glibc's mallopt took both thresholds
