@@ -32,6 +32,7 @@ from . import (  # noqa: F401  (each module registers its stage)
     median,
     multi_krum,
     nnm,
+    sign_vote,
     signguard,
     trimmed_mean,
 )

@@ -24,8 +24,8 @@ arrival (:meth:`Volunteers.leaves_during`), and the node asks again at
 
 Everything here is a pure function of its inputs: same scenario, seed and ``step_seconds``
 => same times, to the bit. :class:`EventQueue` orders an asynchronous run's arrivals
-(ties by node id, then push order); :func:`time_to_target` and :class:`Traffic` are the
-metrics.
+(ties by node id, then push order); :class:`Traffic` counts the bytes
+(``evaluation.target`` says what reaching the target accuracy cost).
 """
 
 from __future__ import annotations
@@ -214,15 +214,6 @@ class EventQueue:
 
     def __len__(self) -> int:
         return len(self._heap)
-
-
-def time_to_target(times: Sequence[float], accuracies: Sequence[float], target_accuracy: float) -> float | None:
-    """The first simulated time at which accuracy reaches ``target_accuracy``; ``None`` if never."""
-    if len(times) != len(accuracies):
-        raise ValueError(f"times has {len(times)} entries for {len(accuracies)} accuracies: give one time each")
-    if any(b < a for a, b in zip(times, times[1:])):
-        raise ValueError("times must not decrease: give the evaluations in the order they happened")
-    return next((float(t) for t, a in zip(times, accuracies) if a >= target_accuracy), None)
 
 
 class Traffic:

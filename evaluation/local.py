@@ -45,6 +45,7 @@ from robust.seeds import generator
 from .batched import DenseNet, local_updates
 from .cell import Cell, CellSetup, backdoor_stop, backdoor_success, cell_record
 from .fedbuff import FedBuff
+from .target import costs
 from .threat import ThreatModel
 from .timeline import Timeline
 
@@ -287,7 +288,8 @@ class CellRun:
 
     def add(self, record: dict) -> None:
         """Keep round ``record`` with its simulated time."""
-        record["time"], record["bytes_up"] = self.timeline.now, self.timeline.traffic.bytes_up
+        traffic = self.timeline.traffic
+        record["time"], record["bytes_up"], record["bytes_down"] = self.timeline.now, traffic.bytes_up, traffic.bytes_down
         self.records.append(record)
         if self.engine.round == self.stop:  # the backdoor's last attacked round: how much it holds now
             self.asr_at_stop = backdoor_success(self.setup, self.engine.w)
@@ -301,10 +303,15 @@ class CellRun:
         return "local, attackers per node" if any(self.alone) else "local"
 
     def record(self, wall: float) -> dict:
-        return {**cell_record(self.setup, self.records, self.engine.w, self.threat.kappa, wall, self.training,
-                              self.mode, self.asr_at_stop),
-                **self.timeline.record(), "times": [r["time"] for r in self.records],
-                "bytes": [r["bytes_up"] for r in self.records]}
+        """The cell's result record, with its simulated clock and bytes per round; against an
+        absolute ``target-accuracy``, what reaching it cost (``evaluation.target``)."""
+        record = {**cell_record(self.setup, self.records, self.engine.w, self.threat.kappa, wall, self.training,
+                                self.mode, self.asr_at_stop),
+                  **self.timeline.record(), "times": [r["time"] for r in self.records],
+                  "bytes": [r["bytes_up"] for r in self.records],
+                  "bytes_down_by_round": [r["bytes_down"] for r in self.records]}
+        bar = self.setup.cell.config.get("target-accuracy")
+        return {**record, "target_bar": bar, **costs(record, bar)} if bar else record
 
 
 def run_cell(cell: Cell, vectorize: bool = True) -> dict:

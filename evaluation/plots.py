@@ -15,6 +15,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from .comm_report import bytes_frontier
 from .figures import new_figure, palette, save_png
 from .paging import page_paths, sheet_title, sheets
 from .results import CLEAN, STEALTH_AUC, Group, Results, partition
@@ -181,4 +182,4 @@ def stealth_frontier(records: Sequence[dict], path: str | Path) -> list[Path]:
     return [save_png(figure, path)]
 
 
-ALL = (heatmap, accuracy_curves, damage_vs_detectability, stealth_frontier, accuracy_vs_time)
+ALL = (heatmap, accuracy_curves, damage_vs_detectability, stealth_frontier, accuracy_vs_time, bytes_frontier)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import plots
+from .comm_report import communication_section
 from .metrics import leaves_band
 from .paging import sheet_name, sheets
 from .results import (
@@ -398,6 +399,7 @@ def write_summary(records: Sequence[dict], out_dir: str | Path, figures: Sequenc
         lines += _quarantine_section(res)
         lines += _spot_section(res)
         lines += time_section(res)
+        lines += communication_section(res)
         if res.sweeps:
             lines += _frontier_section(res)
     lines += _speed_section(Path(out_dir) / "speed.json")

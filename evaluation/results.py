@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from .tables import show
-
-CLEAN = "none"
+from .target import CLEAN, complete
 STEALTH_AUC = 0.6  # a detector at or below this AUC is taken not to see the attack
 # A cell's own axes, should the engine echo them in its config: not part of the scenario.
 CELL_AXES = frozenset({"seed", "aggregator", "attack", "sweep"})
@@ -137,10 +136,11 @@ class AccuracyRow:
 
 
 class Results:
-    """All records grouped over seeds, with the scenario keys that differ between them."""
+    """All records grouped over seeds, with the scenario keys that differ between them; each
+    record with what reaching its target cost (:func:`evaluation.target.complete`)."""
 
     def __init__(self, records: Sequence[dict]):
-        self.records = list(records)
+        self.records = complete(records)
         grouped: dict[Key, list[dict]] = {}
         for record in self.records:
             grouped.setdefault(key_of(record), []).append(record)

@@ -48,7 +48,11 @@ SCENARIO = {
         Param("deadline", Interval(float, 0, None), 0.0,
               "simulated seconds a synchronous round waits for replies (0: for every node asked)"),
         Param("target", Interval(float, 0, 1, "right"), 0.95,
-              "time to target: simulated seconds until accuracy reaches target x the best clean final accuracy"),
+              "the bar to reach, x the best clean final accuracy of the cells that differ only in how updates "
+              "travel (evaluation.target)"),
+        Param("target-accuracy", Interval(float, 0, 1), 0.0,
+              "an absolute accuracy to reach instead (0: target x the best clean one); each cell then records "
+              "what reaching it cost"),
     ),
     **CLOCK,
 }

@@ -1,11 +1,11 @@
 """The report's time and bytes: what slow, vanishing, far-away volunteers cost (issue 11).
 
 Every local cell records its simulated clock (``evaluation.timeline``): the time of each
-round (``times``), the bytes its nodes sent up to then (``bytes``), and in total
-``sim_seconds``, ``bytes_up``, ``bytes_down``. Time to target is computed here, across cells:
-the first simulated second at which a cell's accuracy reaches ``target`` (a scenario key,
-0.95 by default) times the *best* clean final accuracy of any cell with the same aggregator
-and seed, so every round mode, codec and speed is measured against one bar.
+round (``times``), the bytes sent up and down to then (``bytes``, ``bytes_down_by_round``),
+and in total ``sim_seconds``, ``bytes_up``, ``bytes_down``. Time to target is the first
+simulated second at which a cell's accuracy reaches its bar (``evaluation.target``: ``target``
+x the best clean final accuracy of its task, or an absolute ``target-accuracy``), so every
+round mode, codec and speed is measured against one bar.
 """
 
 from __future__ import annotations
@@ -15,14 +15,11 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from .clock import time_to_target
 from .figures import new_figure, palette, save_png
 from .paging import attack_family, page_paths, pages
 from .results import CLEAN, Group, Results
 from .tables import num, show, table
-
-KEYS = ("round", "buffer", "staleness", "lookahead", "late", "compression", "downlink", "speed", "link", "churn",
-        "deadline")
+from .target import KEYS
 
 
 def timed(res: Results) -> bool:
@@ -31,24 +28,6 @@ def timed(res: Results) -> bool:
     defaults = {"round": "sync", "compression": "none", "downlink": "none", "speed": "uniform", "link": "none",
                 "churn": "none", "deadline": 0.0}
     return any("times" in r and any(r["config"].get(k, v) != v for k, v in defaults.items()) for r in res.records)
-
-
-def reference(records: Sequence[dict]) -> dict[tuple[str, int], float]:
-    """(aggregator, seed) -> the best clean final accuracy among the cells."""
-    best: dict[tuple[str, int], float] = {}
-    for r in records:
-        if r["attack"] == CLEAN:
-            key = (r["aggregator"], r["seed"])
-            best[key] = max(best.get(key, 0.0), r["final_accuracy"])
-    return best
-
-
-def record_time_to_target(record: dict, best: dict[tuple[str, int], float]) -> float | None:
-    """Simulated seconds until ``record`` reaches its target (``None``: never, or no clean cell)."""
-    bar = best.get((record["aggregator"], record["seed"]))
-    if bar is None or "times" not in record:
-        return None
-    return time_to_target(record["times"], record["accuracy"], record["config"].get("target", 0.95) * bar)
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -67,12 +46,11 @@ def time_section(res: Results) -> list[str]:
     """The summary's "Time and bytes" section (nothing when :func:`timed` says no)."""
     if not timed(res):
         return []
-    best = reference(res.records)
     rows = []
     for group in sorted(res.grid, key=lambda g: (g.key.aggregator, g.key.attack != CLEAN, g.key.attack)):
         if "times" not in group.records[0]:
             continue
-        ttt = _mean([record_time_to_target(r, best) for r in group.records])
+        ttt = _mean([r["time_to_target"] for r in group.records])
         rows.append([group.key.aggregator, group.key.attack, _label(group, res.varying), f"{100 * group.mean:.1f}",
                      num(statistics.fmean(r["sim_seconds"] for r in group.records)),
                      "never" if ttt is None else num(ttt),
@@ -81,8 +59,8 @@ def time_section(res: Results) -> list[str]:
     return [
         "## Time and bytes", "",
         "Simulated clock (speed, link, churn; `step-seconds` per local step). Time to target: first simulated "
-        "second at which accuracy reaches `target` x the best clean final accuracy of the same aggregator and "
-        "seed over every cell (mean over seeds; never if a seed never did). Bytes: the encoded replies (up) and "
+        "second at which accuracy reaches `target` x the best clean final accuracy of the same aggregator, seed "
+        "and task over every cell, or `target-accuracy` (mean over seeds; never if a seed never did). Bytes: the encoded replies (up) and "
         "the float32 models (down), MB, mean over seeds. Asynchronous cells aggregate as many replies as their "
         "synchronous twin.", "",
         *table(["aggregator", "attack", "volunteers", "accuracy (%)", "sim seconds", "time to target",

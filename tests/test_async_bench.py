@@ -10,7 +10,8 @@ import torch
 from evaluation.cell import Cell
 from evaluation.local import CellRun, run_cell
 from evaluation.report import Results
-from evaluation.time_report import record_time_to_target, reference, time_section
+from evaluation.target import bars, task
+from evaluation.time_report import time_section
 from nodes.engine.ledger import Ticket
 from nodes.engine.staleness import weight_of
 from nodes.settings import Settings
@@ -102,14 +103,14 @@ def test_churn_leaves_nodes_out_and_runs_still_finish():
 def test_the_report_gives_time_to_target_against_the_best_clean_run():
     records = [run_cell(Cell({**BASE, "speed": SLOW, "round": mode}, "trimmed-mean", attack, 0))
                for mode in ("sync", "async") for attack in ("none", "sign-flip")]
-    best = reference(records)
-    assert best[("trimmed-mean", 0)] == max(r["final_accuracy"] for r in records if r["attack"] == "none")
-    ttt = [record_time_to_target(r, best) for r in records]
-    for r, t in zip(records, ttt):
-        if t is not None:
-            bar = 0.95 * best[("trimmed-mean", 0)]
-            first = next(i for i, a in enumerate(r["accuracy"]) if a >= bar)
-            assert t == r["times"][first]
+    best = bars(records)
+    assert best == {task(records[0]): max(r["final_accuracy"] for r in records if r["attack"] == "none")}
+    completed = Results(records).records
+    assert any(r["time_to_target"] is not None for r in completed)
+    for r in completed:
+        if r["time_to_target"] is not None:
+            first = next(i for i, a in enumerate(r["accuracy"]) if a >= 0.95 * best[task(r)])
+            assert r["time_to_target"] == r["times"][first] and r["round_to_target"] == first
     lines = "\n".join(time_section(Results(records)))
     assert "## Time and bytes" in lines and "round=async" in lines and "round=sync" in lines
     assert time_section(Results([run_cell(Cell(BASE, "trimmed-mean", "none", 0))])) == []

@@ -10,7 +10,7 @@ import statistics
 import pytest
 import torch
 
-from evaluation.clock import CLOCK, EventQueue, Traffic, Volunteers, measure_step_seconds, time_to_target
+from evaluation.clock import CLOCK, EventQueue, Traffic, Volunteers, measure_step_seconds
 from evaluation.volunteer_model import build_churn, build_link, build_speed
 
 IDS = [f"node{i:03d}" for i in range(50)]
@@ -284,18 +284,6 @@ def test_event_queue_order_does_not_depend_on_push_order_across_nodes() -> None:
             q.push(t, node, {"unorderable": object()})  # payloads are never compared
         orders.append([(e.time, e.node) for e in (q.pop() for _ in range(len(events)))])
     assert orders[0] == orders[1] == orders[2] == sorted(events)
-
-
-def test_time_to_target() -> None:
-    assert time_to_target([1.0, 2.0, 3.5], [0.3, 0.8, 0.9], 0.8) == 2.0
-    assert time_to_target([1.0, 2.0, 3.5], [0.3, 0.7, 0.75], 0.8) is None
-    assert time_to_target([1.0, 2.0], [0.9, 0.1], 0.5) == 1.0
-    assert time_to_target([1.0, 2.0], [math.nan, 0.6], 0.5) == 2.0
-    assert time_to_target([], [], 0.5) is None
-    with pytest.raises(ValueError, match="times has 2 entries for 1 accuracies"):
-        time_to_target([1.0, 2.0], [0.5], 0.5)
-    with pytest.raises(ValueError, match="times must not decrease"):
-        time_to_target([2.0, 1.0], [0.5, 0.6], 0.5)
 
 
 def test_traffic_totals_and_per_node() -> None:

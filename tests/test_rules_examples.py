@@ -49,7 +49,7 @@ def test_registry_lists():
     assert aggregators.rules() == sorted(
         ["mean", "median", "trimmed-mean", "krum", "multi-krum", "geometric-median", "bulyan",
          "centered-clipping", "meamed", "mda", "caf", "dnc", "signguard", "flame", "fltrust", "foolsgold",
-         "fldetector"]
+         "fldetector", "sign-vote"]
     )
     assert aggregators.pre_aggregators() == ["arc", "bucketing", "clip", "nnm"]
     assert aggregators.names() == sorted(aggregators.rules() + aggregators.pre_aggregators())
@@ -102,6 +102,25 @@ def test_trimmed_mean_f2():
 
 def test_trimmed_mean_f0_is_mean():
     close(aggregators.build("trimmed-mean", 0)(T([[1], [2], [6]])), [3.0])
+
+
+# ------------------------------------------------------------------ sign-vote
+
+
+def test_sign_vote_takes_the_majority_sign_at_the_median_magnitude():
+    X = T([[1.0, -2.0, 0.0, 3.0], [2.0, -1.0, 0.0, -1.0], [-8.0, 4.0, 0.0, 2.0]])
+    # column 0: +, +, - -> +, |x| median 2; column 1: -, -, + -> -, median 2; zeros -> 0; column 3: + at 2
+    close(aggregators.build("sign-vote", 1)(X), [2.0, -2.0, 0.0, 2.0])
+    tie = T([[1.0], [-3.0], [2.0], [-2.0]])
+    close(aggregators.build("sign-vote", 1)(tie), [0.0])
+
+
+def test_sign_vote_holds_against_f_flipped_rows():
+    honest = torch.randn(1, 50).sign() * torch.rand(7, 50).add(0.5)  # 7 rows agreeing on every sign
+    flipped = -10 * honest[:3]
+    out = aggregators.build("sign-vote", 3)(torch.cat([honest, flipped]))
+    assert torch.equal(out.sign(), honest[0].sign())
+    assert bool((out.abs() <= honest.abs().max(dim=0).values).all())
 
 
 # ------------------------------------------------------------------ meamed
