@@ -42,15 +42,18 @@ def cluster(monkeypatch):
 
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
     loopback = {"node_ip_address": "127.0.0.1", "temp_dir": temp}
+    # Ray notes the head's address in RAY_TMPDIR/ray (default /tmp/ray, absent on a fresh machine)
+    os.makedirs(os.path.join(temp, "ray"))
+    monkeypatch.setenv("RAY_TMPDIR", temp)
     # the cluster's own processes (its Ray Client server among them) keep to 127.0.0.1; the
     # bench's driver is not told: it must keep to loopback by itself
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     client_port = free_port()
-    head = Cluster(initialize_head=True, head_node_args={
-        **loopback, "num_cpus": 0, "include_dashboard": False, "ray_client_server_port": client_port})
-    workers = [head.add_node(**loopback, num_cpus=1) for _ in range(2)]
-    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    head = Cluster()
     try:
+        head.add_node(**loopback, num_cpus=0, include_dashboard=False, ray_client_server_port=client_port)
+        workers = [head.add_node(**loopback, num_cpus=1) for _ in range(2)]
+        monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
         yield head, workers, client_port
     finally:
         head.shutdown()
