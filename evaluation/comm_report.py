@@ -5,10 +5,11 @@ For a run whose cells differ in how updates travel (``protocol``, ``compression`
 row: its bytes sent up and down until the target accuracy is first reached
 (``evaluation.target``; the worst over the attacks, mean over seeds, ``never`` if a seed of an
 attack never got there), its final accuracy clean and in the worst case over attacks, the
-honest nodes it quarantined, and its ratio to the *baseline*: the row of the same aggregator
-and task sent as ``momentum`` with float32 rows both ways. The frontier plot puts bytes to
-target against worst-case accuracy, one point per row; the rows no other row beats on both are
-joined by a line.
+honest nodes it quarantined, and how many times fewer bytes up it took than the *baseline*'s
+clean run (the row of the same aggregator and task sent as ``momentum`` with float32 rows both
+ways; its own worst case may never reach the target). The frontier plot puts bytes to target
+against worst-case accuracy, one point per row (hollow: it quarantined honest nodes); the rows
+that quarantined no honest node and that no such row beats on both are joined by a line.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from robust.spec import parse
 
 from .figures import new_figure, palette, save_png
 from .results import CLEAN, AccuracyRow, Group, Results
@@ -94,11 +97,6 @@ def baseline_of(way: Way, everything: Sequence[Way]) -> Way | None:
     return next((w for w in everything if w.row.aggregator == way.row.aggregator and w.scenario == target), None)
 
 
-def _label(way: Way) -> str:
-    config = dict(way.scenario)
-    return ", ".join(f"{k}={show(json.loads(config[k]))}" for k in WAYS if k in config)
-
-
 def _mb(value: float | None) -> str:
     return "never" if value is None else f"{value / 1e6:.3g}"
 
@@ -111,18 +109,19 @@ def communication_section(res: Results) -> list[str]:
     rows = []
     for way in sorted(everything, key=lambda w: (w.row.aggregator, math.inf if w.up is None else w.up)):
         base = baseline_of(way, everything)
-        ratio = f"{base.up / way.up:.1f}x" if base and base.up is not None and way.up else "—"
+        ratio = f"{base.clean_up / way.up:.1f}x" if base and base.clean_up is not None and way.up else "—"
         below = pct(base.accuracy - way.accuracy) if base and base.accuracy is not None and way.accuracy is not None \
             else "—"
         rows.append([way.row.label, _mb(way.up), _mb(way.down), ratio, _mb(way.clean_up), _mb(way.total_up),
                      pct(way.clean), pct(way.accuracy), way.worst.key.attack if way.worst else "—", below,
-                     f"{way.honest_quarantined:g}"])
+                     f"{way.honest_quarantined:.1f}"])
     return [
         "## Bytes to target", "",
         "Per way of sending: MB sent up and down until the target accuracy is first reached (`target` x the best "
         "clean final accuracy of the same aggregator, seed and task, or `target-accuracy`), the worst over the "
         "attacks of the mean over seeds (never: some attack's seed never got there); x fewer: the baseline's "
-        "(`momentum`, float32 both ways, same aggregator and task) MB up to target over this one's; pp below: "
+        "(`momentum`, float32 both ways, same aggregator and task) MB up to target in its clean run over this "
+        "one's; pp below: "
         "worst-case accuracy under the baseline's worst case; honest quarantined: at the end, the most over "
         "attacks (mean over seeds).", "",
         *table(["defence (way)", "MB up to target", "MB down to target", "x fewer up", "MB up to target (clean)",
@@ -141,9 +140,25 @@ def pareto(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
+def short(config: dict, keys: Sequence[str]) -> str:
+    """A way's ``keys`` in a few characters: ``K=16 nesterov, sign`` (``delta:steps=16,...``)."""
+    shown = []
+    for key in keys:
+        value = json.loads(config[key]) if key in config else "—"
+        parsed = parse(value)[0] if key == "protocol" and isinstance(value, str) else None
+        if parsed and parsed.name == "delta":
+            outer = parsed.params.get("server_momentum", 0)
+            shown.append(f"K={parsed.params.get('steps', 10)}" + (" nesterov" if parsed.params.get("nesterov") else
+                                                                  f" mu={outer:g}" if outer else ""))
+        else:
+            shown.append(f"{key}={show(value)}" if key == "downlink" else show(value))
+    return ", ".join(shown)
+
+
 def bytes_frontier(records: Sequence[dict], path: str | Path) -> list[Path]:
-    """MB up to target (worst over attacks) against worst-case accuracy, a point per way, one
-    colour per aggregator and task, its frontier joined; nothing when the run does not compare
+    """MB up to target (worst over attacks) against worst-case accuracy, a point per way (hollow:
+    it quarantined honest nodes), one colour per aggregator and task, the frontier of the ways
+    that quarantined no honest node joined and labelled; nothing when the run does not compare
     ways of sending."""
     res = Results(records)
     if not communicating(res):
@@ -152,6 +167,7 @@ def bytes_frontier(records: Sequence[dict], path: str | Path) -> list[Path]:
     if not reached:
         return []
     varying = [k for k in res.varying if k not in WAYS]
+    compared = [k for k in WAYS if k in res.varying]
     series: dict[str, list[Way]] = {}
     for way in reached:
         config = dict(way.scenario)
@@ -161,15 +177,21 @@ def bytes_frontier(records: Sequence[dict], path: str | Path) -> list[Path]:
     figure = new_figure(9, 6)
     ax = figure.add_subplot()
     for name, members in series.items():
-        points = [(w.up / 1e6, 100 * w.accuracy) for w in members]
-        ax.scatter(*zip(*points), color=colours[name], s=30, zorder=3, label=name)
-        ax.plot(*zip(*pareto(points)), color=colours[name], linewidth=1)
-        for way, point in zip(members, points):
-            ax.annotate(_label(way).replace("protocol=", "").replace("compression=", ""), point,
-                        textcoords="offset points", xytext=(3, 3), fontsize=6)
+        points = {id(w): (w.up / 1e6, 100 * w.accuracy) for w in members}
+        ax.scatter(*zip(*points.values()), s=30, zorder=3, label=name, edgecolors=colours[name],
+                   facecolors=[colours[name] if w.honest_quarantined == 0 else "none" for w in members])
+        kept = [w for w in members if w.honest_quarantined == 0]
+        front = pareto([points[id(w)] for w in kept])
+        if front:
+            ax.plot(*zip(*front), color=colours[name], linewidth=1)
+        for way in kept:
+            if points[id(way)] in front:
+                ax.annotate(short(dict(way.scenario), compared), points[id(way)], textcoords="offset points",
+                            xytext=(4, 3), fontsize=7, color=colours[name])
     ax.set(xscale="log", xlabel="MB sent up until the target accuracy (worst over attacks)",
            ylabel="worst-case final accuracy over attacks (%)",
-           title="Communication frontier: bytes to target vs accuracy under attack (upper left is better)")
+           title="Bytes to target vs accuracy under attack\n(upper left is better; hollow: honest nodes "
+                 "quarantined; line: the frontier of the others)")
     ax.grid(alpha=0.3)
     ax.legend(title="defence, task", fontsize=8, loc="best")
     return [save_png(figure, path)]

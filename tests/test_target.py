@@ -8,7 +8,7 @@ import math
 import pytest
 
 from evaluation.cell import Cell
-from evaluation.comm_report import bytes_frontier, communication_section, pareto
+from evaluation.comm_report import bytes_frontier, communication_section, pareto, short
 from evaluation.local import run_cell
 from evaluation.results import Results
 from evaluation.scenario import cell_id, load_scenario
@@ -100,8 +100,13 @@ def test_the_report_compares_ways_of_sending_against_the_float32_momentum_baseli
     assert bytes_frontier([made("none", [0.5, 0.9], 1, 1)], tmp_path / "none.png") == []
 
 
-def test_pareto_keeps_what_nothing_beats_on_both():
+def test_pareto_keeps_what_nothing_beats_on_both_and_ways_read_short():
     assert pareto([(1, 90), (2, 95), (3, 94), (0.5, 80), (2, 93)]) == [(0.5, 80), (1, 90), (2, 95)]
+    config = {"protocol": json.dumps("delta:steps=16,server_lr=0.7,server_momentum=0.9,nesterov=true"),
+              "compression": json.dumps("sign"), "downlink": json.dumps("fp16")}
+    assert short(config, ["protocol", "compression", "downlink"]) == "K=16 nesterov, sign, downlink=fp16"
+    assert short({"protocol": json.dumps("delta:server_momentum=0.5")}, ["protocol"]) == "K=10 mu=0.5"
+    assert short({"protocol": json.dumps("momentum")}, ["protocol", "compression"]) == "momentum, —"
 
 
 def test_a_real_grid_reports_bytes_to_target(tmp_path):
