@@ -26,6 +26,7 @@ from robust.spec import parse
 from .figures import new_figure, palette, save_png
 from .results import CLEAN, AccuracyRow, Group, Results
 from .tables import pct, show, table
+from .target import mean_over_seeds
 
 WAYS = ("protocol", "compression", "downlink")  # what a row's way of sending is
 BASELINE = {"protocol": "momentum", "compression": "none", "downlink": "none"}
@@ -34,11 +35,6 @@ BASELINE = {"protocol": "momentum", "compression": "none", "downlink": "none"}
 def communicating(res: Results) -> bool:
     """Whether the run compares ways of sending (and its cells count bytes)."""
     return any(k in res.varying for k in WAYS) and all("bytes" in r for r in res.records)
-
-
-def _mean(values: Sequence[float | None]) -> float | None:
-    """Mean over seeds; ``None`` (never) if any seed never got there."""
-    return None if not values or any(v is None for v in values) else statistics.fmean(values)
 
 
 def _worst(values: Sequence[float | None]) -> float | None:
@@ -67,7 +63,7 @@ class Way:
 
 
 def _cost(group: Group, field: str) -> float | None:
-    return _mean([r[field] for r in group.records])
+    return mean_over_seeds([r[field] for r in group.records])
 
 
 def ways(res: Results) -> list[Way]:

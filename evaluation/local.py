@@ -45,7 +45,7 @@ from robust.seeds import generator
 from .batched import DenseNet, local_updates
 from .cell import Cell, CellSetup, backdoor_stop, backdoor_success, cell_record
 from .fedbuff import FedBuff
-from .target import costs
+from .target import with_costs
 from .threat import ThreatModel
 from .timeline import Timeline
 
@@ -289,7 +289,8 @@ class CellRun:
     def add(self, record: dict) -> None:
         """Keep round ``record`` with its simulated time."""
         traffic = self.timeline.traffic
-        record["time"], record["bytes_up"], record["bytes_down"] = self.timeline.now, traffic.bytes_up, traffic.bytes_down
+        record["time"], record["bytes_up"], record["bytes_down"] = (self.timeline.now, traffic.bytes_up,
+                                                                   traffic.bytes_down)
         self.records.append(record)
         if self.engine.round == self.stop:  # the backdoor's last attacked round: how much it holds now
             self.asr_at_stop = backdoor_success(self.setup, self.engine.w)
@@ -311,7 +312,7 @@ class CellRun:
                   "bytes": [r["bytes_up"] for r in self.records],
                   "bytes_down_by_round": [r["bytes_down"] for r in self.records]}
         bar = self.setup.cell.config.get("target-accuracy")
-        return {**record, "target_bar": bar, **costs(record, bar)} if bar else record
+        return with_costs(record, bar) if bar else record
 
 
 def run_cell(cell: Cell, vectorize: bool = True) -> dict:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Sequence
 
 CLEAN = "none"
@@ -59,7 +60,8 @@ def bars(records: Sequence[dict]) -> dict[Task, float]:
     best: dict[Task, float] = {}
     for r in records:
         if r["attack"] == CLEAN and not math.isnan(r["final_accuracy"]):
-            best[task(r)] = max(best.get(task(r), -math.inf), r["final_accuracy"])
+            key = task(r)
+            best[key] = max(best.get(key, -math.inf), r["final_accuracy"])
     return best
 
 
@@ -73,12 +75,18 @@ def bar_of(record: dict, best: dict[Task, float]) -> float | None:
     return None if found is None else config.get("target", 0.95) * found
 
 
+def with_costs(record: dict, bar: float | None) -> dict:
+    """A copy of ``record`` with ``target_bar`` and its :data:`FIELDS` against ``bar``."""
+    return {**record, "target_bar": bar, **costs(record, bar)}
+
+
 def complete(records: Sequence[dict]) -> list[dict]:
     """Copies of ``records``, each with ``target_bar`` and :data:`FIELDS` (a record that wrote
     its own, against an absolute bar, keeps them)."""
     best = bars(records)
-    out = []
-    for r in records:
-        bar = bar_of(r, best)
-        out.append(r if "target_bar" in r else {**r, "target_bar": bar, **costs(r, bar)})
-    return out
+    return [r if "target_bar" in r else with_costs(r, bar_of(r, best)) for r in records]
+
+
+def mean_over_seeds(values: Sequence[float | None]) -> float | None:
+    """Mean over seeds; ``None`` (never) if any seed never got there."""
+    return None if not values or any(v is None for v in values) else statistics.fmean(values)

@@ -19,7 +19,7 @@ from .figures import new_figure, palette, save_png
 from .paging import attack_family, page_paths, pages
 from .results import CLEAN, Group, Results
 from .tables import num, show, table
-from .target import KEYS
+from .target import KEYS, mean_over_seeds
 
 
 def timed(res: Results) -> bool:
@@ -28,11 +28,6 @@ def timed(res: Results) -> bool:
     defaults = {"round": "sync", "compression": "none", "downlink": "none", "speed": "uniform", "link": "none",
                 "churn": "none", "deadline": 0.0}
     return any("times" in r and any(r["config"].get(k, v) != v for k, v in defaults.items()) for r in res.records)
-
-
-def _mean(values: Sequence[float | None]) -> float | None:
-    """Mean over seeds; ``None`` if any seed never got there."""
-    return None if not values or any(v is None for v in values) else statistics.fmean(values)
 
 
 def _label(group: Group, varying: Sequence[str]) -> str:
@@ -50,7 +45,7 @@ def time_section(res: Results) -> list[str]:
     for group in sorted(res.grid, key=lambda g: (g.key.aggregator, g.key.attack != CLEAN, g.key.attack)):
         if "times" not in group.records[0]:
             continue
-        ttt = _mean([r["time_to_target"] for r in group.records])
+        ttt = mean_over_seeds([r["time_to_target"] for r in group.records])
         rows.append([group.key.aggregator, group.key.attack, _label(group, res.varying), f"{100 * group.mean:.1f}",
                      num(statistics.fmean(r["sim_seconds"] for r in group.records)),
                      "never" if ttt is None else num(ttt),
@@ -60,8 +55,8 @@ def time_section(res: Results) -> list[str]:
         "## Time and bytes", "",
         "Simulated clock (speed, link, churn; `step-seconds` per local step). Time to target: first simulated "
         "second at which accuracy reaches `target` x the best clean final accuracy of the same aggregator, seed "
-        "and task over every cell, or `target-accuracy` (mean over seeds; never if a seed never did). Bytes: the encoded replies (up) and "
-        "the float32 models (down), MB, mean over seeds. Asynchronous cells aggregate as many replies as their "
+        "and task over every cell, or `target-accuracy` (mean over seeds; never if a seed never did). Bytes: the "
+        "encoded replies (up) and the float32 models (down), MB, mean over seeds. Asynchronous cells aggregate as many replies as their "
         "synchronous twin.", "",
         *table(["aggregator", "attack", "volunteers", "accuracy (%)", "sim seconds", "time to target",
                  "MB up", "MB down"], rows),
