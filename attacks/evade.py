@@ -99,6 +99,7 @@ from .ipm import ipm_rows
 
 POLICY = "policy"
 UNSCORED = "discarded"  # the rule's choice, not a score of the row
+PLAIN = "to-median"  # the flag policy's plain distance, ranked as distance-ratio ranks it: no detector
 JITTERS = ("gauss", "own", "typical")
 
 
@@ -214,13 +215,13 @@ class Evade(OmniscientAttack):
         if self.jitter_kind == "own":
             return ctx.own.to(H.dtype)
         scores = ctx.detectors(H)
-        worst = torch.stack([scores[k].argsort(stable=True).argsort() for k in sorted(scores)]).amax(dim=0)
+        worst = torch.stack([scores[k].argsort(stable=True).argsort() for k in sorted(scores) if k != PLAIN]).amax(dim=0)
         order = worst.argsort(stable=True)
         return H[order[torch.arange(self.f) % H.shape[0]]]
 
     def names(self, scores: dict[str, torch.Tensor]) -> list[str]:
         """The detectors this attack hides from, among the deployment's ``scores``."""
-        known = sorted(k for k in scores if k != UNSCORED)
+        known = sorted(k for k in scores if k not in (UNSCORED, PLAIN))
         if self.detector == "all":
             return known
         if self.detector == POLICY:

@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from nodes.engine.detectors import TO_MEDIAN
 from robust.source import BLOCK
 
 F64 = torch.float64
@@ -47,7 +48,8 @@ def summarize_detection(
 ) -> dict[str, dict]:
     """Per detector: ``{"auc", "tpr_at_5fpr", "rounds_to_detect"}`` over a run's rounds.
 
-    ``rounds[r]`` maps detector names to round ``r``'s scores, ``positive[r]`` marks its
+    ``rounds[r]`` maps detector names to round ``r``'s scores (``to-median``, a plain distance
+    the flag policy reads, is no detector and is left out), ``positive[r]`` marks its
     Byzantine rows. ``auc`` and ``tpr_at_5fpr`` are means over the rounds where they are
     defined (a round without positives, negatives or that detector is skipped; ``nan`` if
     none is left). ``rounds_to_detect`` is the first round ``r`` with ``tpr_at_fpr == 1`` such
@@ -58,7 +60,7 @@ def summarize_detection(
         raise ValueError(
             f"rounds and positive must have one entry per round (got {len(rounds)} and {len(positive)})"
         )
-    names = list(dict.fromkeys(name for scores in rounds for name in scores))
+    names = list(dict.fromkeys(name for scores in rounds for name in scores if name != TO_MEDIAN))
     masks = [tuple(pos.tolist()) for pos in positive]
     summary: dict[str, dict] = {}
     for name in names:

@@ -97,7 +97,8 @@ RUN = table(
     Param("momentum", Interval(float, 0, 1, "left"), 0.9, "worker momentum (momentum) or local SGD momentum (delta)"),
     Param("max-norm", Interval(float, 0, None, "neither"), 1000.0, "rows with a larger norm are rejected"),
     Param("flag-ratio", Interval(float, 1, None, "neither"), 4.0,
-          "flag a row farther from the coordinate median than this x the typical row"),
+          "flag a row farther from the coordinate median than this x the run's typical distance (the largest "
+          "round median of those distances so far)"),
     Param("quarantine-after", Interval(int, 1, None), 3, "flags (or rejections) before a node is no longer asked"),
     Param("false-alarm", Interval(float, 0, 1, "left"), 0.01,
           "evidence over rounds: quarantine a node whose update's direction stays atypical (a CUSUM), "

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregators.krum import krum_scores
-from nodes.engine.detectors import DETECTORS, score_round
+from nodes.engine.detectors import DETECTORS, TO_MEDIAN, score_round
 from evaluation.metrics import (
     kappa_bound,
     kappa_hat,
@@ -135,12 +135,12 @@ def test_tpr_is_the_best_threshold_within_fpr(data, fpr):
 def test_keys_shapes_dtypes():
     X = torch.randn(7, 5)  # float32 in, float64 out
     scores = score_round(X, f=1)
-    assert tuple(scores) == tuple(SCORED)
+    assert tuple(scores) == (*SCORED, TO_MEDIAN)
     for s in scores.values():
         assert s.dtype == F64 and s.shape == (7,) and torch.isfinite(s).all()
     kept = B([1, 1, 0, 1, 0, 1, 1])
     scores = score_round(X, f=1, kept=kept)
-    assert tuple(scores) == DETECTORS
+    assert tuple(scores) == (*DETECTORS, TO_MEDIAN)
     assert scores["discarded"].tolist() == [0, 0, 1, 0, 1, 0, 0]
 
 

@@ -73,7 +73,7 @@ def framing(floor: float, monkeypatch) -> tuple[dict, dict]:
         gaps[5] = 0.55  # the honest outlier
         if t >= 20:
             gaps[-3:] = 1.3
-        policy.update(t, ids, {"distance-ratio": torch.ones(25), "median-cosine": gaps}, [])
+        policy.update(t, ids, {"to-median": torch.ones(25), "median-cosine": gaps}, [])
     return policy.quarantined, policy.why
 
 
@@ -93,12 +93,12 @@ def test_the_policy_checkpoints_its_evidence_and_catches_sign_flip_in_the_bench(
     assert len(rounds) == 3 and max(rounds.values()) <= 5, rounds
     assert record["false_quarantines"] == 0
     policy = FlagPolicy(3.0, 3, 0.01, 8)
-    policy.update(1, ["a", "b", "c", "d"], {"distance-ratio": torch.ones(4), "median-cosine": torch.tensor([0.1, 0.2, 0.3, 9.0])}, [])
+    policy.update(1, ["a", "b", "c", "d"], {"to-median": torch.ones(4), "median-cosine": torch.tensor([0.1, 0.2, 0.3, 9.0])}, [])
     again = FlagPolicy(3.0, 3, 0.01, 8)
     again.load_state(policy.state())
     assert again.evidence.S == policy.evidence.S and again.evidence.S["d"] > 0
     for t in (2, 3):  # "d" keeps pointing away: evidence, not flags (its ratio is typical)
-        again.update(t, ["a", "b", "c", "d"], {"distance-ratio": torch.ones(4), "median-cosine": torch.tensor([0.1, 0.2, 0.3, 9.0])}, [])
+        again.update(t, ["a", "b", "c", "d"], {"to-median": torch.ones(4), "median-cosine": torch.tensor([0.1, 0.2, 0.3, 9.0])}, [])
     assert again.quarantined == {"d": 2} and again.why == {"d": "evidence"}
     old = {k: v for k, v in again.state().items() if k != "why"}  # a checkpoint from before `why`
     older = FlagPolicy(3.0, 3, 0.01, 8)

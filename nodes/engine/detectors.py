@@ -5,7 +5,10 @@ policy (``nodes.engine.flags``) reads ``distance-ratio``, the benchmark measures
 AUC against the true Byzantine rows.
 
 ``score_round(X, f, kept)`` returns one float64 ``(n,)`` tensor per detector, rows in the
-canonical order of ``X``; higher means more suspicious. All detectors share one exact
+canonical order of ``X``; higher means more suspicious; and :data:`TO_MEDIAN`, each row's
+plain distance ``||x_i - m||`` (not a detector: within a round it ranks the rows as
+``distance-ratio`` does), which the flag policy divides by a typical distance it keeps over
+the run. All detectors share one exact
 float64 squared-distance matrix ``D`` (``robust.geometry.sq_distances``) and one
 coordinate-wise median ``m``; memory beyond ``X`` is O(n^2 + n * BLOCK + d).
 
@@ -56,13 +59,16 @@ DETECTORS: tuple[str, ...] = (
     "discarded",
 )
 
+TO_MEDIAN = "to-median"  # ||x_i - m||, what the flag policy's own ratio is taken from
+
 F64 = torch.float64
 
 
 def score_round(
     X: torch.Tensor | Rows, f: int, kept: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
-    """Suspicion scores of every row of ``X`` (float ``(n, d)``), keyed by detector name.
+    """Suspicion scores of every row of ``X`` (float ``(n, d)``), keyed by detector name,
+    then :data:`TO_MEDIAN`.
 
     ``f`` is the number of Byzantine rows Krum assumes; ``kept`` (bool ``(n,)``) says which
     rows the aggregator kept and adds the ``discarded`` detector. Raises ``ValueError`` on a
@@ -90,6 +96,7 @@ def score_round(
     }
     if kept is not None:
         scores["discarded"] = (~kept).to(F64)
+    scores[TO_MEDIAN] = to_median
     return scores
 
 
