@@ -60,6 +60,12 @@ def cluster(monkeypatch):
         shutil.rmtree(temp, ignore_errors=True)
 
 
+def client_server_logs(head) -> str:
+    """The end of each Ray Client server's error log (the cluster's folder goes with it)."""
+    logs = sorted(Path(head.head_node.get_logs_dir_path()).glob("ray_client_server*.err"))
+    return "".join(f"\n--- {log.name}\n{log.read_text(errors='replace')[-3000:]}" for log in logs)
+
+
 def _running_a_cell(node) -> bool:
     """Whether one of ``node``'s worker processes is inside a cell (Ray names it after the task)."""
     raylet = node.all_processes["raylet"][0].process.pid
@@ -107,7 +113,7 @@ def test_a_grid_on_a_loopback_cluster_survives_a_dead_node_with_local_bits(tmp_p
     client = tmp_path / "client"  # through Ray Client, as from a laptop: two of the cells
     done = bench(client, "--cluster", f"ray://127.0.0.1:{client_port}", "--set", 'aggregators=["mean"]',
                  "--set", 'attacks=["alie"]')
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, done.stderr + client_server_logs(head)
     local = {r["cell"]: r["model_sha256"] for r in records(tmp_path / "local")}
     assert {r["cell"]: r["model_sha256"] for r in records(client)}.items() < local.items()
 
