@@ -1,7 +1,7 @@
 """Per-round suspicion scores: how suspicious each row of a round's update matrix looks.
 
 The round engine (``nodes.engine.engine``) scores every round with :func:`score_round`: the flag
-policy (``nodes.engine.flags``) reads ``distance-ratio``, the benchmark measures every detector's
+policy (``nodes.engine.flags``) reads :data:`TO_MEDIAN`, the benchmark measures every detector's
 AUC against the true Byzantine rows.
 
 ``score_round(X, f, kept)`` returns one float64 ``(n,)`` tensor per detector, rows in the
@@ -19,7 +19,7 @@ coordinate-wise median ``m``; memory beyond ``X`` is O(n^2 + n * BLOCK + d).
 - ``distance-ratio``: ``||x_i - m|| / median_j ||x_j - m||``, one-sided and scale-free: a
   row twice as far from the median as the typical row scores 2 whatever the update's size
   (``inf`` if the typical distance is 0 and this one is not; 0 if both are). The
-  coordinator's flag policy thresholds it.
+  coordinator's flag policy divides by the run's typical distance instead of the round's.
 - ``median-cosine``: ``1 - cos(x_i, m)``, the cosine taken as 0 when ``x_i`` or ``m`` is the
   zero vector (score 1, never NaN). Catches direction attacks whose norm is disguised
   (sign-flip, IPM with a large epsilon).
