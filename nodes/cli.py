@@ -1,4 +1,4 @@
-"""Dispatch of ``robust coordinator|node|demo|audit`` (parsed in ``robust/cli.py``)."""
+"""Dispatch of ``robust coordinator|node|demo|dashboard|audit`` (parsed in ``robust/cli.py``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,12 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from .demo import demo
 
-        return demo(args.seed, args.rounds, args.json, args.keep, args.attack, args.spot_check)
+        return demo(args.seed, args.rounds, args.json, args.keep, args.attack, args.spot_check,
+                    args.dashboard, args.dashboard_token)
+    if args.command == "dashboard":
+        from .dashboard.server import main
+
+        return main(args.dir, args.dashboard, args.dashboard_token)
     if args.command == "audit":
         from .coordinator.audit import main
 
@@ -45,6 +50,6 @@ def run(args: argparse.Namespace) -> int:
             from .coordinator.audit import replay_main
 
             return replay_main(str(folder))
-        return commands.coordinator_start(folder, _overrides(args))
+        return commands.coordinator_start(folder, _overrides(args), dashboard=(args.dashboard, args.dashboard_token))
     commands.node_keygen(folder)
     return 0

@@ -19,6 +19,7 @@ from .coordinator.admission import ADMITTED, admit, scan
 from .coordinator.coordinator import RUN_ID, Coordinator, short
 from .coordinator.disk import check as check_disk
 from .coordinator.status import live_bar, read_rounds
+from .dashboard.server import serving
 from .settings import COORDINATOR, SETTINGS_FILE, Settings
 
 
@@ -84,9 +85,11 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None] | None = None) -> int:
+def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None] | None = None,
+                      dashboard: tuple[str | None, str] = (None, "")) -> int:
     """Start the SuperLink, register the admitted keys, submit the run and follow it.
-    ``on_ready`` is called once volunteers can connect (the demo starts its nodes there)."""
+    ``on_ready`` is called once volunteers can connect (the demo starts its nodes there);
+    ``dashboard``: ``([HOST:]PORT, token)`` to serve the run's dashboard meanwhile."""
     settings = Settings.read(folder).replace(**overrides)
     (folder / SETTINGS_FILE).write_text(settings.to_toml())
     found, _ = scan(folder)  # the Coordinator below warns of each file it skips
@@ -107,6 +110,11 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
           f"{len(found)} admitted node(s)" + (f", resuming after round {done_rounds}" if done_rounds else ""), flush=True)
     print(f"  the run {disk.describe(settings.rounds - done_rounds)}", flush=True)
     _say_code(folder, settings)
+    with serving(folder, *dashboard):
+        return _run(folder, settings, found, on_ready)
+
+
+def _run(folder: Path, settings: Settings, found: dict, on_ready: Callable[[], None] | None) -> int:
     superlink = launch.start_superlink(folder, settings.bind, settings.port)
     run_id = None
     signal.signal(signal.SIGTERM, _interrupt)  # `kill`, systemd, docker stop: stop as on Ctrl-C

@@ -69,6 +69,14 @@ _NODE_BEHAVIOURS = ("label-flip, alie-local:z=1,estimates=3, backdoor:..., neuro
                     "trainer-hang, trainer-garbage, clientapp-stall")
 
 
+def _add_dashboard(p: argparse.ArgumentParser, help: str, default: str | None = None,
+                   flags: tuple[str, str] = ("--dashboard", "--dashboard-token")) -> None:
+    p.add_argument(flags[0], dest="dashboard", default=default, metavar="[HOST:]PORT", help=help)
+    p.add_argument(flags[1], dest="dashboard_token", default="", metavar="TOKEN",
+                   help="the token the dashboard asks for (off loopback it always asks for one; default: a new one, "
+                        "printed in its URL)")
+
+
 _RUN_DIR = "the coordinator folder, or the root of a demo (`robust demo --json` prints it as folder)"
 
 
@@ -86,6 +94,7 @@ def _federation_parsers(sub: argparse._SubParsersAction) -> None:
     start = csub.add_parser("start", help="start the SuperLink and train; started again, it resumes")
     start.add_argument("dir", metavar="DIR")
     _add_settings(start)
+    _add_dashboard(start, "serve the run's web dashboard on [HOST:]PORT while it trains (127.0.0.1 unless a HOST is given)")
     status = csub.add_parser("status", help="the run at a glance from DIR alone: rounds, accuracy, nodes, rejections "
                              "(while it runs, or after)")
     status.add_argument("dir", metavar="DIR", help=_RUN_DIR)
@@ -120,11 +129,16 @@ def _federation_parsers(sub: argparse._SubParsersAction) -> None:
                       help=f"what the Byzantine volunteer (node5) plays, or none (default label-flip): {_NODE_BEHAVIOURS}")
     demo.add_argument("--spot-check", type=float, default=0.0, metavar="P",
                       help="share of updates recomputed by another volunteer each round; a fabricated one convicts its author")
+    _add_dashboard(demo, "serve the run's web dashboard on [HOST:]PORT, and keep serving it after the run until Ctrl-C")
+    board = sub.add_parser("dashboard", help="serve a run folder's web dashboard, read-only (while it runs, or after)")
+    board.add_argument("dir", metavar="DIR", help=_RUN_DIR)
+    _add_dashboard(board, "where to serve it (default 127.0.0.1:8050)", default="127.0.0.1:8050",
+                   flags=("--bind", "--token"))
     audit = sub.add_parser("audit", help="verify a coordinator folder: hash chain, signatures, every aggregation recomputed")
     asub = audit.add_subparsers(dest="action", metavar="ACTION", required=True)
     verify = asub.add_parser("verify", help="check DIR's round log and stored updates; exit 0 when all holds")
     verify.add_argument("dir", metavar="DIR", help=_RUN_DIR)
-    for p in (coord, node, demo, audit):
+    for p in (coord, node, demo, board, audit):
         p.set_defaults(run=_federation)
 
 

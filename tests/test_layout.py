@@ -55,10 +55,13 @@ NODES_MAY_IMPORT = {
     "nodes.coordinator": {"nodes.engine"} | SHARED,
     "nodes.volunteer": {"nodes.engine"} | SHARED,
     "nodes.strategy": {"nodes.engine"} | SHARED,
+    # the coordinator's web page: reads its folder, as the coordinator's status does
+    "nodes.dashboard": {"nodes.engine", "nodes.coordinator"} | SHARED,
     # the CLI dispatches to both sides
-    "nodes.cli": {"nodes.engine", "nodes.coordinator", "nodes.volunteer", "nodes.commands", "nodes.demo"} | SHARED,
-    "nodes.commands": {"nodes.engine", "nodes.coordinator", "nodes.volunteer"} | SHARED,
-    "nodes.demo": {"nodes.engine", "nodes.coordinator", "nodes.volunteer", "nodes.commands"} | SHARED,
+    "nodes.cli": {"nodes.engine", "nodes.coordinator", "nodes.volunteer", "nodes.commands", "nodes.demo",
+                  "nodes.dashboard"} | SHARED,
+    "nodes.commands": {"nodes.engine", "nodes.coordinator", "nodes.volunteer", "nodes.dashboard"} | SHARED,
+    "nodes.demo": {"nodes.engine", "nodes.coordinator", "nodes.volunteer", "nodes.commands", "nodes.dashboard"} | SHARED,
 }
 SIDES = ("nodes.coordinator", "nodes.volunteer")
 

@@ -75,6 +75,25 @@ def line_hash(record: dict) -> str:
     return hashlib.sha256(checkpoint.line(record).encode()).hexdigest()
 
 
+def chain(run_id: str, data: bytes, word: str = "round") -> tuple[list[dict], list[tuple[int, str]], str]:
+    """The hash chain of the round log ``data``: its records, its broken links (the line that
+    changed, and the problem in words), and the SHA-256 of its last line. A line that is not
+    JSON ends the records there (its problem last)."""
+    records, broken, tip = [], [], genesis(run_id)
+    for k, line in enumerate(data.splitlines(), start=1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return records, [*broken, (k, f"{word} {k}: line {k} of {checkpoint.ROUNDS} is not JSON (changed)")], tip
+        if record.get("prev") != tip:
+            changed = k - 1 if k > 1 else k
+            broken.append((changed, f"{word} {changed}: the record does not hash to what {word} {k} chains to "
+                                    f"({checkpoint.ROUNDS} line {changed} changed)"))
+        tip = hashlib.sha256(line).hexdigest()
+        records.append(record)
+    return records, broken, tip
+
+
 def row_path(folder: Path, sha: str) -> Path:
     """Where the float32 update of SHA-256 ``sha`` is stored."""
     return Path(folder) / UPDATES / f"{sha}.npy"
@@ -189,20 +208,11 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
     settings = Settings.read(folder)
     word = "buffer" if settings.round == "async" else "round"
     run_id = (folder / "run-id").read_text().strip()
-    raw = (folder / checkpoint.ROUNDS).read_bytes().splitlines() if (folder / checkpoint.ROUNDS).exists() else []
-    problems: list[str] = []
-    records = []
-    tip = genesis(run_id)
-    for k, line in enumerate(raw, start=1):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            return [f"{word} {k}: line {k} of {checkpoint.ROUNDS} is not JSON (changed)"], k - 1, False
-        if full and record.get("prev") != tip:
-            problems.append(f"{word} {k - 1 if k > 1 else k}: the record does not hash to what {word} {k} chains to "
-                            f"({checkpoint.ROUNDS} line {k - 1 if k > 1 else k} changed)")
-        tip = hashlib.sha256(line).hexdigest()
-        records.append(record)
+    log_bytes = (folder / checkpoint.ROUNDS).read_bytes() if (folder / checkpoint.ROUNDS).exists() else b""
+    records, broken, tip = chain(run_id, log_bytes, word)
+    if len(records) < len(log_bytes.splitlines()):
+        return [broken[-1][1]], len(records), False
+    problems = [problem for _, problem in broken] if full else []
     state = checkpoint.load(folder) if records and full else None
     if state is not None and line_hash(state["record"]) != tip:
         problems.append(f"{word} {len(records)}: its record differs from the checkpoint's ({checkpoint.ROUNDS} "

@@ -97,6 +97,7 @@ class Inbox:
     rejected: dict[str, str] = field(default_factory=dict)  # bad content: a flag
     failed: dict[str, str] = field(default_factory=dict)  # declined, node error: no flag
     seconds: dict[str, float] = field(default_factory=dict)  # the nodes' own training time
+    waited: dict[str, float] = field(default_factory=dict)  # task sent to reply filed, on the loop's clock
     replies: dict[str, Reply] = field(default_factory=dict)  # what each accepted reply signed
     hashes: dict[str, str] = field(default_factory=dict)  # each accepted update's SHA-256
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of each node's reply arrays
@@ -276,14 +277,16 @@ class Coordinator:
         self.keys = self._admitted()
         return self.ledger.free([fp for fp in online if fp in self.keys])
 
-    def receive(self, fp: str, content: RecordDict | None, error: str = "", online: list[str] = ()) -> list[dict]:
+    def receive(self, fp: str, content: RecordDict | None, error: str = "", online: list[str] = (),
+                waited: float | None = None) -> list[dict]:
         """Node ``fp``'s answer to its task (async): its reply ``content`` as it came off the
         wire, or the transport's ``error``; filed in the buffer (or, if the node is already in
         it, held for the next). ``online``: the nodes reachable now (with those that have a task
         out: who may still answer). Returns the records of the buffers this completed (the
-        engine ran on them; ``nodes.engine.buffers`` is the schedule). Never raises on what a node sent."""
+        engine ran on them; ``nodes.engine.buffers`` is the schedule). ``waited``: seconds since
+        its task was sent. Never raises on what a node sent."""
         single = Inbox()
-        if not self.file(fp, content, error, single):
+        if not self.file(fp, content, error, single, waited):
             return []
         records = []
         everyone = self.ledger.may_answer([n for n in online if n in self.keys])
@@ -294,11 +297,14 @@ class Coordinator:
             records.append(self.finish_round(sorted(full.replies), inbox, started, held=full.held))
         return records
 
-    def file(self, fp: str, content: RecordDict | None, error: str, inbox: Inbox) -> bool:
+    def file(self, fp: str, content: RecordDict | None, error: str, inbox: Inbox, waited: float | None = None) -> bool:
         """File node ``fp``'s answer in ``inbox``: its reply ``content``, or the transport's
-        ``error`` (a failure, not a flag). ``False``: not read (a quarantined node)."""
+        ``error`` (a failure, not a flag), ``waited`` seconds after its task was sent (the
+        record's ``reply_seconds``). ``False``: not read (a quarantined node)."""
         if not self.ledger.reads(fp):
             return False
+        if waited is not None:
+            inbox.waited[fp] = waited
         if content is None:
             self.ledger.close(fp)
             inbox.failed[fp] = f"node error: {error[:200]}"
@@ -465,6 +471,7 @@ class Coordinator:
                         record["round"], short(fp), self.settings.rest_after, self.settings.rest_after)
         record["seconds"] = round(time.monotonic() - started, 3)
         record["train_seconds_max"] = round(max((inbox.seconds.get(fp, 0.0) for fp in ids), default=0.0), 3)
+        record["reply_seconds"] = {short(fp): round(s, 3) for fp, s in sorted(inbox.waited.items())}
         self.save(record)
         self._collect()
         checkpoint.append_round(self.folder, record)

@@ -245,10 +245,10 @@ class Loop:
         reply, ticket = self.landed.pop(handle), self.coord.ledger.handled(handle)
         self.out.pop(handle, None)
         error = str(reply.error.reason) if reply.has_error() else ""
-        content = None if error else reply.content
+        content, waited = None if error else reply.content, self.clock.now() - ticket.sent
         if inbox is None:
-            return ticket, True, self.coord.receive(ticket.node, content, error, list(self.online.values()))
-        return ticket, self.coord.file(ticket.node, content, error, inbox), []
+            return ticket, True, self.coord.receive(ticket.node, content, error, list(self.online.values()), waited)
+        return ticket, self.coord.file(ticket.node, content, error, inbox, waited), []
 
     def tend(self) -> None:
         """Give up the tasks past their TTL; in a resumed run, nudge the tasks silent for half

@@ -70,7 +70,7 @@ def _accuracy(log: list[dict]) -> dict:
             "trend": [r["accuracy"] for r in log[-SPARK_WIDTH:]]}
 
 
-def _state(folder: Path, settings: Settings) -> tuple[str, dict]:
+def run_state(folder: Path, settings: Settings) -> tuple[str, dict]:
     """The run's state and what goes with it: the result when finished, the reason when failed."""
     if (folder / checkpoint.RESULT).exists():
         result = json.loads((folder / checkpoint.RESULT).read_text())
@@ -87,7 +87,7 @@ def read(folder: Path) -> dict:
     settings = Settings.read(folder)
     log = read_rounds(folder)
     last = log[-1] if log else {"seconds": None, "ids": [], "rejected": {}, "failed": {}}
-    state, outcome = _state(folder, settings)
+    state, outcome = run_state(folder, settings)
     quarantined: dict[str, int] = {}
     why: dict[str, str] = {}  # what quarantined each node: flags, evidence or a conviction
     for record in log:

@@ -169,15 +169,21 @@ def record(t: int, asked: list, ids: list, rejected: dict, failed: dict, flags: 
     """Round ``t``'s record (JSON-ready), the same for every driver and ``RobustStrategy``:
     ``model`` says what the round made of the model (its SHA-256, its accuracy where a driver
     has test data), ``rows`` what a driver knows of the rows beyond their ids (their tasks,
-    spot checks, staleness)."""
+    spot checks, staleness). ``typical`` is the flag policy's run-wide typical distance
+    after the round (``nodes.engine.flags``). With a ``false_alarm`` target, ``evidence`` holds the threshold
+    ``h`` and the CUSUM ``S`` of each node scored this round (``nodes.engine.evidence``)."""
     return {
         "round": t, "asked": len(asked), "accepted": len(ids), "ids": ids,
         "rejected": dict(sorted(rejected.items())), "failed": dict(sorted(failed.items())),
         "missing": sorted(set(asked) - set(ids) - set(rejected) - set(failed)), "flagged": flagged,
         "quarantined": sorted(flags.quarantined),
         "why": {node: flags.why[node] for node, r in sorted(flags.quarantined.items()) if r == t},
+        "typical": flags.typical,
         "skipped": skipped, **model, "aggregate_sha256": None if aggregate is None else sha256(aggregate), **rows,
         "scores": {name: s.tolist() for name, s in scores.items()},
+        **({"evidence": {"h": flags.evidence.h, "S": {node: flags.evidence.S[node] for node in ids
+                                                      if node in flags.evidence.S}}}
+           if flags.evidence is not None else {}),
     }
 
 
