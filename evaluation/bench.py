@@ -146,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
     if args.speed:
         write_speed(out / "speed.json", todo_all[0].config)
     paths = write_report(results, out)
-    print(f"report: {out / 'summary.md'} ({len(paths)} files in {out})")
+    print(f"report: {out / 'summary.md'} (a page: {out / 'summary.html'}; {len(paths)} files in {out})")
     return 0
 
 

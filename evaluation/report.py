@@ -1,4 +1,4 @@
-"""The report of ``robust bench``: ``results.jsonl`` in, ``summary.md`` and plots out.
+"""The report of ``robust bench``: ``results.jsonl`` in, ``summary.md`` (and ``summary.html``) and plots out.
 
 The records are read here and grouped over seeds by ``evaluation.results``; each section of
 the summary is one function. Sweep records (``--sweep``) are kept apart from the grid: they
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import plots
 from .comm_report import communication_section
+from .html_report import write_html
 from .metrics import leaves_band
 from .paging import sheet_name, sheets
 from .results import (
@@ -413,10 +414,12 @@ def write_summary(records: Sequence[dict], out_dir: str | Path, figures: Sequenc
 
 
 def write_report(results_path: str | Path, out_dir: str | Path) -> list[Path]:
-    """Read ``results_path``; write the plots that have data and ``summary.md`` into
+    """Read ``results_path``; write the plots that have data, ``summary.md`` and the same
+    report as one self-contained page, ``summary.html`` (``evaluation.html_report``), into
     ``out_dir``; return the written paths, summary first."""
     records = read_results(results_path)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figures = [p for plot in plots.ALL for p in plot(records, out / f"{plot.__name__}.png")]
-    return [write_summary(records, out, figures), *figures]
+    summary = write_summary(records, out, figures)
+    return [summary, write_html(summary), *figures]

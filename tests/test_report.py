@@ -132,9 +132,9 @@ def test_the_headline_is_the_harm_each_defence_lets_through_unseen(report, tmp_p
 
 def test_pngs_are_written_valid_and_linked(report):
     paths, summary = report
-    assert [p.name for p in paths] == ["summary.md", "heatmap.png", "accuracy_curves.png",
+    assert [p.name for p in paths] == ["summary.md", "summary.html", "heatmap.png", "accuracy_curves.png",
                                        "damage_vs_detectability.png", "stealth_frontier.png"]
-    for png in paths[1:]:
+    for png in paths[2:]:
         data = png.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1024, png
         assert f"]({png.name})" in summary
@@ -179,7 +179,7 @@ def test_a_sweep_run_reports_clean_accuracy_and_the_frontier_only(tmp_path):
     summary = paths[0].read_text()
     assert "| krum | 87.0 (86.0) | — | — |" in summary
     assert "Detectability" not in summary and "Stealth frontier" in summary
-    assert [p.name for p in paths[1:]] == ["heatmap.png", "accuracy_curves.png", "stealth_frontier.png"]
+    assert [p.name for p in paths[2:]] == ["heatmap.png", "accuracy_curves.png", "stealth_frontier.png"]
 
 
 def test_varying_scenario_keys_label_the_rows(tmp_path):
@@ -262,3 +262,26 @@ def test_pages_keep_families_whole_and_bound_their_size():
     assert pages(items, attack_family, limit=12) == [items]
     assert defence_family("bucketing:s=2+centered-clipping:tau=10") == "centered-clipping"
     assert defence_family("krum") == "krum"
+
+
+def test_the_report_is_also_one_self_contained_page(report):
+    paths, summary = report
+    page = paths[1].read_text()
+    assert page.startswith("<!doctype html>") and "<title>robust bench report</title>" in page
+    # every table of the summary, row for row; every figure embedded, none linked
+    assert page.count("<table>") == sum(1 for i, line in enumerate(summary.splitlines())
+                                        if line.startswith("| ") and not summary.splitlines()[i - 1].startswith("|"))
+    assert page.count('src="data:image/png;base64,') == len(paths) - 2 and ".png)" not in page
+    row = next(line for line in summary.splitlines() if line.startswith("| krum |"))
+    assert "<tr>" + "".join(f"<td>{cell}</td>" for cell in row.strip("| ").split(" | ")) + "</tr>" in page
+
+
+def test_the_page_escapes_every_value(tmp_path):
+    from evaluation.html_report import to_html
+
+    markdown = ("# report\n\nA `code <b>` span and **bold & more**.\n\n| defence | attack |\n| --- | --- |\n"
+                "| <script>alert(1)</script> | a&b |\n\n- item <i>\n\n![missing](gone.png)\n")
+    page = to_html(markdown, tmp_path)
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "a&amp;b" in page
+    assert "<code>code &lt;b&gt;</code>" in page and "<strong>bold &amp; more</strong>" in page
+    assert "<li>item &lt;i&gt;</li>" in page and "figure gone.png is not beside the report" in page
