@@ -19,7 +19,7 @@ from .coordinator.admission import ADMITTED, admit, scan
 from .coordinator.coordinator import RUN_ID, Coordinator, short
 from .coordinator.disk import check as check_disk
 from .coordinator.status import live_bar, read_rounds
-from .dashboard.server import serving
+from .dashboard.server import parse_bind, serving
 from .settings import COORDINATOR, SETTINGS_FILE, Settings
 
 
@@ -90,6 +90,8 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
     """Start the SuperLink, register the admitted keys, submit the run and follow it.
     ``on_ready`` is called once volunteers can connect (the demo starts its nodes there);
     ``dashboard``: ``([HOST:]PORT, token)`` to serve the run's dashboard meanwhile."""
+    if dashboard[0]:
+        parse_bind(dashboard[0])  # a bad address is said before anything starts
     settings = Settings.read(folder).replace(**overrides)
     (folder / SETTINGS_FILE).write_text(settings.to_toml())
     found, _ = scan(folder)  # the Coordinator below warns of each file it skips

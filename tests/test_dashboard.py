@@ -136,6 +136,15 @@ def test_a_bad_bind_spec_says_what_to_give(spec):
         server.parse_bind(spec)
 
 
+def test_coordinator_start_says_a_bad_dashboard_address_before_anything_starts(run, capsys):
+    from robust.cli import main
+
+    settings = run[0] / "coordinator.toml"
+    before = settings.stat().st_mtime_ns
+    assert main(["coordinator", "start", str(run[0]), "--dashboard", "nowhere", "--rounds", "9"]) == 2
+    assert "give [HOST:]PORT" in capsys.readouterr().err and settings.stat().st_mtime_ns == before
+
+
 def test_a_busy_port_is_an_error_before_the_run_starts(run):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -213,7 +222,7 @@ def test_demo_dashboard_shows_the_run_live_in_a_browser(tmp_path):
         assert len([r for r in live.all("tr") if "data-node" in r.attrs]) == 5
         _wait_for(lines, "the run ended", seen, 240)
         shot = Path(SCREENSHOT) if SCREENSHOT else tmp_path / "dashboard.png"
-        page = browser.render(url, screenshot=shot)
+        page = browser.render(url, screenshot=shot, size="1280,1180")
         rows = {r.attrs["data-node"]: r for r in page.all("tr") if "data-node" in r.attrs}
         byzantine = short(keys.fingerprint(keys.load_private(root / "node5").public_key()))
         assert len(rows) == 5 and rows[byzantine].attrs["data-state"] == "quarantined"

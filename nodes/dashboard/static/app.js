@@ -122,7 +122,7 @@ function evidenceChart(node) {
   const svg = svgEl("svg", {class: "spark", role: "img"});
   const last = node.evidence[node.evidence.length - 1];
   chart(svg, [{points: node.evidence.map((e) => [e[0], e[1]]), cls: "evidence"}],
-        {lo: 0, width: 130, height: 32, margin: {left: 2, right: 2, top: 2, bottom: 2}, axes: false,
+        {lo: 0, width: 100, height: 32, margin: {left: 2, right: 2, top: 2, bottom: 2}, axes: false,
          threshold: node.evidence.map((e) => [e[0], e[2]])});
   return el("div", {class: "evidence"}, svg, last ? `${fmt(last[1], 1)} / ${fmt(last[2], 1)}` : "");
 }
