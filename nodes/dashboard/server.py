@@ -95,7 +95,7 @@ def app(view: RunView, token: str = "", secure: bool = False) -> Starlette:
         return endpoint
 
     def page(request: Request) -> Response:
-        if "token" in request.query_params:  # keep the token in a cookie, and out of the address bar
+        if token and "token" in request.query_params:  # keep the token in a cookie, and out of the address bar
             response = RedirectResponse("/", 303)
             response.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=secure)
             return response

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from ..engine.detectors import TO_MEDIAN
 from ..settings import Settings, coordinator_folder
 
 REASONS = 5  # latest rejection or failure reasons kept per node
+LIVE_EVERY = 2.0  # seconds between two looks at whether the run's SuperLink answers
 SETTINGS = ("dataset", "model", "seed", "aggregator", "tolerate", "protocol", "round", "late", "buffer", "staleness",
             "compression", "downlink", "deadline", "spot_check", "flag_ratio", "quarantine_after", "false_alarm",
             "keep_updates")
@@ -55,6 +57,8 @@ class RunView:
         self.folder = coordinator_folder(Path(folder))
         self._key: tuple | None = None
         self._docs: dict = {}
+        self._settings: Settings | None = None
+        self._live: tuple[float, tuple[str, dict]] = (-LIVE_EVERY, ("", {}))  # (when it was looked at, the state)
 
     def _stamp(self) -> tuple:
         files = [self.folder / name for name in (checkpoint.ROUNDS, checkpoint.RESULT, checkpoint.FAILED,
@@ -66,12 +70,14 @@ class RunView:
         key = self._stamp()
         if key != self._key:
             self._docs, self._key = self._build(), key
-        live = dict(self._docs["status"])
-        live["state"], outcome = status.run_state(self.folder, Settings.read(self.folder))  # the SuperLink may stop
-        return {**self._docs, "status": live | outcome}
+        now = time.monotonic()
+        if now - self._live[0] >= LIVE_EVERY:  # the SuperLink may stop between rounds: asked at most every 2 s
+            self._live = now, status.run_state(self.folder, self._settings)
+        state, outcome = self._live[1]
+        return {**self._docs, "status": self._docs["status"] | {"state": state} | outcome}
 
     def _build(self) -> dict:
-        settings = Settings.read(self.folder)
+        settings = self._settings = Settings.read(self.folder)
         run_id = (self.folder / "run-id").read_text().strip() if (self.folder / "run-id").exists() else ""
         records, broken, _ = audit.chain(run_id, _complete(self.folder / checkpoint.ROUNDS))
         nodes = _nodes(records, scan(self.folder)[0], settings)
@@ -142,53 +148,65 @@ def _quarantine_reason(records: list[dict], fp: str, cause: str, settings: Setti
 
 
 def _nodes(records: list[dict], admitted: dict, settings: Settings) -> list[dict]:
-    every = sorted({*admitted, *(fp for r in records for fp in (*r["ids"], *r.get("rejected", {}),
-                                                                   *r.get("failed", {}), *r.get("missing", [])))})
+    """Every node's row, in one pass over the log (each record's own entries only)."""
+    rows: dict[str, dict] = {}
+
+    def node(fp: str) -> dict:
+        return rows.setdefault(fp, {"counts": Counter(), "reasons": [], "flags": [], "evidence": [], "replies": [],
+                                    "staleness": [], "sent": 0, "quarantined": None, "why": None, "convicted": None})
+
+    for fp in admitted:
+        node(fp)
+    short_ids = {short(fp): fp for fp in admitted}
+    for r in records:
+        short_ids.update((short(fp), fp) for fp in r["ids"])
+        t, staleness = r["round"], r.get("staleness", {})
+        for fp in r["ids"]:
+            row = node(fp)
+            row["counts"]["accepted"] += 1
+            if fp in staleness:
+                row["staleness"].append(staleness[fp])
+                row["counts"]["late"] += staleness[fp] > 0 and settings.round != "async"
+        for kind, entries in (("rejected", r.get("rejected", {})), ("failed", r.get("failed", {}))):
+            for fp, reason in entries.items():
+                kind_here = "declined" if reason.startswith("declined") else kind
+                node(fp)["counts"][kind_here] += 1
+                node(fp)["reasons"].append({"round": t, "kind": kind_here, "reason": reason})
+        for fp in r.get("missing", []):
+            node(fp)["counts"]["missing"] += 1
+        for fp in r.get("flagged", []):
+            node(fp)["flags"].append({"round": t, "reason": _flag_reason(r, fp, settings.flag_ratio)})
+        evidence = r.get("evidence", {})
+        for fp, S in evidence.get("S", {}).items():
+            node(fp)["evidence"].append([t, S, evidence["h"]])
+        for name, seconds in r.get("reply_seconds", {}).items():
+            if name in short_ids:
+                node(short_ids[name])["replies"].append(seconds)
+        for name, (up, _) in r.get("bytes_per_node", {}).items():
+            if name in short_ids:
+                node(short_ids[name])["sent"] += up
+        for fp, cause in r.get("why", {}).items():
+            if node(fp)["quarantined"] is None:
+                rows[fp]["quarantined"], rows[fp]["why"] = t, _quarantine_reason(records[:t], fp, cause, settings)
+        for fp in r.get("convicted", []):
+            if node(fp)["convicted"] is None:
+                spot = next((s for s in r.get("spot", []) if fp in s.get("guilty", [])), {})
+                rows[fp]["convicted"] = {"round": t, "verifier": short(spot.get("verifier") or ""),
+                                         "distance": spot.get("distance"),
+                                         "as": "author" if spot.get("author") == fp else "verifier"}
     last = records[-1] if records else {}
     replied_last = {*last.get("ids", []), *last.get("rejected", {}), *last.get("failed", {})}
     out = []
-    for fp in every:
-        name, reasons, flag_rounds, evidence = short(fp), [], [], []
-        counts: Counter = Counter()
-        replies, staleness, sent = [], [], 0
-        quarantined = why = convicted = None
-        for r in records:
-            t = r["round"]
-            if fp in r["ids"]:
-                counts["accepted"] += 1
-                tau = r.get("staleness", {}).get(fp)
-                if tau is not None:
-                    staleness.append(tau)
-                    counts["late"] += tau > 0 and settings.round != "async"
-            if fp in r.get("rejected", {}):
-                counts["rejected"] += 1
-                reasons.append({"round": t, "kind": "rejected", "reason": r["rejected"][fp]})
-            if fp in r.get("failed", {}):
-                declined = r["failed"][fp].startswith("declined")
-                counts["declined" if declined else "failed"] += 1
-                reasons.append({"round": t, "kind": "declined" if declined else "failed", "reason": r["failed"][fp]})
-            counts["missing"] += fp in r.get("missing", [])
-            if fp in r.get("flagged", []):
-                flag_rounds.append({"round": t, "reason": _flag_reason(r, fp, settings.flag_ratio)})
-            if fp in r.get("evidence", {}).get("S", {}):
-                evidence.append([t, r["evidence"]["S"][fp], r["evidence"]["h"]])
-            if name in r.get("reply_seconds", {}):
-                replies.append(r["reply_seconds"][name])
-            sent += r.get("bytes_per_node", {}).get(name, [0, 0])[0]
-            if fp in r.get("why", {}) and quarantined is None:
-                quarantined, why = t, _quarantine_reason(records[:t], fp, r["why"][fp], settings)
-            if fp in r.get("convicted", []) and convicted is None:
-                spot = next((s for s in r.get("spot", []) if fp in s.get("guilty", [])), {})
-                convicted = {"round": t, "verifier": short(spot.get("verifier") or ""), "distance": spot.get("distance"),
-                             "as": "author" if spot.get("author") == fp else "verifier"}
-        asked = counts["accepted"] - counts["late"] + counts["rejected"] + counts["failed"] + counts["declined"] \
-            + counts["missing"]
+    for fp, row in sorted(rows.items()):
+        counts = row["counts"]
+        asked = sum(counts[k] for k in ("accepted", "rejected", "failed", "declined", "missing")) - counts["late"]
         out.append({
-            "id": name, "fingerprint": fp, "admitted": fp in admitted, "online": fp in replied_last,
+            "id": short(fp), "fingerprint": fp, "admitted": fp in admitted, "online": fp in replied_last,
             "asked": asked, **{k: counts[k] for k in ("accepted", "rejected", "failed", "declined", "missing", "late")},
-            "reasons": reasons[-REASONS:], "flags": len(flag_rounds), "flag_rounds": flag_rounds,
-            "evidence": evidence, "quarantined": quarantined, "why": why, "convicted": convicted,
-            "reply_seconds": _mean(replies), "staleness": _mean(staleness), "bytes_up": sent,
+            "reasons": row["reasons"][-REASONS:], "flags": len(row["flags"]), "flag_rounds": row["flags"],
+            "evidence": row["evidence"], "quarantined": row["quarantined"], "why": row["why"],
+            "convicted": row["convicted"], "reply_seconds": _mean(row["replies"]), "staleness": _mean(row["staleness"]),
+            "bytes_up": row["sent"],
         })
     return out
 
