@@ -10,8 +10,10 @@ import os
 import socket
 import ssl
 import threading
+import time
 import tracemalloc
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -298,12 +300,32 @@ def test_node_join_says_when_the_certificate_does_not_verify_against_ca(tmp_path
 
 
 def test_a_run_with_no_volunteer_online_fails_with_what_to_do(federation, capsys):
-    """Real SuperLink and ServerApp, no volunteer started: never "done" on an untrained model."""
+    """Real SuperLink and ServerApp, no volunteer started: never "done" on an untrained model.
+    Its dashboard (``--dashboard``) answers while the coordinator runs, and goes with it."""
     from robust.cli import main
 
     coord_dir, _ = federation
-    code = main(["coordinator", "start", str(coord_dir), "--wait-nodes", "2", "--port", str(launch.free_port())])
+    board, seen = f"http://127.0.0.1:{launch.free_port()}/api/status", []
+
+    def look() -> None:  # until the dashboard answers that the run is going
+        for _ in range(600):
+            try:
+                seen.append(httpx.get(board, timeout=2).json())
+                if seen[-1].get("state") == "running":
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=look, daemon=True)
+    watcher.start()
+    code = main(["coordinator", "start", str(coord_dir), "--wait-nodes", "2", "--port", str(launch.free_port()),
+                 "--dashboard", board.split("/")[2]])
+    watcher.join(timeout=5)
     out = capsys.readouterr().out
+    assert seen and seen[-1]["state"] == "running" and seen[-1]["round"] == 0, seen[-1:]
+    with pytest.raises(httpx.HTTPError):  # stopped with the coordinator
+        httpx.get(board, timeout=2)
     assert code == 1 and "done" not in out
     assert "no admitted volunteer is online after waiting 2 s" in out and "robust node join" in out
     assert not (coord_dir / checkpoint.RESULT).exists() and not (coord_dir / checkpoint.ROUNDS).exists()
