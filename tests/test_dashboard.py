@@ -232,8 +232,8 @@ def test_demo_dashboard_shows_the_run_live_in_a_browser(tmp_path):
         assert [p.attrs["data-round"] for p in points] == ["1", "2", "3", "4"]
         assert page.one(id="state").text() == "finished" and page.one(id="chain").text() == "intact through round 4"
         assert shot.stat().st_size > 10_000
-    finally:
-        proc.send_signal(signal.SIGINT)
+    finally:  # SIGTERM stops it as Ctrl-C does (a background job's SIGINT may be ignored)
+        proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=60)
         finally:
