@@ -7,7 +7,6 @@ import contextlib
 import io
 import json
 import secrets
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -81,10 +80,6 @@ def _describe(record: dict, rounds: int) -> str:
     return "  ".join(parts)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None] | None = None,
                       dashboard: tuple[str | None, str] = (None, "")) -> int:
     """Start the SuperLink, register the admitted keys, submit the run and follow it.
@@ -119,7 +114,7 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
 def _run(folder: Path, settings: Settings, found: dict, on_ready: Callable[[], None] | None) -> int:
     superlink = launch.start_superlink(folder, settings.bind, settings.port)
     run_id = None
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill`, systemd, docker stop: stop as on Ctrl-C
+    launch.stop_on_sigterm()
     try:
         failed = launch.register(folder, sorted(path for path, _ in found.values()))
         for path, message in failed.items():

@@ -106,6 +106,15 @@ def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
             continue
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def stop_on_sigterm() -> None:
+    """`kill`, systemd, docker stop: stop this process as Ctrl-C does (a ``KeyboardInterrupt``)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -24,7 +24,6 @@ import contextlib
 import ipaddress
 import logging
 import secrets
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -39,6 +38,7 @@ from starlette.routing import Route
 
 from robust import tls
 
+from .. import launch
 from .view import RunView, dumps
 
 STATIC = Path(__file__).with_name("static")
@@ -184,13 +184,9 @@ def serving(folder: str | Path, bind: str | None, token: str = "") -> Iterator[D
         board.stop()
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def wait_for_interrupt() -> None:
     """Serve until Ctrl-C (or SIGTERM)."""
-    signal.signal(signal.SIGTERM, _interrupt)
+    launch.stop_on_sigterm()
     try:
         while True:
             time.sleep(3600)
