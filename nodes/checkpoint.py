@@ -79,6 +79,14 @@ def load(folder: Path) -> dict | None:
     return state
 
 
+def logged_lines(folder: Path) -> bytes:
+    """The complete lines of ``folder``'s round log (none when it has none): a last line still
+    being written, or cut by a crash, is left out. Never writes."""
+    path = folder / ROUNDS
+    data = path.read_bytes() if path.exists() else b""
+    return data[: data.rfind(b"\n") + 1]
+
+
 def _logged_rounds(folder: Path) -> int:
     """How many rounds ``rounds.jsonl`` records (a line cut by a crash is dropped)."""
     path = folder / ROUNDS

@@ -48,9 +48,8 @@ def live_bar(unit: str, stderr: bool = False, transient: bool = False) -> Progre
 def read_rounds(folder: Path) -> list[dict]:
     """The records of ``folder``'s round log, without a last line cut short; never writes."""
     path = folder / checkpoint.ROUNDS
-    data = path.read_bytes() if path.exists() else b""
     records = []
-    for number, line in enumerate(data[: data.rfind(b"\n") + 1].decode(errors="replace").splitlines(), start=1):
+    for number, line in enumerate(checkpoint.logged_lines(folder).decode(errors="replace").splitlines(), start=1):
         try:
             record = json.loads(line)
             if record["round"] != number:

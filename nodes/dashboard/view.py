@@ -46,12 +46,6 @@ SETTINGS = ("dataset", "model", "seed", "aggregator", "tolerate", "protocol", "r
             "keep_updates")
 
 
-def _complete(path: Path) -> bytes:
-    """The complete lines of ``path`` (none if it is missing)."""
-    data = path.read_bytes() if path.exists() else b""
-    return data[: data.rfind(b"\n") + 1]
-
-
 class RunView:
     def __init__(self, folder: str | Path) -> None:
         self.folder = coordinator_folder(Path(folder))
@@ -79,7 +73,7 @@ class RunView:
     def _build(self) -> dict:
         settings = self._settings = Settings.read(self.folder)
         run_id = (self.folder / "run-id").read_text().strip() if (self.folder / "run-id").exists() else ""
-        records, broken, _ = audit.chain(run_id, _complete(self.folder / checkpoint.ROUNDS))
+        records, broken, _ = audit.chain(run_id, checkpoint.logged_lines(self.folder))
         nodes = _nodes(records, scan(self.folder)[0], settings)
         return {"status": _status(self.folder, settings, records, broken, nodes), "rounds": _rounds(records),
                 "nodes": nodes}
