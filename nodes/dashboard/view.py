@@ -34,10 +34,10 @@ from pathlib import Path
 
 from .. import checkpoint
 from ..coordinator import audit, status
-from ..coordinator.admission import scan
-from ..coordinator.coordinator import short
+from ..coordinator.admission import ADMITTED, scan
+from ..coordinator.coordinator import RUN_ID, short
 from ..engine.detectors import TO_MEDIAN
-from ..settings import Settings, coordinator_folder
+from ..settings import SETTINGS_FILE, Settings, coordinator_folder
 
 REASONS = 5  # latest rejection or failure reasons kept per node
 LIVE_EVERY = 2.0  # seconds between two looks at whether the run's SuperLink answers
@@ -56,7 +56,7 @@ class RunView:
 
     def _stamp(self) -> tuple:
         files = [self.folder / name for name in (checkpoint.ROUNDS, checkpoint.RESULT, checkpoint.FAILED,
-                                                 "coordinator.toml", "admitted")]
+                                                 SETTINGS_FILE, ADMITTED)]
         return tuple((p.stat().st_size, p.stat().st_mtime_ns) if p.exists() else None for p in files)
 
     def docs(self) -> dict:
@@ -72,7 +72,7 @@ class RunView:
 
     def _build(self) -> dict:
         settings = self._settings = Settings.read(self.folder)
-        run_id = (self.folder / "run-id").read_text().strip() if (self.folder / "run-id").exists() else ""
+        run_id = (self.folder / RUN_ID).read_text().strip() if (self.folder / RUN_ID).exists() else ""
         records, broken, _ = audit.chain(run_id, checkpoint.logged_lines(self.folder))
         nodes = _nodes(records, scan(self.folder)[0], settings)
         return {"status": _status(self.folder, settings, records, broken, nodes), "rounds": _rounds(records),
@@ -87,8 +87,7 @@ def _status(folder: Path, settings: Settings, records: list[dict], broken: list,
         "settings": {name.replace("_", "-"): getattr(settings, name) for name in SETTINGS}
         | {"quorum": settings.quorum_needed},
         "last_round_seconds": last.get("seconds"),
-        "mean_round_seconds": round(statistics.fmean(r["seconds"] for r in records), 3)
-        if records and all("seconds" in r for r in records) else None,
+        "mean_round_seconds": _mean([r["seconds"] for r in records]) if all("seconds" in r for r in records) else None,
         "accuracy": last.get("accuracy"),
         "best_accuracy": max((r["accuracy"] for r in records if r.get("accuracy") is not None), default=None),
         "skipped": sum(1 for r in records if r.get("skipped")),
@@ -130,13 +129,15 @@ def _flag_reason(record: dict, fp: str, ratio: float) -> str:
     return "its distance to the median"
 
 
-def _quarantine_reason(records: list[dict], fp: str, cause: str, settings: Settings) -> str:
+def _quarantine_reason(record: dict, fp: str, cause: str, settings: Settings) -> str:
+    """Why ``fp`` was quarantined in ``record``'s round, in words (evidence crosses its threshold
+    in a round that scored the node: that round's record holds both)."""
     if cause == "flags":
         return f"flagged in {settings.quarantine_after} rounds (quarantine-after)"
     if cause == "evidence":
-        last = next((r["evidence"] for r in reversed(records) if fp in r.get("evidence", {}).get("S", {})), None)
-        return ("its evidence crossed the threshold" if last is None else
-                f"its evidence {last['S'][fp]:.1f} crossed the threshold {last['h']:.1f} (false-alarm "
+        evidence = record.get("evidence", {})
+        return ("its evidence crossed the threshold" if fp not in evidence.get("S", {}) else
+                f"its evidence {evidence['S'][fp]:.1f} crossed the threshold {evidence['h']:.1f} (false-alarm "
                 f"{settings.false_alarm:g} over the run)")
     return "convicted by a spot check" if cause == "convicted" else cause
 
@@ -181,7 +182,7 @@ def _nodes(records: list[dict], admitted: dict, settings: Settings) -> list[dict
                 node(short_ids[name])["sent"] += up
         for fp, cause in r.get("why", {}).items():
             if node(fp)["quarantined"] is None:
-                rows[fp]["quarantined"], rows[fp]["why"] = t, _quarantine_reason(records[:t], fp, cause, settings)
+                rows[fp]["quarantined"], rows[fp]["why"] = t, _quarantine_reason(r, fp, cause, settings)
         for fp in r.get("convicted", []):
             if node(fp)["convicted"] is None:
                 spot = next((s for s in r.get("spot", []) if fp in s.get("guilty", [])), {})
