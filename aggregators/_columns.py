@@ -21,6 +21,8 @@ import torch
 
 from robust.source import Rows, as_rows, windows
 
+MEDIAN = "median"  # the coordinate-wise median, kept with the rows (``Rows.memo``)
+
 
 def reduce_sorted_columns(
     X: torch.Tensor | Rows,
@@ -35,15 +37,15 @@ def reduce_sorted_columns(
     """
     source = as_rows(X)
     out = torch.empty(source.d, dtype=source.dtype, device=source.device)
+    # sorting all the rows gives their median for a few more reads: kept for the detectors
+    median = torch.empty_like(out) if rows is None and MEDIAN not in source.memo else None
 
     def work(item: tuple[int, torch.Tensor]) -> None:
         start, block = item
-        block = (block if rows is None else block[rows]).T.contiguous()
-        if block.is_cuda:
-            block = torch.sort(block, dim=1).values
-        else:
-            block.numpy().sort(axis=1)
+        block = sorted_columns(block if rows is None else block[rows])
         out[start : start + block.shape[0]] = reduce(block)
+        if median is not None:
+            median[start : start + block.shape[0]] = median_of_sorted(block)
 
     threads = 1 if source.device.type == "cuda" else torch.get_num_threads()
     pool = None  # started at the first window of two blocks or more: a small matrix is one block, done here
@@ -57,7 +59,19 @@ def reduce_sorted_columns(
     finally:
         if pool is not None:
             pool.shutdown()
+    if median is not None:
+        source.memo[MEDIAN] = median.add_(0.0)
     return out.add_(0.0)  # -0.0 -> +0.0, so signed zeros cannot reveal the row order
+
+
+def sorted_columns(block: torch.Tensor) -> torch.Tensor:
+    """A new ``(b, n)`` tensor: the columns of the ``(n, b)`` ``block``, each sorted (``block``
+    is left as it is: ``.T.contiguous()`` would alias a block of one row or column)."""
+    block = block.T.clone(memory_format=torch.contiguous_format)
+    if block.is_cuda:
+        return torch.sort(block, dim=1).values
+    block.numpy().sort(axis=1)
+    return block
 
 
 def median_of_sorted(S: torch.Tensor) -> torch.Tensor:

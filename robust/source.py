@@ -75,6 +75,14 @@ class Rows:
         """Each row's ``robust.params.sha256`` (its identity in the audit store), one pass."""
         return [h.hexdigest() for h in row_hashes(self, hash_prefix(self.dtype, (self.d,)))]
 
+    @property
+    def memo(self) -> dict[str, torch.Tensor]:
+        """Statistics of these rows already computed (``key`` -> value), kept with the source
+        so that a round's rule and its detectors compute each once: a source's content never
+        changes. A marked copy (:func:`validated`) keeps those computed before it was made;
+        any other new source starts with none."""
+        return self.__dict__.setdefault("_memo", {})
+
 
 class Memory(Rows):
     """A tensor ``X`` of shape ``(n, d)``, read block by block (``X`` is never modified)."""

@@ -14,8 +14,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import aggregators
+from aggregators._columns import median_of_sorted, reduce_sorted_columns
 from aggregators.krum import krum_scores
-from nodes.engine.detectors import DETECTORS, TO_MEDIAN, score_round
+from nodes.engine.detectors import DETECTORS, TO_MEDIAN, measure, score_round
+from nodes.engine.engine import assess
+from robust.geometry import row_norms, sq_distances
+from robust.source import BLOCK, Memory
 from evaluation.metrics import (
     kappa_bound,
     kappa_hat,
@@ -306,3 +311,51 @@ def test_suspiciously_typical_rows_are_caught():
     scores = score_round(X, f=4)
     assert roc_auc(scores["krum-score"], positive) == 1.0
     assert roc_auc(scores["median-distance"], positive) == 1.0
+
+
+# ------------------------------------------------------------------ one pass, shared with the rule
+
+
+class Counted(Memory):
+    """Rows in memory that count how often they are read."""
+
+    reads = 0
+
+    def blocks(self):
+        self.reads += 1
+        yield from super().blocks()
+
+
+def separate(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The median, distances, norms and distances to the median, each by its own function."""
+    med = reduce_sorted_columns(X, median_of_sorted).to(F64)
+    return med, sq_distances(X), row_norms(X), row_norms(X, center=med)
+
+
+@pytest.mark.parametrize("n, d", [(25, BLOCK + 1546), (6, 1), (1, 7), (4, 3)])
+def test_one_pass_gives_each_statistics_own_bits_and_leaves_the_rows(n, d):
+    g = torch.Generator().manual_seed(n + d)
+    X = torch.randn(n, d, generator=g) * torch.rand(n, 1, generator=g) + torch.randn(d, generator=g)
+    X[:, 0] = torch.tensor([0.0, -0.0] * n)[:n]  # signed zeros: the median is +0.0 whatever the order
+    before = X.clone()
+    rows = Counted(X, validated=True)
+    med, dist, (norms, to_median, _) = measure(rows)
+    assert rows.reads == 1  # every detector's statistic from one read of the rows
+    for got, want in zip((med, dist, norms, to_median), separate(X)):
+        assert got.dtype == want.dtype and got.numpy().tobytes() == want.numpy().tobytes()
+    assert X.numpy().tobytes() == before.numpy().tobytes()  # a block of one row or column sorted as a copy
+
+
+@pytest.mark.parametrize("spec, reads", [("median", 2), ("trimmed-mean", 2), ("krum", 2), ("mean", 2)])
+def test_the_round_reads_its_rows_once_per_rule_and_once_for_the_detectors(spec, reads):
+    """A coordinate-wise rule leaves its median and Krum its distances with the rows: the
+    detectors reuse them, with the bits they would compute alone."""
+    g = torch.Generator().manual_seed(7)
+    X = torch.randn(11, 300, generator=g)
+    rows = Counted(X, validated=True)  # as the engine hands them over: known finite, not checked again
+    aggregate, scores = assess(aggregators.build(spec, 2), rows, True)
+    assert rows.reads == reads
+    alone = score_round(X, 2)
+    for name, s in alone.items():
+        assert scores[name].numpy().tobytes() == s.numpy().tobytes(), name
+    assert aggregate.numpy().tobytes() == aggregators.build(spec, 2)(X).numpy().tobytes()

@@ -43,10 +43,10 @@ from __future__ import annotations
 
 import torch
 
-from aggregators._columns import median_of_sorted, reduce_sorted_columns
+from aggregators._columns import MEDIAN, median_of_sorted, sorted_columns
 from aggregators.base import check_updates
 from aggregators.krum import krum_scores
-from robust.geometry import row_norms, sq_distances
+from robust.geometry import MEMO as SQ_DISTANCES, add_gram, distances, row_norms
 from robust.source import Rows, as_rows
 
 DETECTORS: tuple[str, ...] = (
@@ -83,9 +83,7 @@ def score_round(
         raise ValueError(
             f"kept must be a bool tensor of shape ({n},) (got {kept.dtype}, {tuple(kept.shape)})"
         )
-    med = reduce_sorted_columns(X, median_of_sorted).to(F64)
-    dist = sq_distances(X)
-    norms, to_median, dots = median_terms(X, med)
+    med, dist, (norms, to_median, dots) = measure(X)
     scores = {
         "norm": two_sided(norms),
         "median-distance": two_sided(to_median),
@@ -113,23 +111,43 @@ def ratio_to_median(distance: torch.Tensor) -> torch.Tensor:
     return torch.where(distance > 0, torch.inf, 0.0).to(distance.dtype)
 
 
-def median_terms(X: Rows, med: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(||x_i||, ||x_i - m||, <x_i, m>)`` in float64 from one pass over the blocks (the
-    same sums as ``robust.geometry.row_norms``, whose rescaled path takes over for a row whose
-    float64 squares overflow)."""
+def measure(X: Rows) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """What every detector reads, from one pass over the blocks: the coordinate-wise median
+    ``m`` (float64 of the rows' dtype's values), the exact squared distances ``D``
+    (``robust.geometry.sq_distances``) and, in float64, ``(||x_i||, ||x_i - m||, <x_i, m>)``.
+    ``m`` and ``D`` come from the rows' memo where the round's rule left them; each is the
+    same bits as its own function gives (the blocks' arithmetic is theirs). A row whose
+    float64 squares overflow is measured again by ``robust.geometry.row_norms``' rescaled path."""
+    memo = X.memo
+    med = memo.get(MEDIAN)
+    sort = med is None
+    if sort:
+        med = torch.empty(X.d, dtype=X.dtype, device=X.device)
+    gram = None if SQ_DISTANCES in memo else torch.zeros(X.n, X.n, dtype=F64, device=X.device)
     sq = torch.zeros(X.n, dtype=F64, device=X.device)
     to_med = torch.zeros_like(sq)
     dots = torch.zeros_like(sq)
     for s, block in X.blocks():
-        b, m = block.to(F64), med[s : s + block.shape[1]]
+        width = block.shape[1]
+        if sort:
+            med[s : s + width] = median_of_sorted(sorted_columns(block))
+            med[s : s + width].add_(0.0)  # -0.0 -> +0.0, as reduce_sorted_columns does
+        b, m = block.to(F64), med[s : s + width].to(F64)
+        if gram is not None:
+            add_gram(gram, b)
         sq += b.square().sum(dim=1)
         dots += b @ m
         b -= m
         to_med += b.square().sum(dim=1)
+    if sort:
+        memo[MEDIAN] = med
+    if gram is not None:
+        memo[SQ_DISTANCES] = distances(gram)
+    med = med.to(F64)
     norms, to_median = sq.sqrt(), to_med.sqrt()
     if not (bool(torch.isfinite(norms).all()) and bool(torch.isfinite(to_median).all())):
         norms, to_median = row_norms(X), row_norms(X, center=med)
-    return norms, to_median, dots
+    return med, memo[SQ_DISTANCES].clone(), (norms, to_median, dots)
 
 
 def median_cosine(dots: torch.Tensor, med: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
