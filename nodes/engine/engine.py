@@ -81,7 +81,9 @@ from .staleness import stale_reason, weight_of
 
 class ThreatHook(Interface):
     """The bench's threat model: sees a round's valid rows before the rule (and may replace
-    the Byzantine ones, as an omniscient attacker would), and the aggregate after it."""
+    the Byzantine ones, as an omniscient attacker would), and the aggregate after it. ``rows``
+    returns the tensor it was given, unmodified, or a new one, whose rows the engine screens
+    again."""
 
     def rows(self, engine: Engine, round: int, ids: list[str], X: torch.Tensor) -> torch.Tensor: ...
 
@@ -288,8 +290,11 @@ class Engine:
                 ids, X = self._fresh_enough(ids, X, staleness, rejected)
             skipped = cannot_step(self.chain, self.quorum, len(ids))
             if self.hook is not None and not skipped:  # an attack crafts only for a round that steps
-                ids, X = valid(ids, as_rows(self.hook.rows(self, t, ids, X.tensor())), self.settings.max_norm, rejected)
-                skipped = cannot_step(self.chain, self.quorum, len(ids))  # crafted rows may have been rejected
+                given = X.tensor()
+                played = self.hook.rows(self, t, ids, given)
+                if played is not given:  # rows the hook crafted are screened as any node's; its own rows were
+                    ids, X = valid(ids, as_rows(played), self.settings.max_norm, rejected)
+                    skipped = cannot_step(self.chain, self.quorum, len(ids))  # crafted rows may have been rejected
             verdicts, convicted = [], []
             if self.settings.spot_check and not skipped:
                 ids, X, verdicts, convicted = self._spot_check(t, ids, X, tasks, rejected)
