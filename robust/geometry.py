@@ -66,7 +66,9 @@ def sq_distances(X: torch.Tensor | Rows, exact: bool = True) -> torch.Tensor:
 
     Each block is centred on its own row of median block norm before its Gram matrix is
     added: distances do not change under a shift, so any shift per block is allowed, and this
-    one lies inside the honest rows' range even when ``f < n/2`` rows are huge."""
+    one lies inside the honest rows' range even when ``f < n/2`` rows are huge. The exact
+    matrix is kept with a source (``Rows.memo``): a round's rule and its detectors compute it
+    once."""
     rows = as_rows(X)
     if exact and MEMO in rows.memo:  # the round's rule or detectors measured these rows already
         return rows.memo[MEMO].clone()

@@ -10,7 +10,10 @@ plain distance ``||x_i - m||`` (not a detector: within a round it ranks the rows
 ``distance-ratio`` does), which the flag policy divides by a typical distance it keeps over
 the run. All detectors share one exact
 float64 squared-distance matrix ``D`` (``robust.geometry.sq_distances``) and one
-coordinate-wise median ``m``; memory beyond ``X`` is O(n^2 + n * BLOCK + d).
+coordinate-wise median ``m``, computed with the norms in one pass over the rows' blocks
+(:func:`measure`), or taken from the rows' memo where the round's rule computed them (a
+coordinate-wise rule's median, Krum's or NNM's distances); memory beyond ``X`` is
+O(n^2 + n * BLOCK + d).
 
 - ``norm``: ``||x_i||``. Catches scaled or boosted updates (sign-flip with a large factor,
   gaussian noise, model replacement).
