@@ -26,10 +26,9 @@ from robust.spec import parse
 from .figures import new_figure, palette, save_png
 from .results import CLEAN, AccuracyRow, Group, Results
 from .tables import pct, show, table
-from .target import mean_over_seeds
+from .target import BASELINE, mean_over_seeds
 
 WAYS = ("protocol", "compression", "downlink")  # what a row's way of sending is
-BASELINE = {"protocol": "momentum", "compression": "none", "downlink": "none"}
 
 
 def communicating(res: Results) -> bool:
@@ -114,7 +113,8 @@ def communication_section(res: Results) -> list[str]:
     return [
         "## Bytes to target", "",
         "Per way of sending: MB sent up and down until the target accuracy is first reached (`target` x the best "
-        "clean final accuracy of the same aggregator, seed and task, or `target-accuracy`), the worst over the "
+        "clean final accuracy of the same aggregator, seed and task, or x the baseline's with `target-of = "
+        "\"baseline\"`, or `target-accuracy`), the worst over the "
         "attacks of the mean over seeds (never: some attack's seed never got there); x fewer: the baseline's "
         "(`momentum`, float32 both ways, same aggregator and task) MB up to target in its clean run over this "
         "one's; pp below: "

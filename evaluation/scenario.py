@@ -32,6 +32,7 @@ from robust.spec import Component, format_spec, parse
 
 from .cell import SHARED, Cell, cell_settings
 from .clock import CLOCK
+from .target import OF
 
 SCENARIO = {
     **{k: RUN[k] for k in SHARED},
@@ -50,6 +51,9 @@ SCENARIO = {
         Param("target", Interval(float, 0, 1, "right"), 0.95,
               "the bar to reach, x the best clean final accuracy of the cells that differ only in how updates "
               "travel (evaluation.target)"),
+        Param("target-of", OneOf(OF), "best",
+              "what target multiplies: the best clean final accuracy of those cells, or the baseline's among them "
+              "(momentum, float32 both ways), for a task whose best bar the baseline never reaches"),
         Param("target-accuracy", Interval(float, 0, 1), 0.0,
               "an absolute accuracy to reach instead (0: target x the best clean one); each cell then records "
               "what reaching it cost"),

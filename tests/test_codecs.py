@@ -17,7 +17,7 @@ from hypothesis.extra import numpy as hnp
 from robust import codecs
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-SPECS = ["none", "fp16", "int8", "topk:k=0.01", "randk:k=0.01", "sign"]
+SPECS = ["none", "fp16", "int8", "topk:k=0.01", "randk:k=0.01", "sign", "shared-sign"]
 KEY = (7, 3, "node-a")  # (run seed, round, node id)
 
 F32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
@@ -256,6 +256,33 @@ def test_sign_does_not_depend_on_the_key():
     assert all(a[n].tobytes() == b[n].tobytes() for n in a) and codec.encode(x).keys() == a.keys()
 
 
+def test_shared_sign_sends_every_node_of_a_task_on_its_coordinates_and_a_stored_reply_decodes_alone():
+    codec, d = codecs.build("shared-sign:share=0.25"), 1000
+    x = torch.randn(3, d, generator=torch.Generator().manual_seed(10))
+    encs = [codec.encode(x[i], (7, 3, f"node-{i}")) for i in range(3)]
+    sent = [codec.decode(enc, d) != 0 for enc in encs]  # decoded with the claim alone, no key
+    assert all(torch.equal(s, sent[0]) for s in sent) and int(sent[0].sum()) == 250
+    other = codec.decode(codec.encode(x[0], (7, 4, "node-0")), d) != 0
+    assert int((other & sent[0]).sum()) < 125  # the next task's support is another draw (about 62 shared)
+    where = sent[0].nonzero().flatten()
+    dense = codecs.build("sign").encode(x[0][where], KEY)  # on those coordinates: sign's own bits and scales
+    assert all(dense[n].tobytes() == encs[0][n].tobytes() for n in dense)
+    assert bits(codecs.build("shared-sign:share=1").decode(codecs.build("shared-sign:share=1").encode(x[0], KEY), d)) \
+        == bits(codecs.build("sign").decode(codecs.build("sign").encode(x[0], KEY), d))
+    with pytest.raises(ValueError, match="shared-sign sends the coordinates its task announces"):
+        codec.encode(x[0])
+
+
+def test_a_reply_on_another_tasks_support_is_refused_with_the_reason():
+    codec = codecs.build("shared-sign")
+    enc = codec.encode(torch.randn(500, generator=torch.Generator().manual_seed(11)), (7, 3, "node-a"))
+    assert codec.refusal(enc, (7, 3, "node-b")) is None  # any node of that task
+    for key in ((7, 2, "node-a"), (8, 3, "node-a")):
+        reason = codec.refusal(enc, key)
+        assert "encoded on another task's support" in reason and f"task {key[1]}'s is" in reason
+    assert codecs.build("sign").refusal(codecs.build("sign").encode(torch.ones(9)), (7, 2, "x")) is None
+
+
 @pytest.mark.parametrize("d", [1, 7, 9, 1003])
 def test_sign_refuses_padding_bits(d):
     codec = codecs.build("sign")
@@ -299,6 +326,8 @@ def test_bytes_on_the_wire(d):
     assert sizes["topk:k=0.01"] == sizes["randk:k=0.01"] == 8 * math.ceil(0.01 * d)  # 50x fewer
     assert 4 * d / sizes["topk:k=0.01"] == 50
     assert sizes["sign"] == math.ceil(d / 8) + 4 * math.ceil(d / 128) and 4 * d / sizes["sign"] > 25
+    m = d // 4  # share=0.25 of the coordinates, and the 8-byte claim of the support
+    assert sizes["shared-sign"] == math.ceil(m / 8) + 4 * math.ceil(m / 128) + 8 and 4 * d / sizes["shared-sign"] > 99
 
 
 # ---------------------------------------------------------------- error feedback
@@ -306,7 +335,8 @@ def test_bytes_on_the_wire(d):
 
 @SETTINGS
 @given(st.integers(1, 60), st.integers(1, 8),
-       st.sampled_from(["topk:k=0.1", "topk:k=0.5", "int8:block=4", "fp16", "sign:block=1", "sign:block=7"]),
+       st.sampled_from(["topk:k=0.1", "topk:k=0.5", "int8:block=4", "fp16", "sign:block=1", "sign:block=7",
+                        "shared-sign:share=0.3,block=7"]),
        st.integers(0, 2**31))
 def test_error_feedback_loses_nothing(d, T, spec, seed):
     """sum_t decoded_t + e_T = sum_t x_t, up to float32 rounding of the additions."""
@@ -353,19 +383,22 @@ def test_error_feedback_refuses_a_mismatched_residual():
 
 
 def test_build_and_canonical_specs():
-    assert codecs.names() == ["fp16", "int8", "none", "randk", "sign", "topk"]
+    assert codecs.names() == ["fp16", "int8", "none", "randk", "shared-sign", "sign", "topk"]
     assert codecs.build("int8").spec == "int8:block=256"
     assert codecs.build("topk").spec == "topk:k=0.01"
     assert codecs.build("randk:k=1").k == 1.0  # an int where a float is meant
     assert codecs.build("sign").spec == "sign:block=128"
-    for spec in ["none", "fp16", "int8:block=64", "topk:k=0.05", "randk:k=0.2", "sign:block=64"]:
+    assert codecs.build("shared-sign").spec == "shared-sign:share=0.25,block=128"
+    for spec in ["none", "fp16", "int8:block=64", "topk:k=0.05", "randk:k=0.2", "sign:block=64",
+                 "shared-sign:share=0.5,block=64"]:
         assert codecs.build(spec).spec == spec and codecs.build(codecs.build(spec).spec).spec == spec
     assert codecs.build("topk").biased and not codecs.build("randk").biased and codecs.build("randk").keyed
     assert codecs.build("sign").biased and not codecs.build("sign").keyed
+    assert codecs.build("shared-sign").biased and codecs.build("shared-sign").keyed
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("zip", "unknown codec 'zip' in 'zip': choose from fp16, int8, none, randk, sign, topk"),
+    ("zip", "unknown codec 'zip' in 'zip': choose from fp16, int8, none, randk, shared-sign, sign, topk"),
     ("topk:m=3", "topk has no parameter 'm' (its parameters: k)"),
     ("int8:k=0.1", "int8 has no parameter 'k' (its parameters: block)"),
     ("int8:block=2.5", "int8 parameter block must be int (got 2.5)"),
@@ -378,6 +411,8 @@ def test_build_and_canonical_specs():
     ("sign:block=0", "sign block must be a whole number >= 1: coordinates per scale (got block=0)"),
     ("sign:block=1.5", "sign parameter block must be int (got 1.5)"),
     ("sign:k=0.01", "sign has no parameter 'k' (its parameters: block)"),
+    ("shared-sign:share=0", "shared-sign share must be in (0, 1]: the fraction of coordinates a task's replies carry"),
+    ("shared-sign:share=1.5", "shared-sign share must be in (0, 1]"),
     ("int8+topk", "a codec spec names one codec"),
     ("", "empty spec"),
 ])
@@ -504,6 +539,14 @@ MALFORMED = [
     ("sign", setting("sign", "scale", 3, np.nan), "'scale' holds NaN or Inf"),
     ("sign", setting("sign", "scale", 0, np.inf), "'scale' holds NaN or Inf"),
     ("sign", setting("sign", "scale", 7, -1.0), "'scale' holds negative values"),
+    # shared-sign: 250 of the 1000 coordinates, 32 bytes of bits, 2 scales, the claim of the support
+    ("shared-sign", lambda: {k: v for k, v in good("shared-sign").items() if k != "support"}, "missing ['support']"),
+    ("shared-sign", with_("shared-sign", "support", lambda a: a.astype(np.int32)), "holds int32, expected int64"),
+    ("shared-sign", with_("shared-sign", "support", lambda a: np.r_[a, a]), "'support' has shape (2,), expected (1,)"),
+    ("shared-sign", with_("shared-sign", "bits", lambda a: a[:-1]), "'bits' has shape (31,), expected (32,)"),
+    ("shared-sign", setting("shared-sign", "support", 0, -1), "claims the seed -1, outside [0, 2**63)"),
+    ("shared-sign", setting("shared-sign", "scale", 1, -1.0), "'scale' holds negative values"),
+    ("shared-sign", setting("shared-sign", "scale", 0, np.nan), "'scale' holds NaN or Inf"),
 ]
 
 

@@ -30,7 +30,7 @@ from robust.params import sha256
 
 from .federation_kit import fingerprint, make_federation, play, replies, take
 
-CODECS = ["none", "fp16", "int8", "topk:k=0.01", "randk:k=0.01", "sign"]
+CODECS = ["none", "fp16", "int8", "topk:k=0.01", "randk:k=0.01", "sign", "shared-sign"]
 BASE = dict(rounds=2, aggregator="trimmed-mean", tolerate=1, quorum=3, protocol="delta:steps=2", batch_size=16)
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.filterwarnings("ignore:Field flwr.proto.Array.shape:DeprecationWarning")
@@ -231,6 +231,27 @@ def test_a_byzantine_node_may_send_anything_that_decodes(tmp_path):
     assert inbox.rejected == {fp: "bad signature"}  # the signature covers the decoded row
 
 
+def test_a_signed_reply_on_another_tasks_support_is_rejected_with_the_reason(tmp_path):
+    """A node that encodes on the coordinates of another task (the next one, or a run of its
+    own seed) and signs what that decodes to: well formed and signed, its claim is what betrays it."""
+    coord_dir, nodes = _federation(tmp_path, compression="shared-sign", rounds=1)
+    coord, codec = Coordinator(coord_dir), codecs.build("shared-sign")
+    task, w = coord.task()
+    reply, _ = _answer(task, w, nodes[0])
+    fp, raw = fingerprint(nodes[0]), _raw(task, w, nodes[0])
+    for key in ((task.seed, task.round + 1, fp), (task.seed + 1, task.round, fp)):
+        lie = codec.encode(raw, key)
+        signed = dataclasses.replace(reply, signature=keys.sign(keys.load_private(nodes[0]),
+                                                                reply_payload(reply, sha256(codec.decode(lie, w.size)))))
+        inbox = Inbox()
+        take(coord, fp, _proto(reply_content(signed, lie)), inbox)
+        assert not inbox.rows and "update encoded on another task's support" in inbox.rejected[fp]
+        assert f"task {task.round}'s is" in inbox.rejected[fp]
+    inbox = Inbox()
+    take(coord, fp, _proto(reply_content(*_answer(task, w, nodes[0]))), inbox)
+    assert fp in inbox.rows and not inbox.rejected  # its own task's support: accepted
+
+
 def test_bytes_are_recorded_and_int8_is_about_4x_smaller(tmp_path):
     sizes = {}
     for spec in ("none", "int8", "topk:k=0.01"):
@@ -292,14 +313,16 @@ def test_spot_checks_recompute_compressed_updates_and_the_audit_verifies(tmp_pat
     assert audit.verify(coord_dir) == ([], 2, True)
 
 
-def test_the_audit_verifies_a_topk_run(tmp_path):
-    coord_dir, nodes = _federation(tmp_path, compression="topk:k=0.01", rounds=3)
+@pytest.mark.parametrize("spec", ["topk:k=0.01", "shared-sign"])
+def test_the_audit_verifies_a_run_of_a_biased_codec(tmp_path, spec):
+    coord_dir, nodes = _federation(tmp_path, compression=spec, rounds=3)
     coord = Coordinator(coord_dir)
     while not coord.done:
         record = play(coord, nodes)
     assert record["accepted"] == 4 and audit.verify(coord_dir) == ([], 3, True)
     # what is kept is what the nodes sent, at the codec's size, named by the decoded row each signed
-    codec, d = codecs.build("topk:k=0.01"), coord.engine.w.numel()
+    # (shared-sign's decodes on the support its claim names, with no task at hand)
+    codec, d = codecs.build(spec), coord.engine.w.numel()
     stored = sorted((coord_dir / audit.UPDATES).glob("*"))
     assert len(stored) == 3 * 4 and {p.suffix for p in stored} == {".npz"}
     for update in stored:

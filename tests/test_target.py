@@ -100,6 +100,28 @@ def test_the_report_compares_ways_of_sending_against_the_float32_momentum_baseli
     assert bytes_frontier([made("none", [0.5, 0.9], 1, 1)], tmp_path / "none.png") == []
 
 
+def test_a_bar_of_the_baseline_for_a_task_whose_best_bar_it_never_reaches():
+    """mnist1d's case: 16 local steps a round train to 58%, momentum to 47%; against 0.95 x
+    58% momentum never gets there, against 0.95 x its own 47% every way can be compared."""
+    records = [made("none", [0.3, 0.45, 0.47], 100, 40), made("alie", [0.3, 0.44, 0.46], 100, 40),
+               *(made(attack, accuracy, 1, 40, protocol="delta:steps=16", compression="sign")
+                 for attack, accuracy in (("none", [0.4, 0.5, 0.58]), ("alie", [0.35, 0.44, 0.5])))]
+    best = complete(records)
+    assert best[0]["target_bar"] == pytest.approx(0.95 * 0.58) and best[0]["bytes_up_to_target"] is None
+    of = [{**r, "config": {**r["config"], "target-of": "baseline"}} for r in records]
+    done = complete(of)
+    assert [r["target_bar"] for r in done] == pytest.approx([0.95 * 0.47] * 4)  # 0.4465
+    assert [r["round_to_target"] for r in done] == [1, 2, 1, 2]
+    assert [r["target_bar"] for r in complete(of[2:])] == [None, None]  # no baseline cell, no bar
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in communication_section(Results(of))
+            if line.startswith("| median")}
+    # the baseline's clean run: 200 bytes up to 0.4465; the local way's worst (alie): 3 bytes
+    assert rows["| median (protocol=delta:steps=16, compression=sign)"][1:4] == ["3e-06", "0.00012", "66.7x"]
+    assert load_scenario(None, ['target-of="baseline"'])["target-of"] == "baseline"
+    with pytest.raises(ValueError, match="target-of"):
+        load_scenario(None, ["target-of=worst"])
+
+
 def test_pareto_keeps_what_nothing_beats_on_both_and_ways_read_short():
     assert pareto([(1, 90), (2, 95), (3, 94), (0.5, 80), (2, 93)]) == [(0.5, 80), (1, 90), (2, 95)]
     config = {"protocol": json.dumps("delta:steps=16,server_lr=0.7,server_momentum=0.9,nesterov=true"),

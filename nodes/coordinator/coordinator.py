@@ -346,7 +346,7 @@ class Coordinator:
             inbox.failed[fp] = f"declined the task: {reply.refused[:200]}"
             return
         try:
-            result = self.check(fp, reply, row, ticket)
+            result = self.check(fp, reply, row, ticket, enc)
         except Exception as err:  # noqa: BLE001 - as above
             log.exception("round %d: reply from %s could not be checked", self.round + 1, short(fp))
             result = f"reply could not be checked ({type(err).__name__})"
@@ -404,16 +404,19 @@ class Coordinator:
                  for fp in ids]
         return ids, Spooled(paths, validated=True, shas=[inbox.hashes[fp] for fp in ids])
 
-    def check(self, fp: str, reply: Reply, row: np.ndarray | None, ticket: Ticket | None
-              ) -> tuple[torch.Tensor, str] | str:
+    def check(self, fp: str, reply: Reply, row: np.ndarray | None, ticket: Ticket | None,
+              enc: Encoded | None = None) -> tuple[torch.Tensor, str] | str:
         """The update of a reply to ``ticket`` (``None``: the node had no task out) that did not
-        decline, as ``(row, its SHA-256)``, or why it is rejected."""
+        decline, as ``(row, its SHA-256)``, or why it is rejected; ``enc``: the encoding the row
+        was decoded from, whose claims must answer the task (a ``shared-sign`` support)."""
         if reply.run != self.run_id:
             return f"signed for run {reply.run!r}, this is run {self.run_id!r}"
         if ticket is None:
             return f"signed for task {reply.round}, but this node has no task out (a replay?)"
         reason = self.ledger.refusal(ticket, reply.round, reply.base, self.round)
         if reason:
+            return reason
+        if enc is not None and (reason := self.codec.refusal(enc, (self.settings.seed, ticket.number, fp))):
             return reason
         tensor = torch.from_numpy(np.array(row, dtype=np.float32)) if row is not None else None
         reason = rejection_reason(tensor, self.engine.w.numel(), self.settings.max_norm)

@@ -8,18 +8,20 @@
     (torch.Size([1000]), 80, 50.0)
 
 ``none`` (float32), ``fp16``, ``int8:block=256``, ``topk:k=0.01`` (biased: encode with
-:func:`error_feedback`), ``randk:k=0.01`` (unbiased, keyed) and ``sign:block=128`` (1 bit per
+:func:`error_feedback`), ``randk:k=0.01`` (unbiased, keyed), ``sign:block=128`` (1 bit per
 coordinate, dense; biased: encode with :func:`error_feedback`; 25x fewer bytes and, unlike the
-sparse codecs, within 1 pp of float32 under coordinate-wise robust rules). ``decode`` is the
-coordinator's gate for untrusted input: anything malformed is a ``ValueError`` with a one-line
-reason.
+sparse codecs, within 1 pp of float32 under coordinate-wise robust rules) and
+``shared-sign:share=0.25,block=128`` (``sign`` on a support the task announces, shared by
+every node of it: 101x, keyed, biased). ``decode`` is the coordinator's gate for untrusted
+input: anything malformed is a ``ValueError`` with a one-line reason; ``refusal`` says why an
+encoding's claims do not answer its task.
 """
 
 from __future__ import annotations
 
 from robust.spec import parse
 
-from . import fp16, int8, none, randk, sign, topk  # noqa: F401  (each module registers its codec)
+from . import fp16, int8, none, randk, shared_sign, sign, topk  # noqa: F401  (each module registers its codec)
 from .base import REGISTRY, Codec, Encoded, Layout, nbytes
 from .feedback import error_feedback
 

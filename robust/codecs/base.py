@@ -93,6 +93,12 @@ class Codec(Component):
             raise ValueError(f"{self.name} update decodes to non-finite values (its values overflow float32)")
         return torch.from_numpy(out)
 
+    def refusal(self, enc: Encoded, key: tuple) -> str | None:
+        """Why an encoding that decodes does not answer the task of ``key`` = ``(run seed, task
+        number, node id)``: what it claims on the wire breaks the task (``shared-sign``'s
+        support); ``None`` if it answers it, as for every codec that claims nothing."""
+        return None
+
     def _encode(self, row: torch.Tensor, key: tuple) -> Encoded:
         raise NotImplementedError
 

@@ -1,0 +1,72 @@
+"""``shared-sign:share=0.25,block=128``: ``sign`` on a support of ``share`` of the coordinates
+that the coordinator draws for each task and every node of it shares; biased, encode with
+error feedback.
+
+The support (``robust.codecs.support``) is ``m = max(1, ceil(share d))`` coordinates drawn
+from the task's run seed and number; the row's values there, in ascending coordinate order,
+are sent as :mod:`robust.codecs.sign` sends a row of ``m`` coordinates (a bit per sign, a
+float32 mean magnitude per ``block`` of them), the other coordinates decode to 0 and wait in
+the node's residual:
+
+    x_hat_j = sign(x_j) s_b(j)   for j in the support S_t,   x_hat_j = 0 otherwise
+
+where ``s_b(j)`` is the mean ``|x|`` of the block of the sent values ``j`` falls in. Every honest
+row of a round is dense on the same ``S_t``, so a coordinate-wise robust rule sees all of its
+nodes in each sent coordinate (what ``topk`` and ``randk``, each node on its own support, lose);
+the support moves every task, so with error feedback nothing is lost, only delayed (Stich,
+Cordonnier & Jaggi, "Sparsified SGD with Memory", NeurIPS 2018, on a random support shared by
+all: their rand-k with memory). Bytes ``ceil(m / 8) + 4 ceil(m / block) + 8``: about ``1 /
+share`` times ``sign``'s ratio, 99x at ``share=0.25`` (d = 9,738).
+
+Measured on the bench (25 nodes of which 5 Byzantine, Dirichlet 1.0, ``nnm+trimmed-mean``,
+``delta:steps=16``, 100 rounds, seeds 0-1, attacks none, sign-flip, alie, ipm and
+``evade:detector=all``), worst case over the attacks against ``sign``'s: digits 95.7% at
+``share=0.25``, 95.8% at 0.5, 96.3% for ``sign``, after 0.048 / 0.066 / 0.085 MB up to the
+target; mnist1d 51.7% / 53.7% / 52.1%; no honest node quarantined.
+
+Wire: ``sign``'s ``bits`` and ``scale`` for the ``m`` sent values, and ``support`` (int64, 1):
+the seed the node drew the support from, which the coordinator checks is its task's
+(``robust.codecs.support.refusal``: a reply on another task's support is rejected with that
+reason) and from which a stored reply decodes on its own (the audit). Decoding refuses a claim
+outside ``[0, 2**63)``, and what ``sign`` refuses. Not for spot checks (biased), like ``sign``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import support
+from .base import Encoded, Layout, register
+from .sign import Sign
+
+
+@register
+class SharedSign(Sign):
+    name = "shared-sign"
+    keyed = True
+
+    def __init__(self, f: int = 0, *, share: float = 0.25, block: int = 128) -> None:
+        super().__init__(f, block=block)
+        self._check_param("share", share, 0 < share <= 1, "in (0, 1]: the fraction of coordinates a task's replies carry")
+        self.share = float(share)
+
+    def layout(self, d: int) -> Layout:
+        return {**super().layout(support.count(d, self.share)), support.CLAIM: (support.INT64, 1)}
+
+    def _encode(self, row: torch.Tensor, key: tuple) -> Encoded:
+        if len(key) < 2:
+            raise ValueError(f"{self.name} sends the coordinates its task announces: pass key=(run seed, task number, "
+                             "node id)")
+        seed = support.task_seed(key)
+        sent = row[support.chosen(row.numel(), self.share, seed)]
+        return {**super()._encode(sent, key), support.CLAIM: np.array([seed], dtype=support.INT64)}
+
+    def _decode(self, arrays: Encoded, d: int) -> np.ndarray:
+        where = support.chosen(d, self.share, support.claimed(arrays, self.name)).numpy()
+        out = np.zeros(d, dtype=np.float32)
+        out[where] = super()._decode(arrays, where.size)
+        return out
+
+    def refusal(self, enc: Encoded, key: tuple) -> str | None:
+        return support.refusal(enc, key)
