@@ -234,6 +234,37 @@ def test_a_partly_quarantined_coalition_crafts_for_the_colluders_left():
     assert torch.equal(out[1:], X[1:])
 
 
+class Crafting:
+    """A threat hook that hands back the rows it was given, or new ones with a NaN row."""
+
+    def __init__(self, craft: bool) -> None:
+        self.craft = craft
+
+    def rows(self, engine, round, ids, X):
+        if not self.craft:
+            return X
+        X = X.clone()
+        X[0] = float("nan")
+        return X
+
+    def observe(self, ids, X, aggregate):
+        pass
+
+
+@pytest.mark.parametrize("craft", [False, True])
+def test_rows_the_hook_crafts_are_screened_again_and_its_own_rows_once(craft, monkeypatch):
+    from nodes.engine import engine as module
+
+    screened = []
+    real = module.rejected_rows
+    monkeypatch.setattr(module, "rejected_rows", lambda X, bound: screened.append(X.n) or real(X, bound))
+    ids = [f"{i:064x}" for i in range(6)]
+    engine = engine_with(Crafting(craft))
+    record = engine.step(ids, ids, torch.randn(6, engine.w.numel(), generator=torch.Generator().manual_seed(2)))
+    assert screened == ([6, 6] if craft else [6])
+    assert record["rejected"] == ({ids[0]: "non-finite values"} if craft else {}) and not record["skipped"]
+
+
 def test_a_cell_process_keeps_its_freed_memory_for_reuse():
     import platform
 

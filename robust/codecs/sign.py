@@ -17,15 +17,17 @@ Why dense rather than sparse: a coordinate-wise robust rule (trimmed mean, media
 distances) sees one value per node in each coordinate. Rows that are each non-zero on a
 different 1% (``topk``, ``randk``) are 0 in most coordinates of most rows, and the rule trims the
 honest signal away. A support shared by all the nodes of a round (every row dense on the same
-``k d`` coordinates, cycling over rounds, indices not sent) fixes that but makes each
-coordinate's update wait ``1 / k`` rounds, which costs far more. Measured on digits (MLP, d =
-4,810; 25 nodes of which 5 Byzantine, Dirichlet 1.0, ``nnm+trimmed-mean``, momentum protocol,
-50 rounds, attacks none / sign-flip / alie), accuracy below float32, mean of seeds 0-4:
-``topk:k=0.01`` (49x) -1.8 / -4.0 / -3.1 pp, ``sign:block=128`` (25.5x) -0.3 / -0.3 / -0.9 pp;
-seeds 0, 1: shared cyclic support ``k=0.5`` (int8 values, 8x) -2.5 / +0.1 / -3.9 pp, ``k=0.1``
-(39x) -47 / -24 / -36 pp. Here every row is dense and every coordinate moves every round; what
-remains is the extra spread 1-bit values give the honest rows, which ALIE hides in (its worst
-case, about 1 pp).
+``k d`` coordinates, cycling over rounds, indices not sent) fixes that but, under ``momentum``'s
+one step a round, makes each coordinate's update wait ``1 / k`` rounds, which costs far more.
+Measured on digits (MLP, d = 4,810; 25 nodes of which 5 Byzantine, Dirichlet 1.0,
+``nnm+trimmed-mean``, momentum protocol, 50 rounds, attacks none / sign-flip / alie), accuracy
+below float32, mean of seeds 0-4: ``topk:k=0.01`` (49x) -1.8 / -4.0 / -3.1 pp,
+``sign:block=128`` (25.5x) -0.3 / -0.3 / -0.9 pp; seeds 0, 1: shared cyclic support ``k=0.5``
+(int8 values, 8x) -2.5 / +0.1 / -3.9 pp, ``k=0.1`` (39x) -47 / -24 / -36 pp. Here every row is
+dense and every coordinate moves every round; what remains is the extra spread 1-bit values
+give the honest rows, which ALIE hides in (its worst case, about 1 pp). With many local steps
+a round (``delta:steps=16``) a random support drawn anew for each task does hold:
+``shared-sign`` (:mod:`robust.codecs.shared_sign`).
 
 Wire: ``bits`` (uint8, ``ceil(d / 8)``: ``np.packbits``, first coordinate in the high bit, the
 padding bits of the last byte 0) and ``scale`` (float32, ``ceil(d / block)``). Bytes ``ceil(d/8) +
