@@ -92,6 +92,24 @@ def test_compressed_replies_cost_fewer_bytes_and_crafted_rows_travel_encoded():
     assert all(int((row != 0).sum()) <= kept for row in crafted[byz])
 
 
+def test_a_shared_support_keeps_every_row_of_a_round_on_its_tasks_coordinates():
+    """shared-sign in the bench: the honest rows and the crafted ones of a round decode on the
+    one support the round's task announced; the next round's is another; ~99x fewer bytes up."""
+    plain = run_cell(Cell(BASE, "trimmed-mean", "alie", 0))
+    shared = run_cell(Cell({**BASE, "compression": "shared-sign"}, "trimmed-mean", "alie", 0))
+    assert plain["bytes_up"] / shared["bytes_up"] > 90
+    run = CellRun(Cell({**BASE, "compression": "shared-sign"}, "trimmed-mean", "alie", 0))
+    seen, observe = [], run.threat.observe
+    run.threat.observe = lambda ids, X, aggregate: (seen.append((ids, X.clone())), observe(ids, X, aggregate))
+    for _ in range(2):
+        run.play_round()
+    d = run.engine.w.numel()
+    for ids, X in seen:
+        sent = X != 0
+        assert run.setup.byzantine & set(ids) and (sent == sent[0]).all() and int(sent[0].sum()) == math.ceil(d / 4)
+    assert not torch.equal(seen[0][1][0] != 0, seen[1][1][0] != 0)
+
+
 def test_churn_leaves_nodes_out_and_runs_still_finish():
     churn = {**BASE, "churn": "leave:p=0.3,back=0.3", "rounds": 8}
     run = CellRun(Cell(churn, "trimmed-mean", "none", 0))

@@ -49,6 +49,18 @@ def wait_until(predicate, timeout: float, what: str, logs: list[Path]) -> None:
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tails}")
 
 
+def deploy(tmp_path: Path, coord: Path, nodes: list[Path], port: int, procs: list, timeout: float = 300) -> list[Path]:
+    """Start the coordinator of ``coord`` and, once its run is submitted, a volunteer for each
+    of ``nodes``; wait for the run to finish and the coordinator to exit cleanly. The logs."""
+    procs.append(robust("coordinator", "start", str(coord), log=tmp_path / "coordinator.log"))
+    logs = [tmp_path / "coordinator.log", coord / "logs" / "superlink.log", *(n / "join.log" for n in nodes)]
+    wait_until(lambda: "submitted" in (tmp_path / "coordinator.log").read_text(), 120, "the run", logs)
+    procs.extend(join(node, coord, port) for node in nodes)
+    wait_until(lambda: (coord / checkpoint.RESULT).exists(), timeout, "the run to finish", logs)
+    assert procs[0].wait(30) == 0
+    return logs
+
+
 @pytest.fixture
 def procs():
     started: list[subprocess.Popen] = []
@@ -123,12 +135,7 @@ def test_a_shared_support_crosses_real_flower_messages_and_the_audit_replays_it(
     settings = Settings(rounds=2, aggregator="trimmed-mean", tolerate=0, quorum=2, deadline=60.0, port=port,
                         compression="shared-sign")
     coord, nodes = make_federation(tmp_path / "deployed", 2, settings)
-    procs.append(robust("coordinator", "start", str(coord), log=tmp_path / "coordinator.log"))
-    logs = [tmp_path / "coordinator.log", coord / "logs" / "superlink.log", *(n / "join.log" for n in nodes)]
-    wait_until(lambda: "submitted" in (tmp_path / "coordinator.log").read_text(), 120, "the run", logs)
-    procs.extend(join(node, coord, port) for node in nodes)
-    wait_until(lambda: (coord / checkpoint.RESULT).exists(), 240, "the run to finish", logs)
-    assert procs[0].wait(30) == 0
+    deploy(tmp_path, coord, nodes, port, procs)
     records = rounds_done(coord)
     assert [(r["accepted"], r["rejected"]) for r in records] == [(2, {}), (2, {})]
     # a reply against a task carrying the float32 model: 33x here, where a reply's signature, hashes and

@@ -24,7 +24,7 @@ from nodes.volunteer.worklog import WORK_LOG
 
 from .federation_kit import fingerprint, make_federation, reference_sha256
 from .test_async_deploy import SETTINGS, FakeGrid, records
-from .test_federation_deploy import join, procs, robust, rounds_done, wait_until  # noqa: F401 - procs: a fixture
+from .test_federation_deploy import deploy, procs, rounds_done  # noqa: F401 - procs: a fixture
 
 pytestmark = pytest.mark.filterwarnings("ignore:Field flwr.proto.Array.shape:DeprecationWarning")
 
@@ -131,12 +131,7 @@ def test_a_window_of_one_sends_a_round_task_by_task_with_the_bits_of_no_window(t
     settings = Settings(rounds=2, aggregator="trimmed-mean", tolerate=1, quorum=3, deadline=60.0, port=port,
                         in_flight=1)
     coord, nodes = make_federation(tmp_path / "deployed", 3, settings)
-    procs.append(robust("coordinator", "start", str(coord), log=tmp_path / "coordinator.log"))
-    logs = [tmp_path / "coordinator.log", coord / "logs" / "superlink.log", *(n / "join.log" for n in nodes)]
-    wait_until(lambda: "submitted" in (tmp_path / "coordinator.log").read_text(), 120, "the run", logs)
-    procs.extend(join(node, coord, port) for node in nodes)
-    wait_until(lambda: (coord / checkpoint.RESULT).exists(), 300, "the run to finish", logs)
-    assert procs[0].wait(30) == 0
+    deploy(tmp_path, coord, nodes, port, procs)
     assert [r["accepted"] for r in rounds_done(coord)] == [3, 3]
     work = sorted((json.loads(line) for n in nodes for line in (n / WORK_LOG).read_text().splitlines()),
                   key=lambda w: w["task_made"])
