@@ -12,7 +12,7 @@
 coordinate, dense; biased: encode with :func:`error_feedback`; 25x fewer bytes and, unlike the
 sparse codecs, within 1 pp of float32 under coordinate-wise robust rules) and
 ``shared-sign:share=0.25,block=128`` (``sign`` on a support the task announces, shared by
-every node of it: 101x, keyed, biased). ``decode`` is the coordinator's gate for untrusted
+every node of it: 99x, keyed, biased). ``decode`` is the coordinator's gate for untrusted
 input: anything malformed is a ``ValueError`` with a one-line reason; ``refusal`` says why an
 encoding's claims do not answer its task.
 """

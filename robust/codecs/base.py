@@ -13,6 +13,8 @@ the same encoding gives the same bits on every run.
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import ClassVar
 
 import numpy as np
@@ -128,6 +130,13 @@ class Codec(Component):
     def _check_finite(self, name: str, a: np.ndarray) -> None:
         if not np.isfinite(a).all():
             raise ValueError(f"{self.name} array {name!r} holds NaN or Inf")
+
+
+def share_of(d: int, k: float) -> int:
+    """How many of ``d`` coordinates a fraction ``k`` keeps: ``max(1, ceil(k d))`` for the
+    decimal ``k`` of the spec (``0.07 * 100`` keeps 7, not 8), as ``topk``, ``randk`` and
+    ``shared-sign`` count them."""
+    return max(1, math.ceil(Fraction(repr(k)) * d))
 
 
 def _listed(keys: list, limit: int = 4) -> str:

@@ -9,13 +9,10 @@ than the codec allows. 8 bytes per kept coordinate: ``ratio = 4d / 8m`` (50x at 
 
 from __future__ import annotations
 
-import math
-from fractions import Fraction
-
 import numpy as np
 import torch
 
-from .base import FLOAT32, INT32, Codec, Encoded, Layout
+from .base import FLOAT32, INT32, Codec, Encoded, Layout, share_of
 
 MAX_D = 2**31 - 1  # int32 indices
 
@@ -28,7 +25,7 @@ class SparseCodec(Codec):
 
     def count(self, d: int) -> int:
         """``m``: how many coordinates of a ``(d,)`` row are sent."""
-        return max(1, math.ceil(Fraction(repr(self.k)) * d))
+        return share_of(d, self.k)
 
     def gain(self, d: int) -> float:
         """The factor decoding applies to the sent values."""

@@ -22,13 +22,13 @@ last two): O(d) time and int64 memory, as one more row.
 from __future__ import annotations
 
 import functools
-import math
-from fractions import Fraction
 
 import numpy as np
 import torch
 
 from robust.seeds import derive
+
+from .base import share_of
 
 CLAIM = "support"  # the array a reply's claim travels in
 INT64 = np.dtype("<i8")
@@ -43,18 +43,12 @@ def task_seed(key: tuple) -> int:
     return derive(int(key[0]), int(key[1]), "support")
 
 
-def count(d: int, share: float) -> int:
-    """How many of ``d`` coordinates a task's support holds: ``max(1, ceil(share * d))`` for
-    the decimal ``share`` of the spec (0.07 of 100 is 7, not 8)."""
-    return max(1, math.ceil(Fraction(repr(share)) * d))
-
-
 @functools.lru_cache(maxsize=2)
 def chosen(d: int, share: float, seed: int) -> torch.Tensor:
     """The support's coordinates (int64, ascending) among ``d``, drawn from ``seed``. Cached:
     every reply to a task decodes on the same support (do not modify the result)."""
     order = torch.randperm(d, generator=torch.Generator().manual_seed(seed))
-    return order[: count(d, share)].sort().values
+    return order[: share_of(d, share)].sort().values
 
 
 def claimed(enc: dict, codec: str) -> int:
