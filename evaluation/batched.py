@@ -73,7 +73,7 @@ class DenseNet:
         # softmax over a short last dimension (10 classes) takes a slow scalar kernel; over
         # dim -2 of the transposed view it is vectorised along the batch (7x faster here)
         dz = torch.softmax(acts[-1].mT, dim=-2).mT.contiguous()
-        dz.scatter_add_(-1, y.unsqueeze(-1), torch.full((n, batch, 1), -1.0, dtype=dz.dtype))
+        dz.scatter_add_(-1, y.unsqueeze(-1), torch.full((n, batch, 1), -1.0, dtype=dz.dtype, device=dz.device))
         dz /= batch
         layers, slots = self._layers(w), self._layers(into)
         for k in range(len(layers) - 1, -1, -1):

@@ -115,14 +115,19 @@ def run_grid(todo: list[Cell]) -> float:
     return time.perf_counter() - start
 
 
-def run_bench(config: str | None, sets: list[str]) -> float:
-    """Seconds of ``robust bench --jobs 1`` on the same grid, in a fresh folder and process."""
-    with tempfile.TemporaryDirectory(prefix="robust-paired-") as out:
-        cmd = [sys.executable, "-m", "robust.cli", "bench", "--out", out, "--jobs", "1",
-               *(["--config", config] if config else []), *(a for s in sets for a in ("--set", s))]
-        start = time.perf_counter()
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-        return time.perf_counter() - start
+def run_bench(config: str | None, sets: list[str], out: str | None = None) -> float:
+    """Seconds of ``robust bench --jobs 1`` on the same grid, in a fresh process and a fresh
+    folder (``out``, kept, or a temporary one)."""
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix="robust-paired-") as temp:
+            return run_bench(config, sets, temp)
+    cmd = [sys.executable, "-m", "robust.cli", "bench", "--out", out, "--jobs", "1",
+           *(["--config", config] if config else []), *(a for s in sets for a in ("--set", s))]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"robust bench failed ({done.returncode}): {done.stderr[-2000:]}")
+    return time.perf_counter() - start
 
 
 def paired(config: str | None, sets: list[str], pairs: int) -> dict:

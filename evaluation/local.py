@@ -16,12 +16,21 @@ model's hook (``evaluation.threat``). Rows are computed
   that :attr:`~attacks.base.NodeAttack.trains_alone`: ``neurotoxin``, ``constrain-scale``,
   any ``stop_after``): their rows are a volunteer's bits, the honest nodes stay batched.
 
+Batched training runs on the cell's ``device`` (the setting the coordinator's rule runs on:
+``auto`` is CUDA when torch sees a GPU): the training tensors, the nodes' momenta and a copy of
+the model live there, and each round's rows come back to the CPU, where the threat model, the
+codecs and the engine take them (the engine moves their blocks to the device for the rule).
+The per-node path is a volunteer's CPU function on every device. On CUDA the batched kernels
+run under :func:`robust.compute.profile` (deterministic algorithms, no TF32): the same bits
+run after run on one GPU, the CPU's within float rounding.
+
 Batch draws are the volunteers' own (``robust.batches``, keyed by node fingerprint), drawn
 for many nodes and rounds per call.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from functools import partial
 
@@ -37,7 +46,7 @@ from nodes.engine.root import Root
 from nodes.engine.spotcheck import Verdict, referee
 from nodes.engine.training import compute, estimates
 from nodes.wire import Task
-from robust.compute import profile
+from robust.compute import device_name, profile
 from robust.batches import draw_batches, node_key
 from robust.params import unflatten
 from robust.seeds import generator
@@ -86,7 +95,9 @@ class CellRun:
                              self._verify if setup.settings.spot_check else None, Root.of(setup.settings, setup.data))
         self.protocol = self.engine.protocol
         self.index = {fp: i for i, fp in enumerate(self.ids)}
-        self.momenta = torch.zeros(len(self.ids), self.engine.w.numel())
+        # where the batched kernels train (the per-node path is a volunteer's CPU function)
+        self.device = self.engine.device if vectorize else torch.device("cpu")
+        self.momenta = torch.zeros(len(self.ids), self.engine.w.numel(), device=self.device)
         self.records: list[dict] = []
         self.training = 0.0  # seconds spent computing the nodes' rows
         self.checks = 0  # spot checks recomputed
@@ -96,7 +107,11 @@ class CellRun:
                       for fp in self.ids]
         if vectorize:
             self.net = DenseNet.of(self.engine.model)
+            # the vmap path's model: the engine's own on the CPU, a copy (buffers too) elsewhere
+            self.model = (self.engine.model if self.device.type == "cpu"
+                          else copy.deepcopy(self.engine.model).to(self.device))
             self.xs, self.ys, parts = self._poisoned([setup.parts[fp] for fp in self.ids])
+            self.xs, self.ys = self.xs.to(self.device), self.ys.to(self.device)
             self.draws = BatchDraws(parts, self.protocol, [node_key(cell.seed, fp) for fp in self.ids])
         self.last: dict[int, Memory] = {}  # a remembering node-side attacker's previous round
         self._local: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -216,25 +231,26 @@ class CellRun:
             x, y = self.local(i)
             outs.append(compute(task, w, x, y, self.setup.data.classes, self.ids[i], torch.device("cpu"),
                                 self.setup.attack_of(self.ids[i]), self.momenta[i], self.last.get(i)))
-        self.momenta[idx] = torch.stack([m for _, m in outs])
+        self.momenta[idx] = torch.stack([m for _, m in outs]).to(self.device)
         return torch.stack([row for row, _ in outs])
 
     def _batched(self, idx: list[int]) -> torch.Tensor:
-        """Nodes ``idx``'s rows in one batched call; their momenta advance."""
+        """Nodes ``idx``'s rows in one batched call on the cell's device (back on the CPU); their
+        momenta advance."""
         everyone = len(idx) == len(self.ids)
-        with profile(self.setup.settings.threads):
+        with profile(self.setup.settings.threads, self.device):
             pos = self.draws(self.engine.round + 1)
-            pos = pos if everyone else pos[idx]
+            pos = (pos if everyone else pos[idx]).to(self.device)
             m = self.momenta if everyone else self.momenta[idx]
+            sent = self.sent.to(self.device)
             if self.net is not None:  # flat samples by index_select: 3x faster than indexing by a 3-d idx
                 x = self.xs.flatten(1).index_select(0, pos.flatten()).view(*pos.shape, -1)
                 y = self.ys.index_select(0, pos.flatten()).view(pos.shape)
-                rows, m = local_updates(self.net, self.protocol, self.sent, x, y, m)
+                rows, m = local_updates(self.net, self.protocol, sent, x, y, m)
             else:
-                model = self.engine.model
-                batched = vmap(partial(self.protocol.node_update, model), in_dims=(None, 0, 0, 0))
+                batched = vmap(partial(self.protocol.node_update, self.model), in_dims=(None, 0, 0, 0))
                 try:
-                    rows, m = batched(unflatten(self.sent, model), self.xs[pos], self.ys[pos], m)
+                    rows, m = batched(unflatten(sent, self.model), self.xs[pos], self.ys[pos], m)
                 except RuntimeError as err:
                     if "random" not in str(err):
                         raise
@@ -246,7 +262,7 @@ class CellRun:
                 self.momenta = m
             else:
                 self.momenta[idx] = m
-        return rows
+        return rows.cpu()
 
     def play_round(self) -> dict | None:
         """One round: a buffer of asynchronous replies (``round = async``, :mod:`evaluation.fedbuff`;
@@ -308,6 +324,7 @@ class CellRun:
         absolute ``target-accuracy``, what reaching it cost (``evaluation.target``)."""
         record = {**cell_record(self.setup, self.records, self.engine.w, self.threat.kappa, wall, self.training,
                                 self.mode, self.asr_at_stop),
+                  "device": device_name(self.device),  # where the batched kernels trained
                   **self.timeline.record(), "times": [r["time"] for r in self.records],
                   "bytes": [r["bytes_up"] for r in self.records],
                   "bytes_down_by_round": [r["bytes_down"] for r in self.records]}

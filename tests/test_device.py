@@ -26,14 +26,15 @@ from nodes.engine.engine import assess, replay_note
 from nodes.settings import Settings
 from nodes.volunteer.volunteer import pick_device
 from robust import cli
-from robust.compute import resolve_device
+from robust.compute import profile, resolve_device
 from robust.source import Memory, on_device
 
 from .federation_kit import make_federation, play
 from .test_source import CHAINS, inputs, rows, spool
 
 ROOT = Path(__file__).resolve().parent.parent
-NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU default on a machine without a GPU")
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (run in a GPU session)")
 SETTINGS = Settings(rounds=3, aggregator="centered-clipping", tolerate=1, quorum=3, protocol="delta:steps=4",
                     spot_check=0.5, verifier="self")
 VARIES = ("seconds", "train_seconds_max", "costs", "prev")  # wall-clock figures, and what a randomised signature changes
@@ -53,6 +54,7 @@ def run(root: Path, settings: Settings) -> tuple[list[dict], Coordinator]:
     return records, coord
 
 
+@NO_GPU
 def test_device_cpu_plays_the_rounds_of_the_default_bit_for_bit(tmp_path):
     default, coord = run(tmp_path / "default", SETTINGS)
     assert coord.settings.device == "auto"
@@ -67,7 +69,7 @@ def test_device_cpu_plays_the_rounds_of_the_default_bit_for_bit(tmp_path):
 
 
 def test_a_replay_says_when_the_run_ran_on_another_device(tmp_path, caplog):
-    _, coord = run(tmp_path, SETTINGS)
+    _, coord = run(tmp_path, dataclasses.replace(SETTINGS, device="cpu"))  # a CPU run, GPU or not
     log = coord.folder / checkpoint.ROUNDS
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert replay_note(lines, torch.device("cpu")) == ""
@@ -95,6 +97,32 @@ def test_every_rule_and_chain_gives_todays_bits_through_the_device_path(spec, tm
             assert (chain.last_kept is None) == (kept is None)
             assert kept is None or torch.equal(chain.last_kept, kept)
             assert got.keys() == scores.keys() and all(torch.equal(got[k], scores[k]) for k in scores)
+
+
+@GPU
+def test_a_run_on_the_gpu_gives_its_bits_again_names_the_gpu_and_passes_its_audit(tmp_path):
+    gpu = dataclasses.replace(SETTINGS, device="cuda")
+    first, coord = run(tmp_path / "memory", gpu)
+    again, _ = run(tmp_path / "spool", dataclasses.replace(gpu, spool="disk"))
+    assert first == again and len(first) == 3  # deterministic kernels: the same bits from memory and a spool
+    assert all(r["device"].startswith("cuda/") for r in first)
+    assert all(v.device.type == "cpu" for v in coord.engine.state()["chain"].values())
+    assert audit.verify(coord.folder) == ([], 3, True)  # replayed on the kind of device it ran on
+
+
+@GPU
+@pytest.mark.parametrize("spec", aggregators.rules() + CHAINS)
+def test_every_rule_and_chain_on_the_gpu_gives_its_bits_twice_and_the_cpus_to_rounding(spec):
+    on_cpu, on_gpu, twice = (aggregators.build(spec, f=2) for _ in range(3))
+    for step in range(3):
+        X = rows(seed=step)
+        cpu, _ = assess(on_cpu, Memory(X), True, inputs(X, step), "cpu")
+        with profile(1, "cuda"):  # as the engine runs a round on the device: deterministic kernels
+            gpu, scores = assess(on_gpu, Memory(X), True, inputs(X, step), "cuda")
+            again, _ = assess(twice, Memory(X), True, inputs(X, step), "cuda")
+        assert torch.equal(gpu, again), (spec, step)  # both back on the CPU, as the engine reads them
+        assert torch.allclose(gpu, cpu, rtol=1e-4, atol=1e-5), (spec, step, (gpu - cpu).abs().max())
+        assert scores.keys() == score_round(X, 2, on_cpu.last_kept).keys()
 
 
 def test_a_source_on_a_device_hands_out_the_sources_values():
