@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import warnings
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -25,6 +26,7 @@ from urllib.parse import urlsplit
 from .cell import Cell
 
 RETRIES = 3  # a cell whose node dies is run again, at most this many times
+CLIENT_ATTEMPTS = 3  # connections through Ray Client (ray://), each asked anew if the last failed
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -66,15 +68,21 @@ def connect(spec: str):
     if _host_port(target)[0] in LOOPBACK:
         # off, a node's own address is 127.0.0.1 (Ray's switch for machines without cluster support)
         ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        _reachable(target)
-        with warnings.catch_warnings():  # a tip about GPUs on tasks that ask for none, every run
-            warnings.simplefilter("ignore", FutureWarning)
-            ray.init(address=target, log_to_driver=False, logging_level="warning")
-    except ConnectionError as err:
-        raise RuntimeError(f"no Ray cluster at {target} ({err}); start one with `ray start --head` "
-                           "and set RAY_ADDRESS, or give --cluster ray://HOST:PORT") from None
-    return ray
+    # Ray Client's proxy starts a server process for each connection, and on a loaded head that
+    # start can time out ("SpecificServer startup failed"): a client connection is asked again
+    for attempt in range(CLIENT_ATTEMPTS if target.startswith("ray://") else 1):
+        try:
+            _reachable(target)
+            with warnings.catch_warnings():  # a tip about GPUs on tasks that ask for none, every run
+                warnings.simplefilter("ignore", FutureWarning)
+                ray.init(address=target, log_to_driver=False, logging_level="warning")
+            return ray
+        except ConnectionError as err:
+            ray.shutdown()
+            failure = err
+            print(f"robust bench: connecting to {target} failed (try {attempt + 1}): {err}", file=sys.stderr)
+    raise RuntimeError(f"no Ray cluster at {target} ({failure}); start one with `ray start --head` "
+                       "and set RAY_ADDRESS, or give --cluster ray://HOST:PORT") from None
 
 
 def versions() -> dict[str, str]:

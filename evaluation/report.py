@@ -222,8 +222,9 @@ def _quarantine_section(res: Results) -> list[str]:
     return [
         "## Quarantine", "",
         "The coordinator's flag policy, applied exactly as deployed: a node is flagged when its reply is "
-        "rejected or its row is farther from the coordinate median than `flag-ratio` times the run's typical distance "
-        "(the largest round median of those distances so far), "
+        "rejected or its row is farther from the coordinate median than `flag-ratio` times the larger of the run's "
+        "typical distance (the largest round median of those distances so far) and the node's own (the geometric "
+        "mean of its distances in the rounds it was not flagged), "
         "and quarantined (no longer asked) after `quarantine-after` flags, or, with `false-alarm` > 0, when its "
         "evidence over rounds (a CUSUM of how atypical its update's direction is) crosses the threshold set "
         "for that chance of ever quarantining an honest node. Caught: Byzantine nodes quarantined "

@@ -50,7 +50,8 @@ class ThreatModel:
             self.coalitions[k] = attacks.build(self.spec, k)
         ctx = attacks.Context(n=len(ids), generator=generator(self.seed, round, "attack"), aggregator=self.aggregator(engine, ids, byz),
                               previous=self.previous, own=X[byz], round=round,
-                              detectors=partial(score_round, f=engine.chain.f), flagged=engine.flags.flags_rows,
+                              detectors=partial(score_round, f=engine.chain.f),
+                              flagged=partial(engine.flags.flags_rows, ids=honest_first(ids, byz)),
                               layout=self.layout(engine),
                               step_sign=self.step_sign(engine))
         X = X.clone()
@@ -66,8 +67,7 @@ class ThreatModel:
         round's inputs (node ids in that order) when its rule needs them."""
         if not engine.chain.needs:
             return engine.chain
-        order = [i for i, b in zip(ids, byz.tolist()) if not b] + [i for i, b in zip(ids, byz.tolist()) if b]
-        return partial(engine.chain, inputs=engine.inputs(order))
+        return partial(engine.chain, inputs=engine.inputs(honest_first(ids, byz)))
 
     @staticmethod
     def layout(engine) -> list[tuple[str, tuple[int, ...]]]:
@@ -88,3 +88,9 @@ class ThreatModel:
             return
         self.kappa.append(kappa_hat(aggregate, honest))
         self.previous = aggregate
+
+
+def honest_first(ids: list[str], byz: torch.Tensor) -> list[str]:
+    """The round's node ids in the order an omniscient attack sees the rows: the honest
+    nodes', then the colluders' (its crafted rows)."""
+    return [i for i, b in zip(ids, byz.tolist()) if not b] + [i for i, b in zip(ids, byz.tolist()) if b]

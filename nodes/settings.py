@@ -99,6 +99,10 @@ RUN = table(
     Param("flag-ratio", Interval(float, 1, None, "neither"), 4.0,
           "flag a row farther from the coordinate median than this x the run's typical distance (the largest "
           "round median of those distances so far)"),
+    Param("flag-own", Flag(), True,
+          "judge a row also against its node's own typical distance (the geometric mean of its unflagged rounds): "
+          "a node that drifts slowly (outer momentum, 1-bit codecs) is not framed; false: the run's alone, which also "
+          "catches label-flippers as they drift out late in training"),
     Param("quarantine-after", Interval(int, 1, None), 3, "flags (or rejections) before a node is no longer asked"),
     Param("false-alarm", Interval(float, 0, 1, "left"), 0.01,
           "evidence over rounds: quarantine a node whose update's direction stays atypical (a CUSUM), "

@@ -147,7 +147,7 @@ class RobustStrategy(FedAvg):
     updates the rule serves; ``protocol`` is the server's step, a ``delta`` spec
     (``delta:server_lr=0.5,server_momentum=0.9``: its ``steps`` are the ClientApps' own
     business); ``max_norm`` bounds an update's L2 norm;
-    ``flag_ratio``, ``quarantine_after`` and ``false_alarm`` are the flag policy's (its
+    ``flag_ratio``, ``flag_own``, ``quarantine_after`` and ``false_alarm`` are the flag policy's (its
     evidence over rounds is calibrated to :meth:`start`'s ``num_rounds``); ``weighted`` weighs the
     updates by their ``weighted_by_key`` metric (rows scaled by ``n c_i / sum c`` before the
     rule, so ``mean`` gives the weighted mean); ``seed`` draws the nodes asked when a
@@ -157,14 +157,14 @@ class RobustStrategy(FedAvg):
 
     def __init__(self, aggregator: str = RUN["aggregator"].default, tolerate: int = RUN["tolerate"].default, *,
                  protocol: str = RUN["protocol"].default, max_norm: float = RUN["max-norm"].default,
-                 flag_ratio: float = RUN["flag-ratio"].default,
+                 flag_ratio: float = RUN["flag-ratio"].default, flag_own: bool = RUN["flag-own"].default,
                  quarantine_after: int = RUN["quarantine-after"].default,
                  false_alarm: float = RUN["false-alarm"].default, weighted: bool = False,
                  seed: int = RUN["seed"].default, threads: int = RUN["threads"].default, **fedavg: object) -> None:
         super().__init__(**fedavg)
         self.aggregator, self.tolerate, self.max_norm, self.weighted = aggregator, tolerate, max_norm, weighted
         self.flag_ratio, self.quarantine_after, self.seed, self.threads = flag_ratio, quarantine_after, seed, threads
-        self.false_alarm, self.protocol = false_alarm, protocol
+        self.false_alarm, self.protocol, self.flag_own = false_alarm, protocol, flag_own
         for p in PARAMS.values():
             try:
                 setattr(self, p.attr, p.check(getattr(self, p.attr)))
@@ -182,7 +182,7 @@ class RobustStrategy(FedAvg):
             raise ValueError(f"RobustStrategy: protocol {self.protocol!r} steps w - lr F on momenta the nodes send; "
                              "ClientApps reply with trained weights: use delta (server_lr, server_momentum, nesterov)")
         self.quorum = self.chain.least_n()  # the engine's default: the fewest valid rows the rule serves
-        self.flags = FlagPolicy(self.flag_ratio, self.quarantine_after)
+        self.flags = FlagPolicy(self.flag_ratio, self.quarantine_after, own=self.flag_own)
         self.buffer: torch.Tensor | None = None  # the protocol's outer momentum
         self.history: list[dict] = []
         self._sent: tuple[int, Sent, list[int]] | None = None  # round, model, nodes asked
@@ -190,7 +190,7 @@ class RobustStrategy(FedAvg):
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args, **kwargs):
         """FedAvg's, with the flag policy's evidence calibrated to ``num_rounds`` and no outer
         momentum from an earlier run."""
-        self.flags = FlagPolicy(self.flag_ratio, self.quarantine_after, self.false_alarm, num_rounds)
+        self.flags = FlagPolicy(self.flag_ratio, self.quarantine_after, self.false_alarm, num_rounds, self.flag_own)
         self.buffer = None
         return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 

@@ -42,8 +42,8 @@ from ..settings import SETTINGS_FILE, Settings, coordinator_folder
 REASONS = 5  # latest rejection or failure reasons kept per node
 LIVE_EVERY = 2.0  # seconds between two looks at whether the run's SuperLink answers
 SETTINGS = ("dataset", "model", "seed", "aggregator", "tolerate", "protocol", "round", "late", "buffer", "staleness",
-            "compression", "downlink", "deadline", "spot_check", "flag_ratio", "quarantine_after", "false_alarm",
-            "keep_updates")
+            "compression", "downlink", "deadline", "spot_check", "flag_ratio", "flag_own", "quarantine_after",
+            "false_alarm", "keep_updates")
 
 
 class RunView:
@@ -124,7 +124,9 @@ def _flag_reason(record: dict, fp: str, ratio: float) -> str:
         return f"rejected: {record['rejected'][fp]}"
     distances, typical = record.get("scores", {}).get(TO_MEDIAN), record.get("typical")
     if distances and typical and fp in record["ids"]:
-        return (f"{distances[record['ids'].index(fp)] / typical:.1f}x the run's typical distance to the median "
+        own = record.get("own", {}).get(fp)  # its own typical distance, where higher than the run's
+        whose, bar = ("its own", own) if own else ("the run's", typical)
+        return (f"{distances[record['ids'].index(fp)] / bar:.1f}x {whose} typical distance to the median "
                 f"(flagged above {ratio:g}x)")
     return "its distance to the median"
 

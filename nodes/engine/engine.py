@@ -172,8 +172,9 @@ def record(t: int, asked: list, ids: list, rejected: dict, failed: dict, flags: 
     ``model`` says what the round made of the model (its SHA-256, its accuracy where a driver
     has test data), ``rows`` what a driver knows of the rows beyond their ids (their tasks,
     spot checks, staleness). ``typical`` is the flag policy's run-wide typical distance
-    after the round (``nodes.engine.flags``). With a ``false_alarm`` target, ``evidence`` holds the threshold
-    ``h`` and the CUSUM ``S`` of each node scored this round (``nodes.engine.evidence``)."""
+    after the round (``nodes.engine.flags``), ``own`` the flagged nodes' own where that was
+    higher. With a ``false_alarm`` target, ``evidence`` holds the threshold ``h`` and the CUSUM
+    ``S`` of each node scored this round (``nodes.engine.evidence``)."""
     return {
         "round": t, "asked": len(asked), "accepted": len(ids), "ids": ids,
         "rejected": dict(sorted(rejected.items())), "failed": dict(sorted(failed.items())),
@@ -181,6 +182,8 @@ def record(t: int, asked: list, ids: list, rejected: dict, failed: dict, flags: 
         "quarantined": sorted(flags.quarantined),
         "why": {node: flags.why[node] for node, r in sorted(flags.quarantined.items()) if r == t},
         "typical": flags.typical,
+        # the flagged nodes judged against their own typical distance, the run's being lower
+        "own": {node: flags.level(node) for node in flagged if flags.level(node) > flags.typical},
         "skipped": skipped, **model, "aggregate_sha256": None if aggregate is None else sha256(aggregate), **rows,
         "scores": {name: s.tolist() for name, s in scores.items()},
         **({"evidence": {"h": flags.evidence.h, "S": {node: flags.evidence.S[node] for node in ids
@@ -214,7 +217,7 @@ class Engine:
                              "nodes.engine.root.Root.of(settings, data) (a driver's error)")
         self.root = root
         self.protocol = Protocol.of(s)
-        self.flags = FlagPolicy(s.flag_ratio, s.quarantine_after, s.false_alarm, s.rounds)
+        self.flags = FlagPolicy(s.flag_ratio, s.quarantine_after, s.false_alarm, s.rounds, s.flag_own)
         self.quorum = s.quorum_needed
         self.device = resolve_device(s.device)  # the rule's and the detectors'; the model stays on the CPU
         self.weight = weight_of(s.staleness)

@@ -85,7 +85,8 @@ function renderStatus(s) {
     ["rounds", `${s.settings.round}${s.settings.round === "async" ? `, buffer ${s.settings.buffer}` : `, late ${s.settings.late}`}`],
     ["codec", `${s.settings.compression} up, ${s.settings.downlink} down`],
     ["quorum", `${s.settings.quorum} valid replies, deadline ${s.settings.deadline} s`],
-    ["flag policy", `flag above ${s.settings["flag-ratio"]}x the typical distance, quarantine after ${s.settings["quarantine-after"]}` +
+    ["flag policy", `flag above ${s.settings["flag-ratio"]}x the ${s.settings["flag-own"] ? "run's or the node's own" : "run's"} ` +
+                    `typical distance, quarantine after ${s.settings["quarantine-after"]}` +
                     (s.settings["false-alarm"] ? `, evidence at false-alarm ${s.settings["false-alarm"]}` : "")],
     ["spot checks", s.settings["spot-check"] ? `${s.settings["spot-check"]} of the updates` : "off"],
     ["data, model", `${s.settings.dataset}, ${s.settings.model}, seed ${s.settings.seed}`],
