@@ -224,7 +224,7 @@ def _quarantine_section(res: Results) -> list[str]:
         "The coordinator's flag policy, applied exactly as deployed: a node is flagged when its reply is "
         "rejected or its row is farther from the coordinate median than `flag-ratio` times the larger of the run's "
         "typical distance (the largest round median of those distances so far) and the node's own (the geometric "
-        "mean of its distances in the rounds it was not flagged), "
+        "mean of its distances in the rounds it was not flagged; the run's alone with `flag-own = false`), "
         "and quarantined (no longer asked) after `quarantine-after` flags, or, with `false-alarm` > 0, when its "
         "evidence over rounds (a CUSUM of how atypical its update's direction is) crosses the threshold set "
         "for that chance of ever quarantining an honest node. Caught: Byzantine nodes quarantined "
