@@ -33,12 +33,12 @@ def compare(cpu: dict[tuple, dict], gpu: dict[tuple, dict]) -> dict:
     """How far the GPU's cells end from the CPU's: the same cells, final accuracies and bits."""
     if cpu.keys() != gpu.keys():
         raise ValueError(f"the two runs hold different cells ({len(cpu)} and {len(gpu)})")
-    gaps = [abs(gpu[k]["final_accuracy"] - cpu[k]["final_accuracy"]) for k in cpu]
-    worst = max(cpu, key=lambda k: abs(gpu[k]["final_accuracy"] - cpu[k]["final_accuracy"]))
+    gaps = {k: abs(gpu[k]["final_accuracy"] - cpu[k]["final_accuracy"]) for k in cpu}
+    worst = max(gaps, key=gaps.get)
     return {"cells": len(cpu), "same_bits": sum(gpu[k]["model_sha256"] == cpu[k]["model_sha256"] for k in cpu),
             "mean_accuracy_cpu": statistics.fmean(r["final_accuracy"] for r in cpu.values()),
             "mean_accuracy_gpu": statistics.fmean(r["final_accuracy"] for r in gpu.values()),
-            "mean_abs_gap_pp": 100 * statistics.fmean(gaps), "max_abs_gap_pp": 100 * max(gaps),
+            "mean_abs_gap_pp": 100 * statistics.fmean(gaps.values()), "max_abs_gap_pp": 100 * gaps[worst],
             "max_gap_cell": "/".join(map(str, worst)),
             "false_quarantines": {d: sum(r["false_quarantines"] for r in run.values())
                                   for d, run in (("cpu", cpu), ("gpu", gpu))},

@@ -405,10 +405,11 @@ class Coordinator:
         return ids, Spooled(paths, validated=True, shas=[inbox.hashes[fp] for fp in ids])
 
     def check(self, fp: str, reply: Reply, row: np.ndarray | None, ticket: Ticket | None,
-              enc: Encoded | None = None) -> tuple[torch.Tensor, str] | str:
+              enc: Encoded | None) -> tuple[torch.Tensor, str] | str:
         """The update of a reply to ``ticket`` (``None``: the node had no task out) that did not
         decline, as ``(row, its SHA-256)``, or why it is rejected; ``enc``: the encoding the row
-        was decoded from, whose claims must answer the task (a ``shared-sign`` support)."""
+        was decoded from (``None`` for ``none``), whose claims must answer the task (a
+        ``shared-sign`` support)."""
         if reply.run != self.run_id:
             return f"signed for run {reply.run!r}, this is run {self.run_id!r}"
         if ticket is None:

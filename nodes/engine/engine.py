@@ -183,7 +183,7 @@ def record(t: int, asked: list, ids: list, rejected: dict, failed: dict, flags: 
         "why": {node: flags.why[node] for node, r in sorted(flags.quarantined.items()) if r == t},
         "typical": flags.typical,
         # the flagged nodes judged against their own typical distance, the run's being lower
-        "own": {node: flags.level(node) for node in flagged if flags.level(node) > flags.typical},
+        "own": {node: own for node in flagged if (own := flags.level(node)) > flags.typical},
         "skipped": skipped, **model, "aggregate_sha256": None if aggregate is None else sha256(aggregate), **rows,
         "scores": {name: s.tolist() for name, s in scores.items()},
         **({"evidence": {"h": flags.evidence.h, "S": {node: flags.evidence.S[node] for node in ids

@@ -57,10 +57,7 @@ class SharedSign(Sign):
         return {**super().layout(share_of(d, self.share)), support.CLAIM: (support.INT64, 1)}
 
     def _encode(self, row: torch.Tensor, key: tuple) -> Encoded:
-        if len(key) < 2:
-            raise ValueError(f"{self.name} sends the coordinates its task announces: pass key=(run seed, task number, "
-                             "node id)")
-        seed = support.task_seed(key)
+        seed = support.task_seed(key, self.name)
         sent = row[support.chosen(row.numel(), self.share, seed)]
         return {**super()._encode(sent, key), support.CLAIM: np.array([seed], dtype=support.INT64)}
 
@@ -71,4 +68,4 @@ class SharedSign(Sign):
         return out
 
     def refusal(self, enc: Encoded, key: tuple) -> str | None:
-        return support.refusal(enc, key)
+        return support.refusal(enc, key, self.name)

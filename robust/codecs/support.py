@@ -35,11 +35,12 @@ INT64 = np.dtype("<i8")
 SEEDS = 2**63  # derive() gives 63-bit seeds: a claim outside [0, 2**63) is no task's
 
 
-def task_seed(key: tuple) -> int:
+def task_seed(key: tuple, codec: str) -> int:
     """The support's seed for the task of ``key`` = ``(run seed, task number, ...)`` (the node id
     a codec key may carry is left out: every node of the task shares the support)."""
     if len(key) < 2:
-        raise ValueError("a shared support is drawn from the task: pass key=(run seed, task number, node id)")
+        raise ValueError(f"{codec} sends the coordinates its task announces: pass key=(run seed, task number, "
+                         "node id)")
     return derive(int(key[0]), int(key[1]), "support")
 
 
@@ -60,9 +61,10 @@ def claimed(enc: dict, codec: str) -> int:
     return seed
 
 
-def refusal(enc: dict, key: tuple) -> str | None:
-    """Why an encoding does not answer the task of ``key`` (``None`` if its claim is the task's)."""
-    got, want = int(enc[CLAIM][0]), task_seed(key)
+def refusal(enc: dict, key: tuple, codec: str) -> str | None:
+    """Why an encoding of ``codec`` does not answer the task of ``key`` (``None`` if its claim is
+    the task's)."""
+    got, want = int(enc[CLAIM][0]), task_seed(key, codec)
     if got != want:
         return (f"update encoded on another task's support (claims seed {got}, task {int(key[1])}'s is {want}): "
                 "a node encodes on the coordinates its own task announces")
