@@ -28,8 +28,7 @@ from nodes.settings import RUN, Settings
 from robust import keys
 from robust.compute import profile
 from robust.data import Dataset, load
-from robust.models import accuracy, build_model
-from robust.params import unflatten
+from robust.models import Scorer, build_model
 from robust.partition import partition
 from robust.seeds import generator
 
@@ -159,9 +158,9 @@ def backdoor_success(setup: CellSetup, w: torch.Tensor) -> float | None:
     attack = setup.attack
     if not isinstance(attack, Backdoor):
         return None
-    data, model = setup.data, setup.model()
+    data = setup.data
     keep = data.y_test != attack.target
     stamped = attack.stamp(data.x_test[keep])
     with profile(setup.settings.threads):
-        return accuracy(model, unflatten(w, model), stamped, torch.full((stamped.shape[0],), attack.target))
+        return Scorer(setup.model())(w, stamped, torch.full((stamped.shape[0],), attack.target))
 

@@ -10,8 +10,8 @@ seconds from the start of the run::
 
 Bytes are bytes; bandwidths are Mbps (10^6 bits/s), so 1 MB (10^6 bytes) at 8 Mbps takes 1 s
 plus the latency. ``step_seconds`` is one local step of the model on the reference machine:
-given (the scenario's ``step-seconds``), or measured once per model with
-:func:`measure_step_seconds`; a measured value differs between machines, so only a given one
+given (the scenario's ``step-seconds``), or measured with :func:`measure_step_seconds` once per
+process for each kind of task (``evaluation.timeline``); a measured value differs between machines, so only a given one
 makes the schedule the same bits everywhere.
 
 Churn is a seeded chain per node over *epochs* (``online(node, epoch)``, a pure function of

@@ -122,8 +122,11 @@ class CellRun:
         self.timeline = Timeline(cell.config, self.ids, cell.seed, setup.settings, self.protocol.steps,
                                  self.engine.w.numel())
         self.threat.timeline = self.timeline
+        config, settings = cell.config, setup.settings
         self.timeline.measure(lambda: compute(self.task(), self.sent, *self.local(0), setup.data.classes,
-                                              self.ids[0], torch.device("cpu")))
+                                              self.ids[0], torch.device("cpu")),
+                              (config["model"], config["dataset"], setup.data.x_train.shape, settings.batch_size,
+                               settings.protocol, settings.threads))
         self.fedbuff = FedBuff(self) if setup.settings.round == "async" else None
         flags = self.engine.flags
         self.ledger = TaskLedger(setup.settings.max_staleness, lambda node: node in flags.quarantined)

@@ -9,9 +9,10 @@ codec (top-k), so the rows the engine aggregates are the decoded ones; its bytes
 link (``evaluation.clock.Volunteers``: ``speed``, ``link``, ``churn``). Everything is a
 function of the scenario, the seed and the rows: the same cell gives the same times and bits.
 
-``step-seconds`` (simulated seconds of one local step) is given, or measured once per cell
-on this machine when 0: then the times (and an asynchronous run's schedule) are this
-machine's; give it to compare machines bit for bit.
+``step-seconds`` (simulated seconds of one local step) is given, or measured on this machine
+when 0, once per process for each kind of task (model, data, batch size, protocol, threads:
+:data:`MEASURED`), as a node update's time over its local steps: then the times (and an
+asynchronous run's schedule) are this machine's; give it to compare machines bit for bit.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from robust import codecs
 from .clock import Traffic, Volunteers, measure_step_seconds
 
 F32 = 4  # bytes per float32 coordinate
+MEASURED: dict[tuple, float] = {}  # seconds of one local step, by kind of task, measured in this process
 
 
 class Timeline:
@@ -69,10 +71,13 @@ class Timeline:
         arrives by then, and before its task is given up."""
         return arrival <= min(end, ticket.expires)
 
-    def measure(self, step) -> None:
-        """Set ``step_seconds`` from one timed local step, unless the scenario gave it."""
+    def measure(self, update, kind: tuple) -> None:
+        """Set ``step_seconds``, unless the scenario gave it, from timed calls of ``update``
+        (one node update: ``self.steps`` local steps), once per process for each ``kind`` of task."""
         if not self.step_seconds:
-            self.step_seconds = measure_step_seconds(step)
+            if kind not in MEASURED:
+                MEASURED[kind] = measure_step_seconds(update) / self.steps
+            self.step_seconds = MEASURED[kind]
 
     def send(self, node: str, task_round: int, row: torch.Tensor) -> tuple[torch.Tensor, int]:
         """``(the row the coordinator decodes, bytes sent)`` for ``node``'s reply to the task

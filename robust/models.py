@@ -14,6 +14,7 @@ in training and evaluation alike), so no per-node state escapes robust aggregati
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -21,6 +22,7 @@ from torch import nn
 from torch.func import replace_all_batch_norm_modules_
 
 from .code import is_reference, resolve
+from .params import trained
 
 MODELS = ("logreg", "mlp", "wide-mlp", "cnn")
 
@@ -128,7 +130,7 @@ def _cnn(shape: tuple[int, ...], classes: int) -> nn.Module:
 
 
 def accuracy(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> float:
-    """Share of ``x`` that ``model`` with ``params`` (e.g. ``unflatten(w, model)``) labels as ``y``."""
+    """Share of ``x`` that ``model`` with ``params`` (e.g. ``dict(model.named_parameters())``) labels as ``y``."""
     from torch.func import functional_call
 
     model.eval()  # dropout off; BatchNorm has no running statistics to switch to (see above)
@@ -137,3 +139,26 @@ def accuracy(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
             return float((functional_call(model, params, (x,)).argmax(dim=1) == y).float().mean())
     finally:
         model.train()
+
+
+class Scorer:
+    """:func:`accuracy` of flat parameter vectors, called every round: an eval-mode copy of
+    ``model`` (buffers and frozen parameters as they are now) whose trained parameters are
+    set to the vector's values, then one forward pass. The same arithmetic as
+    ``accuracy(model, unflatten(w, model), x, y)``, a third of its time at digits' size
+    (no ``functional_call`` and no mode switches per call)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = copy.deepcopy(model).eval()
+        self.params = [p for _, p in trained(self.model)]
+        self.size = sum(p.numel() for p in self.params)
+
+    def __call__(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
+        if w.shape != (self.size,):
+            raise ValueError(f"a vector of shape {tuple(w.shape)} for a model of {self.size} trained values")
+        with torch.no_grad():
+            start = 0
+            for p in self.params:
+                p.copy_(w[start : start + p.numel()].view_as(p))
+                start += p.numel()
+            return float((self.model(x).argmax(dim=1) == y).float().mean())

@@ -316,3 +316,22 @@ def test_no_global_random_state_is_used() -> None:
         v.back_at(node, 300.0)
     assert torch.equal(torch.random.get_rng_state(), torch_state)
     assert random.getstate() == python_state
+
+
+def test_a_timeline_measures_one_local_step_once_per_kind_of_task(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from evaluation import timeline
+
+    calls = []
+    monkeypatch.setattr(timeline, "MEASURED", {})  # this test's own: nothing measured before it
+    monkeypatch.setattr(timeline, "measure_step_seconds", lambda update: calls.append(update) or 1.6)
+    settings = SimpleNamespace(compression="none", downlink="none")
+    lines = [timeline.Timeline({}, IDS[:3], seed, settings, 16, 10) for seed in (0, 1, 2)]
+    for line, kind in zip(lines, ("mlp", "mlp", "cnn")):
+        line.measure(kind, (kind, "digits", 32))
+    assert calls == ["mlp", "cnn"]  # one measurement a kind of task, in this process
+    assert [line.step_seconds for line in lines] == [0.1, 0.1, 0.1]  # a node update of 16 local steps: 1.6 s
+    given = timeline.Timeline({"step-seconds": 0.5}, IDS[:3], 0, settings, 16, 10)
+    given.measure("new", ("new",))
+    assert given.step_seconds == 0.5 and calls == ["mlp", "cnn"]  # a given step time is never measured

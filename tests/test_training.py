@@ -11,7 +11,7 @@ from nodes.engine.rows import canonical, rejected_rows, rejection_reason
 from nodes.engine.training import compute
 from nodes.wire import Task
 from robust.batches import draw_batches, node_key
-from robust.models import AveragePool, build_model
+from robust.models import AveragePool, Scorer, accuracy, build_model
 from robust.params import flat_params, sha256, unflatten
 from robust.seeds import derive, generator
 
@@ -61,6 +61,26 @@ def test_flat_params_round_trip_and_hash():
     assert sha256(w) == sha256(w.clone()) != sha256(w + 1e-7)
     with pytest.raises(ValueError, match="vector has 3 values"):
         unflatten(torch.zeros(3), model)
+
+
+@pytest.mark.parametrize("name,shape", [("mlp", (1, 8, 8)), ("cnn", (1, 8, 8)), ("cnn", (1, 40))])
+def test_a_scorer_gives_the_accuracy_of_each_vector_it_is_handed(name, shape):
+    model = build_model(name, shape, 10, seed=3)
+    before = {k: p.clone() for k, p in model.named_parameters()}
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(200, *shape, generator=gen), torch.randint(0, 10, (200,), generator=gen)
+    w0 = flat_params(model)
+    scorer = Scorer(model)
+    seen = set()
+    for k in range(4):
+        w = w0 + 0.5 * k * torch.randn(w0.shape, generator=gen)
+        got = scorer(w, x, y)
+        assert got == accuracy(model, unflatten(w, model), x, y)
+        seen.add(got)
+    assert len(seen) > 1  # the vectors' accuracies differ: each call used its own vector
+    assert model.training and all(torch.equal(p, before[k]) for k, p in model.named_parameters())
+    with pytest.raises(ValueError, match=r"a vector of shape \(3,\) for a model of"):
+        scorer(torch.zeros(3), x, y)
 
 
 def test_seeds_depend_only_on_their_parts():

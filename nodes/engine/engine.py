@@ -63,8 +63,8 @@ from torch import nn
 import aggregators
 from robust import codecs
 from robust.compute import device_name, profile, resolve_device
-from robust.models import accuracy
-from robust.params import flat_params, sha256, unflatten
+from robust.models import Scorer
+from robust.params import flat_params, sha256
 from robust.seeds import generator
 from robust.source import Rows, as_rows, on_device, scaled, take, validated
 
@@ -211,6 +211,7 @@ class Engine:
             raise ValueError(f"spot-check={s.spot_check:g} needs a verifier to recompute updates (a driver's error)")
         self.verifier = verifier
         self.w = flat_params(model)
+        self.scorer = Scorer(model)
         self.chain = aggregators.build(s.aggregator, s.tolerate)
         if "reference" in self.chain.needs and root is None:
             raise ValueError(f"{s.aggregator} needs the coordinator's root data: build the engine with "
@@ -267,7 +268,7 @@ class Engine:
         return aggregators.RoundInputs(ids=tuple(ids), w=self.w, reference=reference)
 
     def accuracy(self) -> float:
-        return accuracy(self.model, unflatten(self.w, self.model), self.x_test, self.y_test)
+        return self.scorer(self.w, self.x_test, self.y_test)
 
     def ticket(self, node: str) -> Ticket:
         """The task of a node asked this round with the current task model (a synchronous
