@@ -10,7 +10,11 @@ round. No checks of the rows, detectors, flag policy, evidence, quarantine or sp
 not the volunteers' batch streams: the same work as a cell, not the same bits.
 
 :func:`paired` times this loop and ``robust bench --jobs 1`` (its defaults: detectors, flag
-policy, evidence on) on the same cells, alternately, so both see the same machine.
+policy, evidence on) on the same cells, alternately, so both see the same machine. With
+``--split`` it also says what share of the hand loop's time its training kernel (batch
+gather, gradients, momentum) and the library's rule take: work the bench does too, whatever
+else it does, so ``hand / (training + rule)`` bounds the speed-up any bench that trains with
+such a kernel and aggregates with these rules can reach.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
+from contextlib import contextmanager
 
 import torch
 
@@ -36,8 +42,20 @@ from .cell import Cell
 from .scenario import cells, load_scenario
 
 
-def run_cell(cell: Cell) -> float:
-    """Plays ``cell`` (an ``mlp`` under the ``momentum`` protocol) by hand; its final test accuracy."""
+@contextmanager
+def timed(clock: Counter | None, part: str):
+    """Adds the block's wall seconds to ``clock[part]`` (nothing without a clock)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        if clock is not None:
+            clock[part] += time.perf_counter() - start
+
+
+def run_cell(cell: Cell, clock: Counter | None = None) -> float:
+    """Plays ``cell`` (an ``mlp`` under the ``momentum`` protocol) by hand; its final test
+    accuracy. ``clock`` gets the seconds of its ``training`` and its ``rule``."""
     cfg = cell.config
     if cfg["model"] != "mlp" or cfg["protocol"] != "momentum":
         raise ValueError(f"the hand loop plays model mlp under protocol momentum "
@@ -68,15 +86,17 @@ def run_cell(cell: Cell) -> float:
     accuracy = 0.0
     with profile(1):
         for t in range(1, rounds + 1):
-            pos = (torch.rand(n, batch, generator=gen, dtype=torch.float64) * sizes[:, None]).long()
-            idx = table.gather(1, pos)
-            m = beta * m + gradients(w, x[idx], y[idx], hidden, features, data.classes)
+            with timed(clock, "training"):
+                pos = (torch.rand(n, batch, generator=gen, dtype=torch.float64) * sizes[:, None]).long()
+                idx = table.gather(1, pos)
+                m = beta * m + gradients(w, x[idx], y[idx], hidden, features, data.classes)
             X, inputs = m, aggregators.RoundInputs(ids=ids, w=w)
             if byz and not isinstance(attack, NodeAttack):
                 ctx = Context(n=n, generator=gen, previous=previous, own=m[byz], round=t, state=state, step_sign=-1,
                               aggregator=lambda rows: rule(rows, inputs))
                 X = torch.cat([m[: n - f], attack(m[: n - f], ctx)])
-            previous = rule(X, inputs)
+            with timed(clock, "rule"):
+                previous = rule(X, inputs)
             w = w - lr * previous
             accuracy = float((logits(w, x_test, hidden, features, data.classes).argmax(1) == y_test).float().mean())
     return accuracy
@@ -107,12 +127,22 @@ def gradients(w: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, hidden: int, 
                       torch.einsum("nbc,nbh->nch", p, h).flatten(1), p.sum(1)], dim=1)
 
 
-def run_grid(todo: list[Cell]) -> float:
-    """Seconds to play every cell of ``todo`` by hand."""
+def run_grid(todo: list[Cell], clock: Counter | None = None) -> float:
+    """Seconds to play every cell of ``todo`` by hand (``clock``: see :func:`run_cell`)."""
     start = time.perf_counter()
     for cell in todo:
-        run_cell(cell)
+        run_cell(cell, clock)
     return time.perf_counter() - start
+
+
+def split(config: str | None, sets: list[str]) -> dict:
+    """The hand loop on one grid, timed by part: its seconds, its training's and its rule's,
+    and the bound ``seconds / (training + rule)`` on any bench's speed-up over it that
+    trains with such a kernel and aggregates with the library's rules."""
+    clock: Counter = Counter()
+    seconds = run_grid(cells(load_scenario(config, sets)), clock)
+    return {"hand_seconds": seconds, "training_seconds": clock["training"], "rule_seconds": clock["rule"],
+            "bound": seconds / (clock["training"] + clock["rule"])}
 
 
 def run_bench(config: str | None, sets: list[str], out: str | None = None) -> float:
@@ -148,7 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", metavar="FILE", help="scenario TOML (default: the built-in defaults)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
     p.add_argument("--pairs", type=int, default=1, help="alternations of the two (median reported; default 1)")
+    p.add_argument("--split", action="store_true",
+                   help="also time the hand loop's training and rule: the most any bench can gain on it")
     args = p.parse_args(argv)
+    if args.split:
+        parts = split(args.config, args.set)
+        print(f"hand-vectorised loop {parts['hand_seconds']:.1f} s, of which training {parts['training_seconds']:.1f} s "
+              f"and the rule {parts['rule_seconds']:.1f} s: a bench that trains and aggregates the same is at most "
+              f"{parts['bound']:.2f}x its speed")
     out = paired(args.config, args.set, args.pairs)
     print(f"{out['cells']} cells: hand-vectorised loop {out['hand_seconds']:.1f} s, robust bench --jobs 1 "
           f"{out['bench_seconds']:.1f} s ({out['bench_cells_per_minute']:.1f} cells a minute): "

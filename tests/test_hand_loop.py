@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from evaluation.cell import Cell
-from evaluation.hand_loop import gradients, paired, run_cell
+from evaluation.hand_loop import gradients, paired, run_cell, split
 from evaluation.scenario import cells, load_scenario
 from robust.data import load
 from robust.models import build_model
@@ -51,3 +51,10 @@ def test_it_leaves_the_shared_data_alone():
     before = load("digits").x_train.clone()
     run_cell(Cell({**cells(load_scenario(None, TINY))[0].config, "rounds": 1}, "mean", "backdoor", 0))
     assert torch.equal(load("digits").x_train, before)
+
+
+def test_its_split_times_the_training_and_the_rule_within_the_whole():
+    parts = split(None, TINY)
+    assert 0 < parts["training_seconds"] and 0 < parts["rule_seconds"]
+    assert parts["training_seconds"] + parts["rule_seconds"] < parts["hand_seconds"]
+    assert parts["bound"] == parts["hand_seconds"] / (parts["training_seconds"] + parts["rule_seconds"]) > 1
