@@ -3,7 +3,7 @@
 glibc's ``malloc`` serves a block of 128 KiB or more from a fresh ``mmap`` and, once freed,
 hands it back to the kernel (or trims it off the heap's top): the next block of that size
 faults every page in again and the kernel zeroes each one. A bench round makes dozens of
-such temporaries (a float64 copy of the ``(25, 9738)`` update matrix is 1.9 MB), so a pass
+such temporaries (a float64 copy of a ``(25, 9738)`` update matrix is 1.9 MB), so a pass
 of ``row_norms`` over it took 573 us, of which about 450 were page faults; with the freed
 memory kept (blocks under 64 MiB from the heap, up to 128 MiB of free heap kept) it took
 125 us. Larger blocks (a 100M-parameter model's rows) still come from ``mmap`` and go back.
