@@ -77,6 +77,8 @@ def test_a_scorer_gives_the_accuracy_of_each_vector_it_is_handed(name, shape):
         got = scorer(w, x, y)
         assert got == accuracy(model, unflatten(w, model), x, y)
         seen.add(got)
+        # the copy holds no trained values of its own: its parameters are views of the vector
+        assert all(p.untyped_storage().data_ptr() == w.untyped_storage().data_ptr() for p in scorer.params)
     assert len(seen) > 1  # the vectors' accuracies differ: each call used its own vector
     assert model.training and all(torch.equal(p, before[k]) for k, p in model.named_parameters())
     with pytest.raises(ValueError, match=r"a vector of shape \(3,\) for a model of"):
