@@ -17,8 +17,9 @@ from tests.test_bench import records
 
 pytest.importorskip("ray")
 
+# 50 rounds: a cell lasts about 0.1 s here, long enough for the test to see one running on a node
 GRID = [
-    "rounds=20", "nodes=7", "byzantine=1", "seeds=[0,1]", "dataset=synthetic", "model=logreg", "protocol=momentum",
+    "rounds=50", "nodes=7", "byzantine=1", "seeds=[0,1]", "dataset=synthetic", "model=logreg", "protocol=momentum",
     'aggregators=["mean","trimmed-mean"]', 'attacks=["none","alie","label-flip","sign-flip","ipm"]',
 ]
 
@@ -94,7 +95,7 @@ def test_a_grid_on_a_loopback_cluster_survives_a_dead_node_with_local_bits(tmp_p
     deadline = time.monotonic() + 300
     while not _running_a_cell(doomed):  # kill the node while a cell runs on it
         assert run.poll() is None and time.monotonic() < deadline, run.communicate()
-        time.sleep(0.02)
+        time.sleep(0.005)
     head.remove_node(doomed, allow_graceful=False)
     stdout, stderr = run.communicate(timeout=600)
     assert run.returncode == 0, stderr
