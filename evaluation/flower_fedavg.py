@@ -26,7 +26,7 @@ from nodes.volunteer.volunteer import NodeConfig, pick_device
 from nodes.wire import Task
 from robust import keys
 from robust.data import load
-from robust.models import accuracy, build_model
+from robust.models import Scorer, build_model
 from robust.params import flat_params, unflatten
 
 RESULT = "fedavg.json"
@@ -66,6 +66,7 @@ def main(grid: Grid, context: Context) -> None:
     nodes = int(context.run_config["nodes"])
     data = load(s.dataset, root=s.data_root or None, seed=0)
     model = build_model(s.model, data.shape, data.classes, s.seed)
+    scorer = Scorer(model)
     marks, slowest, accuracies = [time.monotonic()], [], []
 
     def aggregate_train_metrics(records: list[RecordDict], key: str) -> MetricRecord:
@@ -75,7 +76,7 @@ def main(grid: Grid, context: Context) -> None:
 
     def evaluate(round_: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
-        accuracies.append(accuracy(model, dict(model.named_parameters()), data.x_test, data.y_test))
+        accuracies.append(scorer(flat_params(model), data.x_test, data.y_test))
         return MetricRecord({"accuracy": accuracies[-1]})
 
     strategy = FedAvg(fraction_evaluate=0.0, min_train_nodes=nodes, min_available_nodes=nodes,

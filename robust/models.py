@@ -129,25 +129,14 @@ def _cnn(shape: tuple[int, ...], classes: int) -> nn.Module:
     raise ValueError(f"cnn needs samples shaped (C, L) or (C, H, W) (got {shape}): use mlp or logreg")
 
 
-def accuracy(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> float:
-    """Share of ``x`` that ``model`` with ``params`` (e.g. ``dict(model.named_parameters())``) labels as ``y``."""
-    from torch.func import functional_call
-
-    model.eval()  # dropout off; BatchNorm has no running statistics to switch to (see above)
-    try:
-        with torch.no_grad():
-            return float((functional_call(model, params, (x,)).argmax(dim=1) == y).float().mean())
-    finally:
-        model.train()
-
-
 class Scorer:
-    """:func:`accuracy` of flat parameter vectors, called every round: an eval-mode copy of
-    ``model`` (buffers and frozen parameters as they are now) whose trained parameters are
-    views of the vector it is handed, then one forward pass. The same arithmetic as
-    ``accuracy(model, unflatten(w, model), x, y)``, half its time at digits' size (no
-    ``functional_call`` and no mode switches per call); the copy holds no trained values of
-    its own (a 100M-parameter model is not held twice)."""
+    """The share of samples ``x`` a model with the flat trained parameters ``w`` labels as
+    ``y``, called every round: an eval-mode copy of ``model`` (dropout off; buffers and frozen
+    parameters as they are now; BatchNorm has no running statistics to switch to, see above)
+    whose trained parameters are views of the vector it is handed, then one forward pass. The
+    same arithmetic as ``functional_call(model, unflatten(w, model), x)``, half its time at
+    digits' size (no ``functional_call`` and no mode switches per call); the copy holds no
+    trained values of its own (a 100M-parameter model is not held twice)."""
 
     def __init__(self, model: nn.Module) -> None:
         params = [p for _, p in trained(model)]
