@@ -44,7 +44,7 @@ def run(tmp_path):
     asked, inbox = coord.select([fingerprint(n) for n in nodes]), Inbox()
     for fp, content in replies(coord, nodes):
         if fp in asked:
-            coord.file(fp, None if fp == fingerprint(nodes[1]) else content, MARKUP, inbox, waited=1.5)
+            file(coord, fp, None if fp == fingerprint(nodes[1]) else content, inbox, MARKUP, waited=1.5)
     records.append(coord.finish_round(asked, inbox, 0.0))
     return folder, nodes, records
 
