@@ -233,13 +233,13 @@ GRAPH = graph(FOUND)
 def test_the_whole_tree_is_read():
     names = modules(ROOT)
     assert len(names) > 100 and {"nodes.engine.engine", "nodes.coordinator.coordinator", "nodes.volunteer.volunteer",
-                                 "aggregators.krum", "evaluation.local", "robust.cli"} <= set(names)
+                                 "aggregators.krum", "evaluation.bench.drivers.inprocess", "robust.cli"} <= set(names)
     # resolved edges the checks rely on: relative (one and two levels), absolute, lazy
     seen = {(e.source, e.target, e.lazy) for e in FOUND}
     assert ("nodes.coordinator.verifier", "nodes.engine.training", False) in seen
     assert ("nodes.coordinator.coordinator", "nodes.checkpoint", False) in seen  # from .. import checkpoint
     assert ("nodes.engine.engine", "nodes.engine.ledger", False) in seen
-    assert ("evaluation.local", "nodes.engine.engine", False) in seen
+    assert ("evaluation.bench.drivers.inprocess", "nodes.engine.engine", False) in seen
     assert ("robust.cli", "nodes.cli", True) in seen
     assert ("nodes.settings", "nodes.engine.protocol", True) in seen
 

@@ -32,7 +32,7 @@ from robust.models import Scorer, build_model
 from robust.partition import partition
 from robust.seeds import generator
 
-from .metrics import kappa_bound, summarize_detection
+from evaluation.reports.metrics import kappa_bound, summarize_detection
 
 KEY_SEED = "bench"
 SHARED = [k for k in RUN if k not in ("seed", "aggregator", "tolerate")]  # RUN keys a scenario sets

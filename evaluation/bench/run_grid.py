@@ -21,10 +21,10 @@ from nodes.coordinator.status import live_bar
 from robust.allocator import reuse_freed_memory
 
 from .cell import Cell
-from .local import run_cell
-from .report import read_results, write_report
+from evaluation.bench.drivers.inprocess import run_cell
+from evaluation.reports.summary import read_results, write_report
 from .scenario import cell_id, cells, load_scenario
-from .speed import median, paired_speed
+from evaluation.peers.per_node_loop import median, paired_speed
 
 
 ENGINES_SAID = {
@@ -85,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
     if engine in ("flower", "deploy") and args.jobs > 1:
         raise ValueError(f"--engine {engine} runs one cell at a time on every core: drop --jobs")
     if args.cluster:
-        from .cluster import address
+        from .ray_cluster import address
 
         address(args.cluster)  # a bad one is refused before any cell runs
     if args.cluster and (engine in ("flower", "deploy") or args.jobs > 1):
@@ -120,15 +120,15 @@ def main(args: argparse.Namespace) -> int:
         try:
             with progress:
                 if engine == "flower":
-                    from .flower_sim import run_cells  # imports Flower and Ray
+                    from evaluation.bench.drivers.flower_sim import run_cells  # imports Flower and Ray
 
                     run_cells(todo, out / "federations", lambda cell, record: save({"cell": record_id(cell, engine), **record}))
                 elif engine == "deploy":
-                    from .deploy import run_cells
+                    from evaluation.bench.drivers.deploy import run_cells
 
                     run_cells(todo, out / "federations", lambda cell, record: save({"cell": record_id(cell, engine), **record}))
                 elif args.cluster:
-                    from .cluster import run_cells
+                    from .ray_cluster import run_cells
 
                     run_cells(todo, engine, args.cluster, run_one, save)
                 elif args.jobs == 1:
@@ -152,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
 
 def write_speed(path: Path, config: dict) -> None:
     """The engine's speed against the plain per-node loop on the first scenario: the training
-    phase timed alternately with the loop (``evaluation.speed.paired_speed``), and whole
+    phase timed alternately with the loop (``evaluation.peers.per_node_loop.paired_speed``), and whole
     rounds (median over this DIR's cells) against the loop's rate."""
     records = [r for r in read_results(path.parent / "results.jsonl") if r.get("train_node_steps_per_s")]
     if not records:

@@ -8,7 +8,7 @@ key from the command line (``value`` in TOML syntax: ``--set rounds=20``,
 Every key is declared once, as data: the keys a training run shares with the coordinator's
 settings are ``nodes.settings.RUN``'s own (same names, rules and defaults); the others
 (``SCENARIO``) are the bench's. A cell's settings are then built and checked exactly as a
-coordinator's (``evaluation.cell.cell_settings``).
+coordinator's (``evaluation.bench.cell.cell_settings``).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from robust.partition import KINDS
 from robust.spec import Component, format_spec, parse
 
 from .cell import SHARED, Cell, cell_settings
-from .clock import CLOCK
-from .target import OF
+from evaluation.simtime.arrivals import CLOCK
+from evaluation.reports.target_costs import OF
 
 SCENARIO = {
     **{k: RUN[k] for k in SHARED},
@@ -50,7 +50,7 @@ SCENARIO = {
               "simulated seconds a synchronous round waits for replies (0: for every node asked)"),
         Param("target", Interval(float, 0, 1, "right"), 0.95,
               "the bar to reach, x the best clean final accuracy of the cells that differ only in how updates "
-              "travel (evaluation.target)"),
+              "travel (evaluation.reports.target_costs)"),
         Param("target-of", OneOf(OF), "best",
               "what target multiplies: the best clean final accuracy of those cells, or the baseline's among them "
               "(momentum, float32 both ways), for a task whose best bar the baseline never reaches"),

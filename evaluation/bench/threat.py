@@ -24,7 +24,7 @@ from robust.params import trained
 from nodes.engine.detectors import score_round
 from robust.seeds import generator
 
-from .metrics import kappa_hat
+from evaluation.reports.metrics import kappa_hat
 
 
 class ThreatModel:
@@ -34,7 +34,7 @@ class ThreatModel:
         self.coalitions: dict[int, attacks.Attack] = {}  # k Byzantine rows present -> the attack for them
         self.previous: torch.Tensor | None = None  # the last aggregate, which attacks may use
         self.kappa: list[float] = []
-        self.timeline = None  # the driver's evaluation.timeline.Timeline, if replies travel encoded
+        self.timeline = None  # the driver's evaluation.simtime.timeline.Timeline, if replies travel encoded
 
     def _mask(self, ids: list[str]) -> torch.Tensor:
         return torch.tensor([i in self.byzantine for i in ids], dtype=torch.bool)

@@ -5,9 +5,9 @@ The model is the user factory ``bignet:make`` (``examples/large``: an MLP with t
 of 3200, d = 10,483,210 on digits, a 42 MB float32 row).
 
 - The bench: one cell (``--nodes-bench`` nodes, a fifth Byzantine playing alie against
-  nnm+trimmed-mean, ``delta:steps=5``) through ``evaluation.local.run_cell``, and the same cell
+  nnm+trimmed-mean, ``delta:steps=5``) through ``evaluation.bench.drivers.inprocess.run_cell``, and the same cell
   with the built-in ``mlp`` as a baseline, in this process: the peak resident memory each run
-  added (``evaluation.memory``), as a multiple of the model (``d*4`` bytes) and of the round's
+  added (``evaluation.microbench.peak_memory``), as a multiple of the model (``d*4`` bytes) and of the round's
   update matrix (``n*d*4``), wall time and final accuracy.
 - The deployment: ``robust coordinator start`` (SuperLink, ServerApp) and 3 volunteers
   (``robust node join --trust-code SHA``: SuperNode, a ClientApp process per task) on
@@ -39,18 +39,18 @@ from nodes.coordinator.status import read_rounds
 from nodes.settings import Settings
 from nodes.wire import Reply, Task, reply_content, task_content
 from robust import tls
-from robust.code import use_path
+from robust.user_code import use_path
 from robust.data import load
 from robust.models import build_model
 from robust.params import flat_params, sha256
 
-from .cell import Cell
-from .local import run_cell
-from .memory import peak_extra_bytes
-from .scenario import DEFAULTS, cells, validate
+from evaluation.bench.cell import Cell
+from evaluation.bench.drivers.inprocess import run_cell
+from evaluation.microbench.peak_memory import peak_extra_bytes
+from evaluation.bench.scenario import DEFAULTS, cells, validate
 from .stress import processes, robust_cli, rss_mb, tree
 
-CODE = Path(__file__).resolve().parent.parent / "examples" / "large"
+CODE = Path(__file__).resolve().parents[2] / "examples" / "large"
 MODEL, BASELINE, AGGREGATOR, ATTACK, PROTOCOL = "bignet:make", "mlp", "nnm+trimmed-mean", "alie", "delta:steps=5"
 VOLUNTEERS = 3
 DEADLINE = 600.0  # seconds a round waits: the nodes are local, only a broken one is late

@@ -3,7 +3,7 @@
 One SuperLink (TLS, node authentication) and ``--nodes`` SuperNodes on loopback serve two
 runs in turn on the same volunteers, data and model: the robust coordinator's ServerApp (its
 volunteers' tasks answered by their warm trainers), then Flower's ``FedAvg`` strategy
-(``evaluation/flower_fedavg.py``, whose ClientApp loads PyTorch and the data every task). Per round, the overhead is the
+(``evaluation/peers/flower_fedavg.py``, whose ClientApp loads PyTorch and the data every task). Per round, the overhead is the
 round's wall time minus the slowest node's training time (each volunteer times its own
 training); the table gives medians over the rounds after the first (the first pays for
 installing the app on every node).
@@ -24,7 +24,7 @@ from nodes.volunteer import volunteer
 from nodes.volunteer.volunteer import NodeConfig
 from robust import tls
 
-from .flower_fedavg import RESULT as FEDAVG_RESULT
+from evaluation.peers.flower_fedavg import RESULT as FEDAVG_RESULT
 
 FEDAVG_APP = "fedavg-app"
 
@@ -55,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
     settings = Settings(rounds=args.rounds, model=args.model, aggregator=args.aggregator, tolerate=args.tolerate,
                         quorum=args.nodes, deadline=600.0, port=launch.free_port())
     coord, folders = commands.local_federation(root, args.nodes, settings, "deploy-bench", ("deploy-bench",))
-    launch.write_app(coord / FEDAVG_APP, "evaluation.flower_fedavg:server", "evaluation.flower_fedavg:client", nodes=args.nodes)
+    launch.write_app(coord / FEDAVG_APP, "evaluation.peers.flower_fedavg:server", "evaluation.peers.flower_fedavg:client", nodes=args.nodes)
     fedavg = codetrust.app_sha256(coord / FEDAVG_APP)  # another ClientApp: our volunteers must accept it
     for folder in folders:
         codetrust.trust(folder, fedavg)

@@ -16,7 +16,7 @@ round ended) and killed; then coordinator crashes and the coordinator's peak mem
 largest sum of resident memory over its processes, sampled every half second, the
 SuperLink's apart).
 
-``--light``: the volunteers are light nodes (``evaluation.light``): one process holds them all,
+``--light``: the volunteers are light nodes (``evaluation.field.light_nodes``): one process holds them all,
 each an authenticated node speaking the whole protocol to the same coordinator, replaying a
 precomputed row instead of training (the last ``max(1, nodes // 10)`` play ``--attack``,
 default ``alie``; ``none``: all honest), so that
@@ -53,7 +53,7 @@ from nodes.volunteer.worklog import WORK_LOG
 from nodes.volunteer.volunteer import check_attack
 from robust import keys, tls
 
-from .light import LightNode, fleet, precompute
+from .light_nodes import LightNode, fleet, precompute
 
 POLL = 0.5
 MAX_RESTARTS = 3
@@ -164,7 +164,7 @@ class Volunteer:
 
 @dataclass
 class Light:
-    """A light node (``evaluation.light``), driven from this process."""
+    """A light node (``evaluation.field.light_nodes``), driven from this process."""
 
     node: LightNode
     killed: list[int] = field(default_factory=list)

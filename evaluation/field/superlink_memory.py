@@ -2,7 +2,7 @@
 ServerApp hold per round, for ``n`` volunteers.
 
 For each ``n`` of ``--volunteers``, a deployment on loopback as users run it
-(``evaluation.large_model.deploy``: ``robust coordinator start``, ``n`` x ``robust node join``,
+(``evaluation.field.large_model_memory.deploy``: ``robust coordinator start``, ``n`` x ``robust node join``,
 TLS, signed updates, rows spooled to disk as they arrive) trains ``--model`` (default
 ``bignet:make``, a 42 MB float32 model) for ``--rounds`` rounds, and the same deployment with
 the built-in ``mlp`` (a few KB) as the baseline. Measured:
@@ -31,11 +31,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .large_model import MB, deploy
+from .large_model_memory import MB, deploy
 
 MODEL, BASELINE = "bignet:make", "mlp"
 ROUNDS = 2  # the first round warms every process up; the second is a steady round
-PROBE = Path(__file__).resolve().parent / "probe"
+PROBE = Path(__file__).resolve().parents[1] / "probe"  # evaluation/probe
 PEAK_FILE = "store-peak"
 # what the table shows: the SuperLink's and the ServerApp's own peaks (high-water marks), and the
 # coordinator's process tree (``robust coordinator start`` and all it started) at its fullest

@@ -31,8 +31,8 @@ from robust.compute import device_name, profile, resolve_device, synced
 from robust.source import Memory, on_device
 from robust.spec import parse
 
-from .flower_baselines import baselines
-from .memory import peak_extra_bytes
+from evaluation.peers.flower_aggregators import baselines
+from .peak_memory import peak_extra_bytes
 
 DEFAULT_SIZES = [(20, 100_000), (50, 1_000_000), (100, 1_000_000)]
 QUICK_SIZES = [(20, 100_000)]
@@ -166,9 +166,9 @@ def main(args: argparse.Namespace) -> int:
     if args.sizes:
         sizes = parse_sizes(args.sizes)
     if args.out_of_core:
-        from . import spool_bench
+        from . import out_of_core
 
-        specs, bench, show = spool_bench.prepare(args)
+        specs, bench, show = out_of_core.prepare(args)
     else:
         specs, bench, show = prepare(args)
     results: list[dict] = []

@@ -2,7 +2,7 @@
 
 Runs one grid twice with ``robust bench --jobs 1``, each in a fresh process: with
 ``device = cpu`` and with ``device = cuda`` (the batched training kernels, the rule and the
-detectors on the GPU; ``evaluation.local``). Prints each one's seconds and cells a minute, and
+detectors on the GPU; ``evaluation.bench.drivers.inprocess``). Prints each one's seconds and cells a minute, and
 how far apart the two runs' cells end: the GPU's float sums run in another order, so a cell's
 bits differ across devices and its trajectory drifts; the comparison gives the mean and the
 largest difference in final accuracy over the grid's cells, and how many kept the same bits.
@@ -18,7 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from .hand_loop import run_bench
+from evaluation.peers.hand_vectorised import run_bench
 
 DEVICES = ("cpu", "cuda")
 

@@ -37,7 +37,7 @@ from robust.geometry import weighted_sum
 from robust.rowstore import RowStore, names
 from robust.source import Spooled, write_row
 
-from .memory import peak_rss_bytes
+from .peak_memory import peak_rss_bytes
 
 DEFAULT_RULES = ["mean", "median", "trimmed-mean", "meamed", "krum", "multi-krum", "geometric-median",
                  "centered-clipping", "bulyan", "caf", "dnc", "signguard", "flame", "fltrust",
@@ -150,7 +150,7 @@ def print_row(row: dict) -> None:
 
 def prepare(args: argparse.Namespace) -> tuple[list[str], Callable, Callable[[dict], None]]:
     """The specs to run (checked before any disk is spent), with the header printed; the
-    functions that run a size and print a row (``evaluation.agg_bench.main`` drives them)."""
+    functions that run a size and print a row (``evaluation.microbench.aggregation_speed.main`` drives them)."""
     specs = args.rules.split(",") if args.rules else DEFAULT_RULES
     for spec in specs:
         aggregators.build(spec, 0)

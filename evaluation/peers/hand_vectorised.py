@@ -38,8 +38,8 @@ from robust.models import build_model
 from robust.params import flat_params
 from robust.partition import partition
 
-from .cell import Cell
-from .scenario import cells, load_scenario
+from evaluation.bench.cell import Cell
+from evaluation.bench.scenario import cells, load_scenario
 
 
 @contextmanager

@@ -24,8 +24,8 @@ from robust.data import load
 from robust.models import build_model
 from robust.partition import partition
 
-from .cell import Cell
-from .local import run_cell
+from evaluation.bench.cell import Cell
+from evaluation.bench.drivers.inprocess import run_cell
 
 
 def plain_loop_rate(cfg: dict, seed: int = 0, rounds: int = 10) -> float:

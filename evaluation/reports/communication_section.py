@@ -3,7 +3,7 @@
 For a run whose cells differ in how updates travel (``protocol``, ``compression``,
 ``downlink``), each way of sending (one aggregator on one task, one protocol and codec) is a
 row: its bytes sent up and down until the target accuracy is first reached
-(``evaluation.target``; the worst over the attacks, mean over seeds, ``never`` if a seed of an
+(``evaluation.reports.target_costs``; the worst over the attacks, mean over seeds, ``never`` if a seed of an
 attack never got there), its final accuracy clean and in the worst case over attacks, the
 honest nodes it quarantined, and how many times fewer bytes up it took than the *baseline*'s
 clean run (the row of the same aggregator and task sent as ``momentum`` with float32 rows both
@@ -23,10 +23,10 @@ from pathlib import Path
 
 from robust.spec import parse
 
-from .figures import new_figure, palette, save_png
+from .canvas import new_figure, palette, save_png
 from .results import CLEAN, AccuracyRow, Group, Results
 from .tables import pct, show, table
-from .target import BASELINE, mean_over_seeds
+from .target_costs import BASELINE, mean_over_seeds
 
 WAYS = ("protocol", "compression", "downlink")  # what a row's way of sending is
 

@@ -3,7 +3,7 @@
 The page is made from ``summary.md`` itself, so the two always say the same: its headings,
 paragraphs, bullet lists and tables become HTML, and each figure it links (``![name](file.png)``,
 a file beside it) is embedded as a data URI, so the page can be mailed or archived alone.
-The markdown is the report's own small dialect (``evaluation.tables``): headings, ``- `` lists,
+The markdown is the report's own small dialect (``evaluation.reports.tables``): headings, ``- `` lists,
 ``| ... |`` tables, inline ``code`` and ``**bold**``. Every piece of text is escaped before
 any markup is added: a scenario value or attack name holding ``<`` shows as that character.
 """

@@ -1,4 +1,4 @@
-"""Plots of ``robust bench`` records, drawn on matplotlib's Agg canvas (``evaluation.figures``).
+"""Plots of ``robust bench`` records, drawn on matplotlib's Agg canvas (``evaluation.reports.canvas``).
 
 Each function writes its PNGs (one, or a big grid's pages) and returns their paths: none
 when the records hold nothing it can plot.
@@ -15,17 +15,17 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .comm_report import bytes_frontier
-from .figures import new_figure, palette, save_png
+from .communication_section import bytes_frontier
+from .canvas import new_figure, palette, save_png
 from .paging import page_paths, sheet_title, sheets
 from .results import CLEAN, STEALTH_AUC, Group, Results, partition
 from .tables import format_value
-from .time_report import accuracy_vs_time
+from .time_section import accuracy_vs_time
 
 
 def heatmap(records: Sequence[dict], path: str | Path) -> list[Path]:
     """Aggregator x attack grid of mean final accuracy, rows by worst case as in the summary;
-    a big grid on several pages (``evaluation.paging``)."""
+    a big grid on several pages (``evaluation.reports.paging``)."""
     res = Results(records)
     rows = res.accuracy_rows()
     pages = sheets(list(dict.fromkeys(row.aggregator for row in rows)), res.attacks())

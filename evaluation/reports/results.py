@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from .tables import show
-from .target import CLEAN, complete
+from .target_costs import CLEAN, complete
 STEALTH_AUC = 0.6  # a detector at or below this AUC is taken not to see the attack
 # A cell's own axes, should the engine echo them in its config: not part of the scenario.
 CELL_AXES = frozenset({"seed", "aggregator", "attack", "sweep"})
@@ -137,7 +137,7 @@ class AccuracyRow:
 
 class Results:
     """All records grouped over seeds, with the scenario keys that differ between them; each
-    record with what reaching its target cost (:func:`evaluation.target.complete`)."""
+    record with what reaching its target cost (:func:`evaluation.reports.target_costs.complete`)."""
 
     def __init__(self, records: Sequence[dict]):
         self.records = complete(records)

@@ -1,6 +1,6 @@
 """The report of ``robust bench``: ``results.jsonl`` in, ``summary.md`` (and ``summary.html``) and plots out.
 
-The records are read here and grouped over seeds by ``evaluation.results``; each section of
+The records are read here and grouped over seeds by ``evaluation.reports.results``; each section of
 the summary is one function. Sweep records (``--sweep``) are kept apart from the grid: they
 feed the stealth frontier, with the grid's clean groups as baselines.
 """
@@ -15,15 +15,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import plots
-from .comm_report import communication_section
-from .html_report import write_html
+from .communication_section import communication_section
+from .html_page import write_html
 from .metrics import leaves_band
 from .paging import sheet_name, sheets
 from .results import (
     CLEAN, STEALTH_AUC, AccuracyRow, Group, Results, best_detector, finite, median_round, partition,
 )
 from .tables import format_value, num, pct, rounds, table
-from .time_report import time_section
+from .time_section import time_section
 
 REQUIRED = ("cell", "aggregator", "attack", "seed", "config", "final_accuracy", "accuracy")
 
@@ -71,7 +71,7 @@ def _whole_record(line: str) -> tuple[dict | None, bool]:
 
 def validation_detect_round(attacked: Sequence[float], clean: Sequence[Sequence[float]]) -> int | None:
     """First round (0-based, as ``rounds_to_detect``) where ``attacked`` leaves the [min, max]
-    band of the ``clean`` curves at that round (:func:`evaluation.metrics.leaves_band`);
+    band of the ``clean`` curves at that round (:func:`evaluation.reports.metrics.leaves_band`);
     ``None`` if it never does or if there are no clean curves."""
     return leaves_band(list(attacked), [list(c) for c in clean]) if clean else None
 
@@ -416,7 +416,7 @@ def write_summary(records: Sequence[dict], out_dir: str | Path, figures: Sequenc
 
 def write_report(results_path: str | Path, out_dir: str | Path) -> list[Path]:
     """Read ``results_path``; write the plots that have data, ``summary.md`` and the same
-    report as one self-contained page, ``summary.html`` (``evaluation.html_report``), into
+    report as one self-contained page, ``summary.html`` (``evaluation.reports.html_page``), into
     ``out_dir``; return the written paths, summary first."""
     records = read_results(results_path)
     out = Path(out_dir)

@@ -1,7 +1,7 @@
 """How the bench report writes values: numbers, rounds and markdown tables.
 
-One module so that every section of ``summary.md`` (``evaluation.report``, the time and bytes
-of ``evaluation.time_report``) and every plot label writes a value the same way. ``—`` stands
+One module so that every section of ``summary.md`` (``evaluation.reports.summary``, the time and bytes
+of ``evaluation.reports.time_section``) and every plot label writes a value the same way. ``—`` stands
 for a value the records do not have.
 """
 

@@ -15,13 +15,13 @@ A cell reaches its target at the first round whose accuracy is at least its *bar
   47% with ``momentum``), the best's bar is one the baseline never reaches, and no way can be
   said to take fewer bytes than it to get there.
 
-:func:`complete` (which :class:`evaluation.results.Results` applies to what it reads) fills
+:func:`complete` (which :class:`evaluation.reports.results.Results` applies to what it reads) fills
 these costs in for every record.
 
 The costs (:data:`FIELDS`), ``None`` when the target is never reached (or there is no bar):
 ``round_to_target`` (counted from 0, as the engine's records), ``time_to_target`` (simulated
 seconds), ``bytes_up_to_target`` and ``bytes_down_to_target`` (every reply and every task
-sent up to the end of that round, as :class:`evaluation.clock.Traffic` counts them).
+sent up to the end of that round, as :class:`evaluation.simtime.arrivals.Traffic` counts them).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The report's time and bytes: what slow, vanishing, far-away volunteers cost (issue 11).
 
-Every local cell records its simulated clock (``evaluation.timeline``): the time of each
+Every local cell records its simulated clock (``evaluation.simtime.timeline``): the time of each
 round (``times``), the bytes sent up and down to then (``bytes``, ``bytes_down_by_round``),
 and in total ``sim_seconds``, ``bytes_up``, ``bytes_down``. Time to target is the first
-simulated second at which a cell's accuracy reaches its bar (``evaluation.target``: ``target``
+simulated second at which a cell's accuracy reaches its bar (``evaluation.reports.target_costs``: ``target``
 x the best clean final accuracy of its task, or an absolute ``target-accuracy``), so every
 round mode, codec and speed is measured against one bar.
 """
@@ -15,11 +15,11 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from .figures import new_figure, palette, save_png
+from .canvas import new_figure, palette, save_png
 from .paging import attack_family, page_paths, pages
 from .results import CLEAN, Group, Results
 from .tables import num, show, table
-from .target import KEYS, mean_over_seeds
+from .target_costs import KEYS, mean_over_seeds
 
 
 def timed(res: Results) -> bool:

@@ -1,7 +1,7 @@
 """Simulated time in the bench: when each node's reply arrives, who is there, what it cost.
 
 A cell builds its :class:`Volunteers` once, from the sorted node ids, the run seed and three
-specs (``evaluation.volunteer_model``: ``speed``, ``link``, ``churn``). Then, in simulated
+specs (``evaluation.simtime.traits``: ``speed``, ``link``, ``churn``). Then, in simulated
 seconds from the start of the run::
 
     arrival = start + download(bytes_down) + compute(steps) + upload(bytes_up)
@@ -11,7 +11,7 @@ seconds from the start of the run::
 Bytes are bytes; bandwidths are Mbps (10^6 bits/s), so 1 MB (10^6 bytes) at 8 Mbps takes 1 s
 plus the latency. ``step_seconds`` is one local step of the model on the reference machine:
 given (the scenario's ``step-seconds``), or measured with :func:`measure_step_seconds` once per
-process for each kind of task (``evaluation.timeline``); a measured value differs between machines, so only a given one
+process for each kind of task (``evaluation.simtime.timeline``); a measured value differs between machines, so only a given one
 makes the schedule the same bits everywhere.
 
 Churn is a seeded chain per node over *epochs* (``online(node, epoch)``, a pure function of
@@ -25,7 +25,7 @@ arrival (:meth:`Volunteers.leaves_during`), and the node asks again at
 Everything here is a pure function of its inputs: same scenario, seed and ``step_seconds``
 => same times, to the bit. :class:`EventQueue` orders an asynchronous run's arrivals
 (ties by node id, then push order); :class:`Traffic` counts the bytes
-(``evaluation.target`` says what reaching the target accuracy cost).
+(``evaluation.reports.target_costs`` says what reaching the target accuracy cost).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 from robust.constraints import Interval, Param, Spec, table
 
-from .volunteer_model import Churn, Link, Speed, build_churn, build_link, build_speed, draw
+from .traits import Churn, Link, Speed, build_churn, build_link, build_speed, draw
 
 HORIZON = 1_000_000  # epochs back_at looks ahead before it calls a node gone for good
 

@@ -3,7 +3,7 @@
 ``robust bench --engine flower`` runs the product's ServerApp loop against simulated
 SuperNodes, which answer in milliseconds in whatever order Ray schedules them. With this clock
 the loop's schedule is the local driver's instead: when a task leaves, the clock foresees when
-its reply arrives on the cell's simulated volunteers (``evaluation.timeline.Timeline``: speed,
+its reply arrives on the cell's simulated volunteers (``evaluation.simtime.timeline.Timeline``: speed,
 link, ``step-seconds``), exactly as the local driver computes it; a reply that came in counts
 only at that simulated time, and only once every reply due before it has come in too (the
 loop waits for it). So asynchronous buffers (FedBuff), deadlines and carried late replies are

@@ -6,7 +6,7 @@ decoded again, as the coordinator does, with the node's error-feedback residual 
 codec (top-k), so the rows the engine aggregates are the decoded ones; its bytes are counted
 (up: the encoded arrays; down: the model each task carries, float32 or as ``downlink`` sends it). A reply sent at
 ``start`` arrives at ``start + download + compute(steps, speed) + upload`` on the node's
-link (``evaluation.clock.Volunteers``: ``speed``, ``link``, ``churn``). Everything is a
+link (``evaluation.simtime.arrivals.Volunteers``: ``speed``, ``link``, ``churn``). Everything is a
 function of the scenario, the seed and the rows: the same cell gives the same times and bits.
 
 ``step-seconds`` (simulated seconds of one local step) is given, or measured on this machine
@@ -26,7 +26,7 @@ from nodes.engine.ledger import Ticket, ttl
 from nodes.wire import DOWNLINK_BYTES
 from robust import codecs
 
-from .clock import Traffic, Volunteers, measure_step_seconds
+from .arrivals import Traffic, Volunteers, measure_step_seconds
 
 F32 = 4  # bytes per float32 coordinate
 MEASURED: dict[tuple, float] = {}  # seconds of one local step, by kind of task, measured in this process

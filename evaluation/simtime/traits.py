@@ -20,7 +20,7 @@ spec:
   an online node leaves with probability ``p`` and an offline node comes back with
   probability ``back`` (stationary share online: ``back / (p + back)``). An epoch is a round
   of a synchronous run, or ``period`` simulated seconds of an asynchronous one
-  (:class:`evaluation.clock.Volunteers` says how the drivers use it).
+  (:class:`evaluation.simtime.arrivals.Volunteers` says how the drivers use it).
 
 The traits take no ``f`` (they concern honest and Byzantine nodes alike); ``Component``'s is
 passed as 0. Random draws are hashes, ``derive(seed, purpose, node[, epoch])`` (:func:`draw`):

@@ -1,6 +1,6 @@
 """``robust bench --engine deploy``: each cell through the real thing, on loopback.
 
-A cell becomes a federation on disk (``evaluation.federation``), then runs exactly as a user
+A cell becomes a federation on disk (``evaluation.bench.drivers.federation``), then runs exactly as a user
 runs one: ``robust coordinator start``'s own code starts a SuperLink (TLS, node
 authentication), submits the coordinator's ServerApp, and each node runs its warm trainer and
 a SuperNode, whose thin ClientApp (a fresh process per task) hands the trainer its tasks:
@@ -24,7 +24,7 @@ from nodes import commands, launch
 from robust import tls
 
 from . import federation
-from .cell import Cell, CellSetup, cell_record
+from evaluation.bench.cell import Cell, CellSetup, cell_record
 
 DEADLINE = 600.0  # seconds a round waits: nodes are local, so only a broken one is late
 

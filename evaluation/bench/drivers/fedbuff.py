@@ -2,7 +2,7 @@
 
 Every online node is kept busy: it gets a task with the current model as soon as it has
 replied (or comes back after leaving), and its reply arrives at the time the cell's
-:class:`~evaluation.timeline.Timeline` gives (speed, link, codec bytes). Which reply goes into
+:class:`~evaluation.simtime.timeline.Timeline` gives (speed, link, codec bytes). Which reply goes into
 which buffer is the deployment's schedule, ``nodes.engine.buffers``: one reply per node (a fast
 node's next reply waits for a later buffer), and a buffer is full when it holds ``buffer``
 *valid* replies, checked on arrival as the coordinator checks them (the row's validity, and
@@ -39,7 +39,7 @@ from nodes.engine.ledger import TaskLedger, Ticket
 from nodes.engine.rows import rejection_reason
 from nodes.wire import Task
 
-from .clock import EventQueue
+from evaluation.simtime.arrivals import EventQueue
 
 EXPIRE = "expire"  # an event's payload: the node's task reached its TTL
 

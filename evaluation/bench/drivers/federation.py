@@ -19,8 +19,8 @@ from nodes.commands import local_federation
 from nodes.engine.training import NodeData
 from nodes.volunteer.volunteer import NodeConfig
 
-from .cell import KEY_SEED, CellSetup, cell_settings
-from .scenario import cell_id
+from evaluation.bench.cell import KEY_SEED, CellSetup, cell_settings
+from evaluation.bench.scenario import cell_id
 
 
 def run_id(setup: CellSetup) -> str:

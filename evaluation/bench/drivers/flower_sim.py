@@ -3,14 +3,14 @@
 Each simulated SuperNode is one node of the cell: the ClientApp is the volunteer's own
 (``nodes.volunteer.client_app.make_app``: the in-process one, with no warm trainer process; it
 answers with the function the deployed volunteer's trainer calls), working in the node folder the cell's federation gives it
-(``evaluation.federation``), keeping its worker momentum there. The ServerApp runs the
+(``evaluation.bench.drivers.federation``), keeping its worker momentum there. The ServerApp runs the
 coordinator's own round loop (``nodes.coordinator.server_app.serve``) on a :class:`Coordinator` whose
-engine carries the threat model's hook (``evaluation.threat``): signed replies, checks,
+engine carries the threat model's hook (``evaluation.bench.threat``): signed replies, checks,
 canonical order, the round engine. Simulated nodes have no authenticated key, so they
 introduce themselves (their signatures prove it). A cell ends with the same
 ``model_sha256`` as ``robust bench --no-vectorize`` (``tests/test_drivers.py``): a cell with a
 schedule (``round = async``, or a ``deadline``, with ``late = carry`` or not) runs the loop on
-the local driver's simulated clock (``evaluation.sim_clock``), so its buffers, late and carried
+the local driver's simulated clock (``evaluation.simtime.serve_clock``), so its buffers, late and carried
 replies are the local driver's.
 
 One simulation (Ray start-up: about 10 s here) serves every cell with the same number of
@@ -36,10 +36,10 @@ from nodes.launch import free_port
 from nodes.volunteer.client_app import make_app
 
 from . import federation
-from .cell import Cell, CellSetup, cell_record
-from .sim_clock import SimClock
-from .threat import ThreatModel
-from .timeline import Timeline
+from evaluation.bench.cell import Cell, CellSetup, cell_record
+from evaluation.simtime.serve_clock import SimClock
+from evaluation.bench.threat import ThreatModel
+from evaluation.simtime.timeline import Timeline
 
 POLL_SECONDS = 0.01  # the in-memory simulation answers in milliseconds
 WAIT_SECONDS = 600.0  # for the nodes to start, and for one round: then the run fails, loudly

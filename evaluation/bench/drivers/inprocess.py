@@ -2,13 +2,13 @@
 
 Each round the engine selects the nodes to ask (quarantined ones are not), this driver
 computes their rows, and :meth:`nodes.engine.engine.Engine.step` plays the round with the threat
-model's hook (``evaluation.threat``). Rows are computed
+model's hook (``evaluation.bench.threat``). Rows are computed
 
 - one node at a time (``vectorize=False``) by :func:`nodes.engine.training.compute`, the very
   function a volunteer calls, with the node's data, identity and momentum, so the cell ends
   with the bits a federation of real volunteers gives (``tests/test_drivers.py``); or
 - all at once: hand-written batched products for ``logreg``/``mlp``
-  (``evaluation.batched``), ``torch.func.vmap`` of ``Protocol.node_update`` for the rest;
+  (``evaluation.bench.drivers.batched_dense``), ``torch.func.vmap`` of ``Protocol.node_update`` for the rest;
   the same mathematics, equal to rounding (``tests/test_batched.py``). A model that draws
   random numbers as it trains (dropout) is computed node by node: each node draws from its
   own stream, as a volunteer does, which one batched call cannot reproduce. So are, in every
@@ -53,12 +53,12 @@ from robust.batches import draw_batches, node_key
 from robust.params import unflatten
 from robust.seeds import generator
 
-from .batched import DenseNet, local_updates
-from .cell import Cell, CellSetup, backdoor_stop, backdoor_success, cell_record
+from .batched_dense import DenseNet, local_updates
+from evaluation.bench.cell import Cell, CellSetup, backdoor_stop, backdoor_success, cell_record
 from .fedbuff import FedBuff
-from .target import with_costs
-from .threat import ThreatModel
-from .timeline import Timeline
+from evaluation.reports.target_costs import with_costs
+from evaluation.bench.threat import ThreatModel
+from evaluation.simtime.timeline import Timeline
 
 
 class BatchDraws:
@@ -270,7 +270,7 @@ class CellRun:
         return rows.cpu()
 
     def play_round(self) -> dict | None:
-        """One round: a buffer of asynchronous replies (``round = async``, :mod:`evaluation.fedbuff`;
+        """One round: a buffer of asynchronous replies (``round = async``, :mod:`evaluation.bench.drivers.fedbuff`;
         ``None`` when no node can reply any more), or a synchronous round: the task ledger
         (``nodes.engine.ledger``) plus a barrier. The online nodes without a task out are asked; their
         replies, decoded as the coordinator decodes them, travel as their tasks' handles and
@@ -326,7 +326,7 @@ class CellRun:
 
     def record(self, wall: float) -> dict:
         """The cell's result record, with its simulated clock and bytes per round; against an
-        absolute ``target-accuracy``, what reaching it cost (``evaluation.target``)."""
+        absolute ``target-accuracy``, what reaching it cost (``evaluation.reports.target_costs``)."""
         record = {**cell_record(self.setup, self.records, self.engine.w, self.threat.kappa, wall, self.training,
                                 self.mode, self.asr_at_stop),
                   "device": device_name(self.device),  # where the batched kernels trained
