@@ -52,7 +52,7 @@ import hashlib
 import torch
 
 from robust.geometry import weighted_sum
-from robust.kept import Handle, Joined, Keeper, lockstep, rows_of
+from robust.row_keeper import Handle, Joined, Keeper, lockstep, rows_of
 from robust.seeds import generator
 from robust.source import Memory, Rows
 

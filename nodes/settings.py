@@ -166,7 +166,7 @@ class _Checked:
     def __post_init__(self) -> None:
         for p in PARAMS.values():
             object.__setattr__(self, p.attr, p.check(getattr(self, p.attr)))
-        from robust.code import is_reference, resolve, use_path
+        from robust.user_code import is_reference, resolve, use_path
         from robust.data import LOADER
         from robust.models import FACTORY
 

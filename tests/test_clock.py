@@ -10,8 +10,8 @@ import statistics
 import pytest
 import torch
 
-from evaluation.clock import CLOCK, EventQueue, Traffic, Volunteers, measure_step_seconds
-from evaluation.volunteer_model import build_churn, build_link, build_speed
+from evaluation.simtime.arrivals import CLOCK, EventQueue, Traffic, Volunteers, measure_step_seconds
+from evaluation.simtime.traits import build_churn, build_link, build_speed
 
 IDS = [f"node{i:03d}" for i in range(50)]
 

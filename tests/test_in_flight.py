@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import pytest
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, no_object_id_recompute
 
-from evaluation.large_model import CODE as LARGE
+from evaluation.field.large_model_memory import CODE as LARGE
 from nodes import checkpoint, launch
 from nodes.coordinator.coordinator import Coordinator
 from nodes.coordinator.server_app import FlowerTransport, serve

@@ -4,7 +4,7 @@ A deployment runs on the wall (:class:`WallClock`): a reply counts as soon as it
 synchronous round ends when every task of it is answered (with none sent, every carried one)
 or past its deadline (each task's, from when it left: the ServerApp's window, ``in-flight``,
 may send a round's tasks in waves), and a task is given up at its TTL. The bench's Flower
-simulation driver hands the same loop a simulated clock (``evaluation.sim_clock``) that
+simulation driver hands the same loop a simulated clock (``evaluation.simtime.serve_clock``) that
 foresees when each reply arrives on the cell's simulated volunteers (speed, link), so that
 the loop's schedule is the local driver's, whatever order the replies physically come in.
 Either clock only reads the task ledger (``nodes.engine.ledger``); the serve loop
