@@ -304,13 +304,21 @@ class Loop:
 
     def play_async(self) -> None:
         """Buffers until the run is done (or, in process, until no buffer can fill any more)."""
-        desk, s, ledger, live = self.desk, self.desk.settings, self.ledger, self.transport.live
+        desk, live = self.desk, self.transport.live
         possible = len(desk.free(desk.candidates()))
         if live and possible < self.buffers.size:
             log.warning("only %d admitted node(s) are not quarantined, a buffer takes %d: no buffer can fill; "
                         "admit nodes (robust coordinator admit) or lower buffer", possible, self.buffers.size)
         if live:
             self.wait_for_nodes(True)  # all that start together get tasks together
+        while self.next_buffers():
+            pass
+
+    def next_buffers(self) -> list[dict]:
+        """Asynchronous rounds: tasks out to every free node, replies filed as they count, until
+        a reply completes one or more buffers (their records); ``[]``: the run is done, or (in
+        process) no buffer can fill any more."""
+        desk, s, ledger, live = self.desk, self.desk.settings, self.ledger, self.transport.live
         while not desk.done and (live or desk.may_fill(self.buffers.size)):
             online, before = self.look(), self.clock.now()
             addresses = {fp: a for a, fp in online.items()}
@@ -323,13 +331,16 @@ class Loop:
                     "(wait-nodes): start volunteers with `robust node join` (its output says why one cannot connect), "
                     "or admit more if all are quarantined; the run resumes from this buffer")
             self.pull()
-            due = self.clock.due(ledger, self.landed)
+            due, records = self.clock.due(ledger, self.landed), []
             for handle in due:
-                self.receive(handle)
+                records += self.receive(handle)
                 if desk.done:
                     break
             self.tend()
+            if records:
+                return records
             if not due:
                 if not live and not len(ledger) and self.clock.now() == before:
                     break  # in process: no task out, and nobody comes back
                 self.transport.pause()
+        return []

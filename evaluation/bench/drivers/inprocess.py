@@ -42,9 +42,10 @@ from torch.func import vmap
 
 from attacks.base import Memory, NodeAttack
 from nodes.engine.engine import Engine
-from nodes.engine.ledger import TaskLedger, Ticket
+from nodes.engine.ledger import Ticket
 from nodes.engine.protocol import Protocol
 from nodes.engine.root import Root
+from nodes.engine.serve import Loop
 from nodes.engine.spotcheck import Verdict, referee
 from nodes.engine.training import compute, estimates
 from nodes.wire import Task
@@ -55,9 +56,10 @@ from robust.seeds import generator
 
 from .batched_dense import DenseNet, local_updates
 from evaluation.bench.cell import Cell, CellSetup, backdoor_stop, backdoor_success, cell_record
-from .fedbuff import FedBuff
+from .serving import BenchDesk, InProcess
 from evaluation.reports.target_costs import with_costs
 from evaluation.bench.threat import ThreatModel
+from evaluation.simtime.serve_clock import SimClock
 from evaluation.simtime.timeline import Timeline
 
 
@@ -127,9 +129,10 @@ class CellRun:
                                               self.ids[0], torch.device("cpu")),
                               (config["model"], config["dataset"], setup.data.x_train.shape, settings.batch_size,
                                settings.protocol, settings.threads))
-        self.fedbuff = FedBuff(self) if setup.settings.round == "async" else None
-        flags = self.engine.flags
-        self.ledger = TaskLedger(setup.settings.max_staleness, lambda node: node in flags.quarantined)
+        self.desk, self.transport = BenchDesk(self), InProcess(self)
+        clock = SimClock(self.timeline, self.desk.asynchronous, settings.deadline, self.ids, self.transport.bytes.pop)
+        self.loop = Loop(self.transport, self.desk, clock)
+        self.ready: list[dict] = []  # async: buffers aggregated but not yet returned by play_round
 
     def local(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Node ``i``'s own copy of its data, as a volunteer holds it (the per-node driver)."""
@@ -270,42 +273,15 @@ class CellRun:
         return rows.cpu()
 
     def play_round(self) -> dict | None:
-        """One round: a buffer of asynchronous replies (``round = async``, :mod:`evaluation.bench.drivers.fedbuff`;
-        ``None`` when no node can reply any more), or a synchronous round: the task ledger
-        (``nodes.engine.ledger``) plus a barrier. The online nodes without a task out are asked; their
-        replies, decoded as the coordinator decodes them, travel as their tasks' handles and
-        count if they arrive by the deadline (every one without). Late tasks are cancelled, or
-        with ``late = carry`` stay out (their nodes busy, not asked) until their replies arrive:
-        each counts in the round it arrives in, with its staleness, unless its node was
-        quarantined meanwhile or its task reached its TTL (``deadline`` + 30 s)."""
-        if self.fedbuff is not None:
-            return self.fedbuff.play_round()
-        t, line, ledger = self.engine.round + 1, self.timeline, self.ledger
-        asked = self.engine.select([i for i in self.ids if line.volunteers.online(i, t) and not ledger.busy(i)])
-        start = time.perf_counter()
-        X = self.rows(asked)
-        self.training += time.perf_counter() - start
-        w, base = self.engine.task_model()
-        life = line.life(False, self.setup.settings.deadline)
-        for node, row in zip(asked, X):
-            decoded, up = line.send(node, t, row)
-            ledger.issue(node, t, self.engine.round, base, w, line.now, life, (line.arrival(node, line.now, up), decoded))
-        end = line.round_end(line.now, (ledger.out[node].handle[0] for node in asked))
-        arrived = [tk for tk in ledger if line.counts(tk.handle[0], tk, end) and ledger.reads(tk.node)]
-        for ticket in arrived:
-            ledger.close(ticket.node)
-        carry = self.setup.settings.late == "carry"
-        late = {tk.node: f"late: arrived {tk.handle[0] - line.now:.3g} s after the task, deadline {line.deadline:g} s"
-                + ("; carried to the round it arrives in" if carry else "") for tk in ledger if tk.number == t}
-        if not carry:
-            ledger.cancel(t)
-        line.now = end
-        ledger.expire(end)
-        ids = [tk.node for tk in arrived]
-        X = torch.stack([tk.handle[1] for tk in arrived]) if arrived else X[:0]
-        self.add(self.engine.step(sorted(set(asked) | set(ids)), ids, X, failed=late,
-                                  tasks={tk.node: tk for tk in arrived}))
-        return self.records[-1]
+        """One round on the product's serve loop (``nodes.engine.serve``, see
+        :mod:`evaluation.bench.drivers.serving`): a synchronous round (the task ledger plus a
+        barrier), or the next buffer of asynchronous replies (``round = async``; ``None`` when no
+        buffer can fill any more)."""
+        if not self.desk.asynchronous:
+            return self.loop.play_round(False)
+        if not self.ready:
+            self.ready = self.loop.next_buffers()
+        return self.ready.pop(0) if self.ready else None
 
     def add(self, record: dict) -> None:
         """Keep round ``record`` with its simulated time."""
