@@ -1,8 +1,8 @@
 """The benchmark harness, in sub-packages by role (DESIGN, "Layout"):
 
 - ``bench``: ``robust bench`` (a scenario grid of cells: attacks against defences), what a cell
-  is, the threat model, Ray dispatch; ``bench.drivers``: the ways a cell is run (in process,
-  FedBuff, Flower's simulation, a deployment on loopback);
+  is, the threat model, Ray dispatch; ``bench.drivers``: the ways a cell is run on the serve loop
+  (in process, Flower's simulation, a deployment on loopback);
 - ``simtime``: simulated time (the volunteers' traits, arrivals, a cell's timeline, the serve
   loop's simulated clock);
 - ``reports``: ``summary.md``/``summary.html``, its sections, tables, plots and metrics;

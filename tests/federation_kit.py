@@ -14,7 +14,8 @@ import torch
 from flwr.app import RecordDict
 
 from nodes import checkpoint, commands
-from nodes.coordinator.coordinator import Coordinator, Inbox
+from nodes.coordinator.coordinator import Coordinator
+from nodes.engine.inbox import Inbox
 from nodes.engine.ledger import ttl
 from nodes.engine.training import NodeData
 from nodes.settings import Settings
@@ -57,8 +58,11 @@ def withdraw(coord: Coordinator, fp: str) -> None:
 def file(coord: Coordinator, fp: str, content: RecordDict | None, inbox: Inbox, error: str = "",
          waited: float | None = None) -> bool:
     """File ``content`` (or the transport's ``error``) as the reply to ``fp``'s task out, as
-    the serve loop does (``nodes.engine.serve``): closed whatever it holds, then filed."""
+    the serve loop does (``nodes.engine.serve``): a quarantined node's is not read; any other
+    closes its task whatever it holds, then is filed."""
     ticket = coord.ledger.task_of(fp)
+    if not coord.ledger.reads(ticket):
+        return False
     coord.ledger.close(ticket.handle)
     return coord.file(ticket, content, error, inbox, waited)
 

@@ -206,6 +206,9 @@ class Replayer:
     def online(self):
         return {fp: fp for fp in self.fps}
 
+    def strangers(self):
+        return []
+
     def pull(self, handles):
         out, self.queue = [Landed(h, fp, content) for h, fp, content in self.queue], []
         return out
@@ -285,7 +288,7 @@ def test_a_round_whose_every_node_is_carried_waits_for_their_replies_instead_of_
     settings = dataclasses.replace(SETTINGS, round="sync", late="carry", deadline=1.0, rounds=2, quorum=3)
     coord_dir, nodes = make_federation(tmp_path, 4, settings)
     grid, coord = FakeGrid(nodes, dict.fromkeys(range(1, 5), 1), held=(1, 2, 3, 4)), Coordinator(coord_dir)
-    transport = FlowerTransport(grid, coord, False, 0.05)
+    transport = FlowerTransport(grid, coord, 0.05)
     saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
     loop = Loop(transport, coord, WallClock(coord.settings.deadline))

@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from nodes import checkpoint, launch
-from nodes.coordinator.coordinator import Coordinator, Inbox, short
+from nodes.coordinator.coordinator import Coordinator, short
+from nodes.engine.inbox import Inbox
 from nodes.dashboard import server
 from nodes.settings import Settings
 from robust import keys, tls

@@ -75,7 +75,7 @@ def test_the_serverapp_builds_a_rounds_model_once_whatever_the_number_of_tasks(t
     coord_dir, nodes = make_federation(tmp_path, 8, settings)
     coord = Coordinator(coord_dir)
     model = 4 * coord.engine.w.numel()
-    loop = Loop(FlowerTransport(DeflatingGrid(), coord, False, 0.0), coord, WallClock(settings.deadline))
+    loop = Loop(FlowerTransport(DeflatingGrid(), coord, 0.0), coord, WallClock(settings.deadline))
     fps = sorted(fingerprint(n) for n in nodes)
     node_of = {fp: i for i, fp in enumerate(fps, start=1)}
     with task_identity():
@@ -91,7 +91,7 @@ def test_the_reply_to_a_withdrawn_task_is_pulled_so_flower_frees_it(tmp_path):
     settings = dataclasses.replace(SETTINGS, round="sync", deadline=1.0, rounds=2, quorum=3)
     coord_dir, nodes = make_federation(tmp_path, 4, settings)
     grid, coord = FakeGrid(nodes, dict.fromkeys(range(1, 5), 1), held=(4,)), Coordinator(coord_dir)
-    loop = Loop(FlowerTransport(grid, coord, False, 0.05), coord, WallClock(settings.deadline))
+    loop = Loop(FlowerTransport(grid, coord, 0.05), coord, WallClock(settings.deadline))
     with task_identity():
         first = loop.play_round(True)
         withdrawn = next(h for h, (_, nid, _) in grid.pending.items() if nid == 4)

@@ -49,7 +49,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -66,9 +65,10 @@ from robust.source import Spooled
 
 from .. import checkpoint
 from ..engine.engine import Engine, ThreatHook
+from ..engine.inbox import Inbox
 from ..engine.ledger import Ticket, TaskLedger, ttl
 from ..engine.root import Root
-from ..engine.rows import canonical, rejection_reason
+from ..engine.rows import rejection_reason, stacked
 from ..settings import Settings
 from ..wire import Reply, Task, content_bytes, model_array, read_reply, reply_payload, task_content
 from . import admission, audit
@@ -87,35 +87,6 @@ FIXED = ("round", "seed", "dataset", "model", "aggregator", "tolerate", "protoco
 def short(fp: str) -> str:
     """The node name shown to people: the first 12 hex digits of its fingerprint."""
     return fp[:12]
-
-
-@dataclass
-class Inbox:
-    """A round's replies, filed by node as they arrive."""
-
-    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # accepted updates
-    rejected: dict[str, str] = field(default_factory=dict)  # bad content: a flag
-    failed: dict[str, str] = field(default_factory=dict)  # declined, node error: no flag
-    seconds: dict[str, float] = field(default_factory=dict)  # the nodes' own training time
-    waited: dict[str, float] = field(default_factory=dict)  # task sent to reply filed, on the loop's clock
-    replies: dict[str, Reply] = field(default_factory=dict)  # what each accepted reply signed
-    hashes: dict[str, str] = field(default_factory=dict)  # each accepted update's SHA-256
-    sizes: dict[str, int] = field(default_factory=dict)  # bytes of each node's reply arrays
-    tasks: dict[str, Ticket] = field(default_factory=dict)  # the task each accepted row answers
-    encoded: dict[str, Encoded | Path] = field(default_factory=dict)  # compressed runs: each accepted encoding
-    spooled: set[Path] = field(default_factory=set)  # the files this inbox wrote to DIR/updates
-
-    @classmethod
-    def of(cls, singles: Iterable[Inbox]) -> Inbox:
-        """One inbox filing the entries of ``singles`` (each one node's reply)."""
-        inbox = cls()
-        for single in singles:
-            for entries in fields(cls):  # every field is a dict or a set: none is left out
-                getattr(inbox, entries.name).update(getattr(single, entries.name))
-        return inbox
-
-    def __contains__(self, fp: str) -> bool:
-        return fp in self.rows or fp in self.rejected or fp in self.failed
 
 
 SPOOL_ABOVE = 2**30  # spool = auto: a round's rows past this many bytes wait on disk
@@ -300,9 +271,9 @@ class Coordinator:
         if fp in inbox:
             return False  # a node answers once a round
         if waited is not None:
-            inbox.waited[fp] = waited
+            inbox.of_node(fp).waited = waited
         if content is None:
-            inbox.failed[fp] = f"node error: {error[:200]}"
+            inbox.fail(fp, f"node error: {error[:200]}")
             return False
         with self.timed("check"):
             self._take(ticket, content, inbox)
@@ -320,18 +291,18 @@ class Coordinator:
     def _take(self, ticket: Ticket, content: RecordDict, inbox: Inbox) -> None:
         fp = ticket.node
         try:
-            inbox.sizes[fp] = content_bytes(content)
+            inbox.of_node(fp).size = content_bytes(content)
             reply, row, enc = read_reply(content, self.engine.w.numel(), self.codec)
         except ValueError as err:
-            inbox.rejected[fp] = f"malformed reply: {err}"
+            inbox.reject(fp, f"malformed reply: {err}")
             return
         except Exception as err:  # noqa: BLE001 - untrusted input must never end the round
             log.exception("round %d: reply from %s could not be read", self.round + 1, short(fp))
-            inbox.rejected[fp] = f"reply could not be read ({type(err).__name__})"
+            inbox.reject(fp, f"reply could not be read ({type(err).__name__})")
             return
-        inbox.seconds[fp] = reply.seconds
+        inbox.of_node(fp).seconds = reply.seconds
         if reply.refused:
-            inbox.failed[fp] = f"declined the task: {reply.refused[:200]}"
+            inbox.fail(fp, f"declined the task: {reply.refused[:200]}")
             return
         try:
             result = self.check(fp, reply, row, ticket, enc)
@@ -339,14 +310,13 @@ class Coordinator:
             log.exception("round %d: reply from %s could not be checked", self.round + 1, short(fp))
             result = f"reply could not be checked ({type(err).__name__})"
         if isinstance(result, str):
-            inbox.rejected[fp] = result
+            inbox.reject(fp, result)
         else:
             row, sha = result
-            inbox.hashes[fp] = sha
-            inbox.rows[fp] = self.spool(sha, row, inbox) if self.spooling else row
+            kept = self.spool(sha, row, inbox) if self.spooling else row
             if enc is not None:  # what the audit keeps, at the codec's size
-                inbox.encoded[fp] = self.spool(sha, enc, inbox) if self.spooling else enc
-            inbox.replies[fp], inbox.tasks[fp] = reply, ticket
+                enc = self.spool(sha, enc, inbox) if self.spooling else enc
+            inbox.accept(fp, kept, ticket, reply=reply, sha=sha, encoded=enc)
 
     def disk(self) -> Projection:
         """What the rounds left will store in this folder (``nodes.coordinator.disk``)."""
@@ -386,7 +356,7 @@ class Coordinator:
         """The accepted rows in canonical order: stacked in memory, or read from the spool
         (the rows still in memory, if spooling began mid-round, are spooled first)."""
         if not any(isinstance(row, Path) for row in inbox.rows.values()):
-            return canonical(inbox.rows, self.engine.w.numel())
+            return stacked(inbox.rows, self.engine.w.numel())
         ids = sorted(inbox.rows)
         paths = [inbox.rows[fp] if isinstance(inbox.rows[fp], Path) else self.spool(inbox.hashes[fp], inbox.rows[fp], inbox)
                  for fp in ids]

@@ -1,11 +1,13 @@
-"""The coordinator's Flower ServerApp: a round loop on ``Grid.push_messages``/``pull_messages``.
+"""The coordinator's Flower ServerApp: the serve loop (``nodes.engine.serve``) on Flower's grid.
 
 Flower's ``Strategy.start`` drops late replies silently and one malformed reply ends the whole
-run, so the loop is ours (:func:`serve`): ask the selected nodes, collect until every one
-replied or the deadline passed, hand each reply to :meth:`Coordinator.take` (a bad reply is
-a rejection with a reason, never an exception), then :meth:`Coordinator.finish_round`, which
-runs the round engine; its spot checks (``nodes.coordinator.verifier``) are sent to other
-volunteers of the round by :func:`ask_checks`, answered within one more deadline. A round with
+run, so the loop is ours (:func:`serve`): the product's one serve loop, with Flower's grid as
+its transport (:class:`FlowerTransport`: ``Grid.push_messages``/``pull_messages``) and the
+coordinator as its desk. It asks the selected nodes, collects until every one replied or the
+deadline passed, hands each reply to :meth:`Coordinator.file` (a bad reply is a rejection
+with a reason, never an exception), then :meth:`Coordinator.finish_round`, which runs the
+round engine; its spot checks (``nodes.coordinator.verifier``) are sent to other volunteers of
+the round by :func:`ask_checks`, tasks the loop gathers within one more deadline. A round with
 no node to ask fails the run, after ``wait-nodes`` seconds, with what to do (never a "done" on
 an untrained model). The deployed app reads the coordinator's folder from the run config's
 ``state-dir``; the bench's Flower simulation driver calls :func:`serve` itself, on
@@ -26,10 +28,11 @@ every node that has not replied is sent a no-op ``query`` message: pulling it ma
 SuperNode push the reply it holds. A node that is merely slow runs one more no-op after its
 real work; a fresh run never nudges.
 
-One loop (:class:`Loop`) serves every round mode: the coordinator's task ledger
-(``nodes.engine.ledger``) says who has a task out and under which message id; the loop pushes
-tasks as the mode allows, pulls the replies to every task out, files each with the coordinator, and
-gives up tasks past their TTL (``deadline`` + 30 s). A synchronous round is the ledger plus a
+One loop (``nodes.engine.serve.Loop``) serves every round mode: the coordinator's task ledger
+(``nodes.engine.ledger``) says who has a task out and under which message id (training tasks,
+spot checks and introductions alike); the loop pushes tasks as the mode allows, pulls the
+replies to every task out, files each with the coordinator, and gives up tasks past their TTL
+(``deadline`` + 30 s). A synchronous round is the ledger plus a
 barrier (every task of the round answered, or the deadline). Which replies count when is the
 loop's clock's (``nodes.engine.clocks``): the wall in a deployment, simulated time in the bench.
 
@@ -53,7 +56,7 @@ are pulled with the next rounds' and filed in the round they arrive in, until th
 Asynchronous rounds (``round = async``, FedBuff). No round waits for
 anyone: every online, admitted, non-quarantined node without a task gets one with the current
 model (at start, when it comes online, and right after its reply is read); replies are read
-as they arrive and filed by :meth:`Coordinator.receive`, which runs the engine on every
+as they arrive, filed by :meth:`Coordinator.file` in the loop's buffer, and the engine runs on every
 ``buffer`` valid replies (one per node: a node's next reply waits for the following buffer),
 with each reply's staleness. ``rounds`` counts buffers. A task not answered within
 ``deadline`` (+30 s, its TTL) is given up and the node, if online, gets a fresh one; a node
@@ -65,7 +68,6 @@ the deadline are nudged once, as in synchronous rounds.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from pathlib import Path
 
@@ -77,7 +79,7 @@ from robust import keys
 
 from .. import checkpoint
 from ..engine.clocks import Clock, WallClock
-from ..engine.ledger import ttl
+from ..engine.ledger import CHECK, INTRODUCE, ttl
 from ..engine.serve import Landed, Loop
 from ..wire import Task, introduction_content, model_record, read_identity, task_content
 from .coordinator import Coordinator, short
@@ -97,54 +99,36 @@ class FlowerTransport:
 
     live = True
 
-    def __init__(self, grid: Grid, coord: Coordinator, introductions: bool, poll: float) -> None:
-        self.grid, self.coord, self.introductions, self.poll = grid, coord, introductions, poll
-        self.introduced: dict[int, str] = {}
+    def __init__(self, grid: Grid, coord: Coordinator, poll: float) -> None:
+        self.grid, self.coord, self.poll = grid, coord, poll
         self.model: tuple[str, ArrayRecord] | None = None  # the model pushed last: (its SHA-256, its record)
-        self.last_look, self.seen = -LOOK_EVERY, {}
+        self.last_look, self.known, self.unknown = -LOOK_EVERY, {}, []
 
     def online(self) -> dict[int, str]:
-        """Who is online now (at most every ``LOOK_EVERY`` seconds: each look is a call)."""
+        """Who is online now with a usable key (at most every ``LOOK_EVERY`` seconds: each look
+        is a call); the others are :meth:`strangers`."""
         if time.monotonic() - self.last_look < LOOK_EVERY:
-            return self.seen
-        out, strangers = {}, []
+            return self.known
+        self.known, self.unknown = {}, []
         for info in self.grid.get_nodes():
             if info.status != "online":
                 continue
-            if info.node_id in self.introduced:
-                out[info.node_id] = self.introduced[info.node_id]
-                continue
             try:
-                out[info.node_id] = keys.fingerprint(load_pem_public_key(info.public_key))
+                self.known[info.node_id] = keys.fingerprint(load_pem_public_key(info.public_key))
             except (ValueError, TypeError):
-                strangers.append(info.node_id)
-        if strangers and self.introductions:
-            self.introduced.update(self._introduce(strangers))
-            out.update({nid: self.introduced[nid] for nid in strangers if nid in self.introduced})
-        elif strangers:
-            log.warning("node(s) %s have no usable public key: ignored", ", ".join(map(str, strangers)))
-        self.last_look, self.seen = time.monotonic(), out
-        return out
+                self.unknown.append(info.node_id)
+        self.last_look = time.monotonic()
+        return self.known
 
-    def _introduce(self, nids: list[int]) -> dict[int, str]:
-        ttl = self.coord.settings.wait_nodes
-        messages = [Message(introduction_content(self.coord.run_id), dst_node_id=nid, message_type="query", ttl=ttl)
-                    for nid in sorted(nids)]
-        pending = {mid for mid in self.grid.push_messages(messages) if mid}
-        out, until = {}, time.monotonic() + ttl
-        while pending and time.monotonic() < until:
-            for reply in self.grid.pull_messages(list(pending)):
-                pending.discard(reply.metadata.reply_to_message_id)
-                if reply.has_error():
-                    log.warning("node %d did not introduce itself: %s", reply.metadata.src_node_id, str(reply.error.reason)[:200])
-                    continue
-                try:
-                    out[reply.metadata.src_node_id] = keys.fingerprint(keys.load_public(read_identity(reply.content)))
-                except ValueError as err:
-                    log.warning("node %d did not introduce itself: %s", reply.metadata.src_node_id, err)
-            if pending:
-                time.sleep(self.poll)
-        return out
+    def strangers(self) -> list[int]:
+        return self.unknown
+
+    def ask(self, kind: str, asks: dict[object, tuple[int, RecordDict]], life: float) -> dict[object, str]:
+        """Push each ask (a spot check: a task, as ``train``; an introduction: a ``query``)."""
+        keys_ = sorted(asks, key=str)
+        messages = [Message(asks[k][1], dst_node_id=asks[k][0], message_type="query" if kind == INTRODUCE else "train",
+                            ttl=life) for k in keys_]
+        return {k: mid for k, mid in zip(keys_, self.grid.push_messages(messages)) if mid}
 
     def train(self, tasks: dict[str, Task], payload, addresses: dict[str, int], life: float) -> dict[str, str]:
         """Push each node its task: the model's record built once for every task that carries it."""
@@ -177,27 +161,15 @@ class FlowerTransport:
         nudge(self.grid, silent, time.monotonic() + life)
 
 
-def ask_checks(transport: FlowerTransport, nodes: dict[int, str], asked: dict[str, tuple[str, RecordDict]]
+def ask_checks(loop: Loop, nodes: dict[int, str], asked: dict[str, tuple[str, RecordDict]]
                ) -> dict[str, RecordDict | str]:
-    """Send each spot check (author -> (verifier, task)) to its verifier and collect the
-    answers for one more deadline (author -> reply content, or why none)."""
-    grid, node_of = transport.grid, {fp: nid for nid, fp in nodes.items()}
-    until = time.monotonic() + transport.coord.settings.deadline
-    messages = {author: Message(content, dst_node_id=node_of[verifier], message_type="train",
-                                ttl=ttl(transport.coord.settings.deadline))
-                for author, (verifier, content) in sorted(asked.items())}
-    ids = dict(zip(grid.push_messages(list(messages.values())), messages))
-    pending, out = {mid for mid in ids if mid}, {}
-    while pending and time.monotonic() < until:
-        for reply in grid.pull_messages(list(pending)):
-            mid = reply.metadata.reply_to_message_id
-            pending.discard(mid)
-            author = ids.get(mid)
-            if author is not None and author not in out:
-                out[author] = (f"failed: {str(reply.error.reason)[:200]}" if reply.has_error() else reply.content)
-        if pending:
-            time.sleep(transport.poll)
-    return out
+    """Send each spot check (author -> (verifier, task)) to its verifier, as tasks the serve loop
+    gathers for one more deadline (author -> reply content, or why none)."""
+    address = {fp: nid for nid, fp in nodes.items()}
+    replies = loop.gather(CHECK, {author: (address[verifier], content, verifier)
+                                  for author, (verifier, content) in sorted(asked.items())},
+                          loop.desk.settings.deadline)
+    return {author: f"failed: {r.error[:200]}" if r.error else r.content for author, r in replies.items()}
 
 
 def nudge(grid: Grid, silent: dict[int, str], deadline: float) -> None:
@@ -219,12 +191,18 @@ def say_window(coord: Coordinator) -> None:
                  "has about 2 x in-flight x %.0f MB to spare", cap, nodes, mb, mb)
 
 
+def identify(content: RecordDict) -> str:
+    """The fingerprint of the key a node introduced itself with (``ValueError`` if none)."""
+    return keys.fingerprint(keys.load_public(read_identity(content)))
+
+
 def serve(grid: Grid, coord: Coordinator, poll: float = POLL, introductions: bool = False,
           clock: Clock | None = None) -> None:
     """Play ``coord``'s rounds (or, with ``round = async``, its buffers) until its run is done,
-    on the wall (a deployment) or on the bench's simulated ``clock`` (``nodes.engine.clocks``)."""
-    transport = FlowerTransport(grid, coord, introductions, poll)
-    loop = Loop(transport, coord, clock or WallClock(coord.settings.deadline))
+    on the wall (a deployment) or on the bench's simulated ``clock`` (``nodes.engine.clocks``).
+    With ``introductions`` (simulated nodes have no key) a node without one is asked who it is."""
+    loop = Loop(FlowerTransport(grid, coord, poll), coord, clock or WallClock(coord.settings.deadline),
+                (introduction_content(coord.run_id), identify) if introductions else None)
     say_window(coord)
     if coord.asynchronous:
         loop.play_async()
@@ -232,7 +210,7 @@ def serve(grid: Grid, coord: Coordinator, poll: float = POLL, introductions: boo
     first = True
     while not coord.done:
         loop.play_round(first, lambda nodes: Checkers(sorted(set(nodes.values())),
-                                                       lambda asked: ask_checks(transport, nodes, asked)))
+                                                       lambda asked: ask_checks(loop, nodes, asked)))
         first = False
 
 

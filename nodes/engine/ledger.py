@@ -142,7 +142,7 @@ class TaskLedger:
 
     def in_flight(self) -> int:
         """Training tasks in the transport whose replies are not yet filed or dropped."""
-        return len(self._training) + len(self._withdrawn)
+        return len(self._training) + sum(t.kind == TRAIN for t in self._withdrawn.values())
 
     def close(self, handle: object) -> Ticket | None:
         """The task answered by the reply to ``handle``, whatever the reply holds (then it is no
@@ -162,9 +162,17 @@ class TaskLedger:
             self._withdraw(t)
         return gone
 
+    def withdraw(self, handle: object) -> None:
+        """The task out as ``handle`` is no longer waited for: its reply, if it comes, is
+        dropped (the handle is known until its TTL)."""
+        ticket = self._out.get(handle)
+        if ticket is not None:
+            self._withdraw(ticket)
+
     def _withdraw(self, ticket: Ticket) -> None:
         if self._out.pop(ticket.handle, None) is not None:
-            del self._training[ticket.node]
+            if ticket.kind == TRAIN:
+                del self._training[ticket.node]
             self._withdrawn[ticket.handle] = ticket
 
     def expire(self, now: float) -> list[Ticket]:

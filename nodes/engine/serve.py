@@ -37,7 +37,7 @@ from typing import Protocol as Interface
 
 from .buffers import Buffers
 from .clocks import Barrier, Clock
-from .ledger import TRAIN, TaskLedger, Ticket
+from .ledger import INTRODUCE, TRAIN, TaskLedger, Ticket
 
 log = logging.getLogger("robust.coordinator")
 
@@ -61,7 +61,15 @@ class Transport(Interface):
     live: bool
 
     def online(self) -> dict[object, str]:
-        """The nodes reachable now: address -> key fingerprint."""
+        """The nodes reachable now whose key is known: address -> key fingerprint."""
+
+    def strangers(self) -> list[object]:
+        """The addresses reachable now with no usable key (asked who they are, if the loop
+        introduces nodes)."""
+
+    def ask(self, kind: str, asks: dict[object, tuple[object, object]], life: float) -> dict[object, object]:
+        """Send each ask (key -> (address, content)) as a task of ``kind`` (a spot check, an
+        introduction); the handles of those whose message left, by key."""
 
     def train(self, tasks: dict, payload: object, addresses: dict[str, object], life: float) -> dict[str, object]:
         """Send each node (fingerprint -> its task) its training task carrying ``payload`` (the
@@ -134,8 +142,11 @@ class Desk(Interface):
 class Loop:
     """One run's schedule on a desk, a transport and a clock (see the module)."""
 
-    def __init__(self, transport: Transport, desk: Desk, clock: Clock) -> None:
+    def __init__(self, transport: Transport, desk: Desk, clock: Clock, introduce=None) -> None:
         self.transport, self.desk, self.clock, self.ledger = transport, desk, clock, desk.ledger
+        # asks a stranger who it is (content, then the fingerprint its reply proves, or ValueError)
+        self.introduce = introduce
+        self.introduced: dict[object, str] = {}  # address -> the fingerprint it introduced itself with
         self.nudging = transport.live and desk.round > 0  # resumed: nodes may hold the stopped run's replies
         self.nudged: set[object] = set()  # handles nudged
         self.seen: dict[object, str] = {}  # every address seen -> its fingerprint
@@ -148,10 +159,51 @@ class Loop:
         self.started = time.monotonic()  # async: when the buffer being filled began
 
     def look(self) -> dict[object, str]:
-        """Who is online now."""
-        self.online = self.transport.online()
-        self.seen.update(self.online)
-        return self.online
+        """Who is online now: the nodes with a known key, and those that introduced themselves."""
+        online, present = dict(self.transport.online()), self.transport.strangers()
+        strangers = [a for a in present if a not in self.introduced]
+        if strangers and self.introduce is not None:
+            content, identify = self.introduce
+            replies = self.gather(INTRODUCE, {a: (a, content, str(a)) for a in strangers},
+                                  self.desk.settings.wait_nodes)
+            for address, reply in sorted(replies.items()):
+                try:
+                    if reply.error:
+                        raise ValueError(reply.error[:200])
+                    self.introduced[address] = identify(reply.content)
+                except ValueError as err:
+                    log.warning("node %s did not introduce itself: %s", address, err)
+        elif strangers:
+            log.warning("node(s) %s have no usable public key: ignored", ", ".join(map(str, strangers)))
+        online.update({a: self.introduced[a] for a in present if a in self.introduced})
+        self.online = online
+        self.seen.update(online)
+        return online
+
+    def gather(self, kind: str, asks: dict[object, tuple[object, object, str]], wait: float) -> dict[object, Landed]:
+        """Tasks of ``kind`` other than training (spot checks, introductions), each a ticket out
+        in the ledger like any task: send each ask (key -> (address, content, the node asked)),
+        and return the replies that came within ``wait`` seconds, by key. The tasks still out
+        then are withdrawn (their replies, if they come, are pulled and dropped) and given up at
+        their TTL like any other."""
+        handles = self.transport.ask(kind, {key: (address, content) for key, (address, content, _) in asks.items()},
+                                     self.clock.life)
+        keys = {}
+        for key, handle in handles.items():
+            self.ledger.issue(asks[key][2], 0, self.desk.round, "", None, self.clock.now(), self.clock.life, handle, kind)
+            keys[handle] = key
+        out, until = {}, time.monotonic() + wait
+        while keys:
+            for reply in self.transport.pull(list(keys)):
+                key = keys.pop(reply.handle, None)
+                if key is not None and self.ledger.close(reply.handle) is not None:
+                    out[key] = reply
+            if not keys or time.monotonic() >= until:
+                break
+            self.transport.pause()
+        for handle in keys:
+            self.ledger.withdraw(handle)
+        return out
 
     def room(self) -> int:
         """Tasks the window (``in-flight``) lets out now."""

@@ -1,6 +1,8 @@
-"""The local driver: one benchmark cell in-process, on the round engine the coordinator runs.
+"""The local driver: one benchmark cell in-process, on the serve loop and round engine the coordinator runs.
 
-Each round the engine selects the nodes to ask (quarantined ones are not), this driver
+The cell's rounds are the product's serve loop (``nodes.engine.serve``) with this driver as
+its transport and desk (``evaluation.bench.drivers.serving``) and simulated time as its clock:
+each round the engine selects the nodes to ask (quarantined ones are not), this driver
 computes their rows, and :meth:`nodes.engine.engine.Engine.step` plays the round with the threat
 model's hook (``evaluation.bench.threat``). Rows are computed
 

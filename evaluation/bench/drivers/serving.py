@@ -24,9 +24,9 @@ from collections.abc import Iterable
 
 import torch
 
-from nodes.coordinator.coordinator import Inbox
+from nodes.engine.inbox import Inbox
 from nodes.engine.ledger import TaskLedger, Ticket
-from nodes.engine.rows import canonical, rejection_reason
+from nodes.engine.rows import rejection_reason, stacked
 from nodes.engine.serve import Landed
 from nodes.wire import Task
 
@@ -102,15 +102,15 @@ class BenchDesk:
             reason = (rejection_reason(row, row.numel(), self.settings.max_norm)
                       or ticket.refusal(ticket.number, ticket.base, self.round, self.settings.max_staleness))
             if reason:
-                inbox.rejected[ticket.node] = reason
+                inbox.reject(ticket.node, reason)
                 return False
-        inbox.rows[ticket.node], inbox.tasks[ticket.node] = row, ticket
+        inbox.accept(ticket.node, row, ticket)
         return True
 
     def finish_round(self, asked: list[str], inbox: Inbox, started: float, checkers=None,
                      held: list[str] | None = None, missed: dict[str, str] | None = None) -> dict:
         """The engine's step on the round's rows (the threat model's hook crafts in it)."""
-        ids, X = canonical(inbox.rows, self.engine.w.numel())
+        ids, X = stacked(inbox.rows, self.engine.w.numel())
         record = self.engine.step(asked, ids, X, inbox.rejected, missed, tasks=inbox.tasks)
         if held is not None:
             record["held"] = held
@@ -139,6 +139,12 @@ class InProcess:
         if run.desk.asynchronous:
             return {fp: fp for fp in run.ids if people.online_at(fp, run.timeline.now)}
         return {fp: fp for fp in run.ids if people.online(fp, run.engine.round + 1)}
+
+    def strangers(self) -> list:
+        return []  # every node's key is the cell's own
+
+    def ask(self, kind: str, asks: dict, life: float) -> dict:
+        raise ValueError(f"the in-process bench computes its {kind} tasks itself (a driver's error)")
 
     def train(self, tasks: dict[str, Task], w: torch.Tensor, addresses: dict, life: float) -> dict[str, int]:
         run, nodes = self.run, list(tasks)
