@@ -12,6 +12,7 @@ parameters.
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import sys
 import typing
@@ -32,6 +33,7 @@ class ParamRow:
     type: str
     default: str
     allowed: str = ""  # the declared range; empty until the components declare their parameters
+    meaning: str = ""  # the declared one-line meaning; likewise
 
 
 def declared_parameters(cls: type) -> list[ParamRow]:
@@ -52,16 +54,22 @@ def declared_parameters(cls: type) -> list[ParamRow]:
 
 
 def parameter_table(rows: list[ParamRow]) -> str:
-    """The Markdown table of a component's parameters (or a line saying it takes none)."""
+    """The Markdown table of a component's parameters (or a line saying it takes none): key,
+    type and default, then the allowed values and the meaning where they are declared."""
     if not rows:
         return "Parameters: none.\n"
-    allowed = any(r.allowed for r in rows)
-    head = ["key", "type", "default"] + (["allowed"] if allowed else [])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    columns = [c for c in ("type", "default", "allowed", "meaning") if c == "default" or any(getattr(r, c) for r in rows)]
+    lines = ["| key | " + " | ".join(columns) + " |", "|" + "---|" * (len(columns) + 1)]
     for r in rows:
-        cells = [f"`{r.key}`", r.type, r.default] + ([r.allowed] if allowed else [])
+        cells = [f"`{r.key}`"] + [getattr(r, c).replace("|", "\\|") for c in columns]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def setting_rows(table: dict) -> list[ParamRow]:
+    """The rows of a table of declared settings (``robust.constraints.Param``): what a
+    component's rows become once its parameters are declared the same way."""
+    return [ParamRow(p.key, "", f"`{json.dumps(p.default)}`", p.rule.describe(), p.help) for p in table.values()]
 
 
 def _type_name(kind: object) -> str:
@@ -181,7 +189,28 @@ How an update travels: `compression = SPEC` (a coordinator setting and a scenari
         codec_entries, codec_facts,
     )
     out["reference/detectors.md"] = detectors_page(detectors)
+    out["reference/settings.md"] = settings_page()
     return out
+
+
+def settings_page() -> str:
+    from nodes.settings import DEPLOY, RUN
+
+    return f"""# Settings
+
+*Generated at every build from their declarations (`nodes/settings.py`: key, rule, default, meaning).*
+
+A run's settings: each is a coordinator setting (`DIR/coordinator.toml`, written by `robust
+coordinator init`), an option of `robust coordinator init` and `start` (`--max-norm` for
+`max-norm`), and a scenario key of `robust bench` (a list makes a grid axis), checked by the
+same rule and refused in one line (`rounds must be an integer >= 1 (got 0)`, exit 2).
+
+{parameter_table(setting_rows(RUN))}
+## Deployment only
+
+The coordinator's own settings (not scenario keys):
+
+{parameter_table(setting_rows(DEPLOY))}"""
 
 
 def detectors_page(module) -> str:
@@ -230,10 +259,13 @@ def main() -> None:
         with mkdocs_gen_files.open(path, "w") as f:
             f.write(text)
         mkdocs_gen_files.set_edit_path(path, "docs/gen_reference.py")
-    # the dashboard's figure, from where tests/test_dashboard.py renders it (never a stale copy)
-    figure = ROOT / "evaluation" / "figures" / "dashboard.png"
+    # the dashboard's figure, kept in evaluation/ (tests/test_dashboard.py saves a new one with
+    # ROBUST_DASHBOARD_SCREENSHOT=PATH): served from there, never a second copy to go stale
+    figures = sorted(ROOT.glob("evaluation/**/dashboard.png"))
+    if not figures:
+        raise SystemExit("no evaluation/**/dashboard.png, the figure docs/dashboard.md shows (ROBUST_DASHBOARD_SCREENSHOT=PATH pytest tests/test_dashboard.py saves one)")
     with mkdocs_gen_files.open("assets/dashboard.png", "wb") as f:
-        f.write(figure.read_bytes())
+        f.write(figures[0].read_bytes())
 
 
 if __name__ in ("__main__", "<run_path>"):

@@ -165,8 +165,9 @@ def test_a_parameter_table_has_key_type_default_and_the_allowed_range_once_decla
     rows = [gen.ParamRow("z", "float or None", "`None`"), gen.ParamRow("k", "float", "`0.01`")]
     assert gen.parameter_table(rows).splitlines() == [
         "| key | type | default |", "|---|---|---|", "| `z` | float or None | `None` |", "| `k` | float | `0.01` |"]
-    declared = [gen.ParamRow("k", "float", "`0.01`", "0 < k <= 1")]
-    assert gen.parameter_table(declared).splitlines()[2] == "| `k` | float | `0.01` | 0 < k <= 1 |"
+    declared = [gen.ParamRow("k", "float", "`0.01`", "a number in (0, 1]", "share of coordinates sent")]
+    assert gen.parameter_table(declared).splitlines()[0::2] == [
+        "| key | type | default | allowed | meaning |", "| `k` | float | `0.01` | a number in (0, 1] | share of coordinates sent |"]
     assert gen.parameter_table([]) == "Parameters: none.\n"
     assert gen.docstring_markdown("Title.\n\nEvery label is::\n\n    y -> C - 1 - y\nsee :func:`x`\n- a\n") == (
         "Title.\n\nEvery label is:\n\n    y -> C - 1 - y\nsee ``x``\n\n- a\n")
