@@ -34,11 +34,13 @@ INSTALL = {  # CI runs these itself, on a clean clone: each part -> what .ci/run
 # covered by tests/test_warm_trainer.py, which runs `robust demo --rounds 2 --seed 3 --json --keep DIR`
 # (about a minute of real processes; not run twice): each argument the page gives must be in its argv
 DEMO_TEST = ("test_warm_trainer.py", "test_robust_demo_gives_the_in_process_bits_and_each_rounds_seconds")
-# run here, with these arguments added (later --set and --out win): 4 cells of 2 rounds
+# run here, with these arguments added (a later --set, --out or --jobs wins): 4 cells of 2 rounds, in
+# this process's child alone (--jobs 2's worker processes cost 35 s of start-up on a busy machine;
+# tests/test_bench.py runs --jobs 2 and checks it gives --jobs 1's records)
 SMALL = {
     "robust bench --config evaluation/scenarios/quick.toml --out out/quick --jobs 2": [
         "--set", "rounds=2", "--set", "seeds=[0]", "--set", 'aggregators=["mean","nnm+trimmed-mean"]',
-        "--set", 'attacks=["none","sign-flip"]',
+        "--set", 'attacks=["none","sign-flip"]', "--jobs", "1",
     ],
 }
 
