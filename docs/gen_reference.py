@@ -178,7 +178,7 @@ standard deviations per row). `robust attacks` lists them with their files. {len
     codec_entries = {n: CODECS.entries[n] for n in codecs.names()}
 
     def codec_facts(cls: type) -> list[str]:
-        return [w for w, on in (("biased (error feedback)", cls.biased), ("keyed", cls.keyed)) if on] or ["unbiased"]
+        return ["biased (encode with error feedback)" if cls.biased else "unbiased"] + (["keyed"] if cls.keyed else [])
 
     out["reference/codecs.md"] = family_page(
         "Codecs",
