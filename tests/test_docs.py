@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 import os
 import re
 import shlex
@@ -152,7 +153,8 @@ def test_the_reference_has_every_component_with_its_docstring_and_parameters():
             section = by_name[name]
             first = sys.modules[cls.__module__].__doc__.strip().splitlines()[0]
             assert gen.docstring_markdown(first).strip() in section, f"{name}: its docstring is not on its page"
-            for key, p in cls.parameters().items():
+            keyword_only = inspect.signature(cls.__init__).parameters.values()
+            for key, p in ((p.name, p) for p in keyword_only if p.kind is p.KEYWORD_ONLY):
                 count += 1
                 row = next((line for line in section.splitlines() if line.startswith(f"| `{key}` |")), None)
                 assert row is not None, f"{name}: parameter {key} has no row"
