@@ -205,6 +205,8 @@ coordinator init`), an option of `robust coordinator init` and `start` (`--max-n
 `max-norm`), and a scenario key of `robust bench` (a list makes a grid axis), checked by the
 same rule and refused in one line (`rounds must be an integer >= 1 (got 0)`, exit 2).
 
+## A run's settings
+
 {parameter_table(setting_rows(RUN))}
 ## Deployment only
 
