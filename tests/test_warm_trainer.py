@@ -122,6 +122,15 @@ def test_no_trainer_is_a_decline_that_says_what_to_do(federation):
     assert json.loads((nodes[0] / worklog.WORK_LOG).read_text())["declined"] is True
 
 
+def test_node_join_reads_whole_lines_of_the_work_log_and_passes_over_a_broken_one(tmp_path):
+    (tmp_path / worklog.WORK_LOG).write_bytes(b'{"round": 1}\n{"round": 2, "cut short\n{"round": 3}\n{"round": 4')
+    lines, offset = worklog.since(tmp_path, 0)
+    assert lines == [{"round": 1}, {"round": 3}] and worklog.since(tmp_path, offset) == ([], offset)
+    with open(tmp_path / worklog.WORK_LOG, "ab") as log:
+        log.write(b"}\n")  # the line being written is done
+    assert worklog.since(tmp_path, offset)[0] == [{"round": 4}]
+
+
 @pytest.mark.parametrize(("fault", "said"), [("trainer-crash", "died while answering"),
                                              ("trainer-hang", "did not answer in time"),
                                              ("trainer-garbage", "answered garbage")])

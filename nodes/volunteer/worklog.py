@@ -34,15 +34,21 @@ def refused(folder: Path, run: str, number: int, kind: str, cause: str) -> None:
 
 def since(folder: Path, offset: int) -> tuple[list[dict], int]:
     """The lines logged after byte ``offset``, and the offset past them (a line still being
-    written waits for the next call)."""
+    written waits for the next call; one that is not JSON, cut short by a full disk, is passed
+    over: never the end of ``node join``)."""
     try:
         with open(folder / WORK_LOG, "rb") as log:
             log.seek(offset)
             data = log.read()
     except FileNotFoundError:
         return [], offset
-    done = data[:data.rfind(b"\n") + 1]
-    return [json.loads(line) for line in done.splitlines()], offset + len(done)
+    done, lines = data[:data.rfind(b"\n") + 1], []
+    for line in done.splitlines():
+        try:
+            lines.append(json.loads(line))
+        except ValueError:
+            continue
+    return lines, offset + len(done)
 
 
 def _append(folder: Path, line: dict) -> None:
