@@ -86,7 +86,8 @@ def node_join(folder: Path, coordinator: str, ca: Path, device: str, dataset: st
             return 2 if failed == 2 else 1
         say(f"node {keys.fingerprint(key.public_key())[:12]} joining {coordinator}: waiting for tasks (Ctrl-C to "
             f"leave); Flower's log: {folder / FLOWER_LOG}")
-        return _supervise(lambda: launch.start_supernode(folder, coordinator, ca.resolve(), subprocess.PIPE, False),
+        return _supervise(lambda: launch.start_supernode(folder, coordinator, ca.resolve(), subprocess.PIPE,
+                                                            own_group=False),
                           folder, trainer, Terminal(folder, coordinator, unreachable is None))
     except KeyboardInterrupt:
         return 130
