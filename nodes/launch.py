@@ -75,11 +75,14 @@ def _die_with_parent() -> None:
         pass
 
 
-def spawn(args: list[str], home: Path, log: Path | None, own_group: bool = True, first: Path | None = None) -> subprocess.Popen:
+def spawn(args: list[str], home: Path, log: Path | int | None, own_group: bool = True, first: Path | None = None
+          ) -> subprocess.Popen:
     """Start ``args``, dying with us, in its own process group (or in ours, so that whoever
-    signals our group reaches every process Flower starts under it); output to ``log``."""
-    out = open(log, "ab") if log else None  # noqa: SIM115 - the child keeps it open
-    return subprocess.Popen(args, env=flwr_env(home, first), stdout=out, stderr=subprocess.STDOUT if out else None,
+    signals our group reaches every process Flower starts under it); output to the file
+    ``log``, or a pipe (``subprocess.PIPE``), or ours (``None``)."""
+    out = open(log, "ab") if isinstance(log, Path) else log  # noqa: SIM115 - the child keeps it open
+    return subprocess.Popen(args, env=flwr_env(home, first), stdout=out,
+                            stderr=None if out is None else subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=own_group, preexec_fn=_die_with_parent)
 
 
@@ -121,11 +124,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def answers(port: int) -> bool:
-    """Whether something listens on ``127.0.0.1:port`` (a running SuperLink, for us)."""
-    with socket.socket() as s:
-        s.settimeout(1.0)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+def answers(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something listens on ``host:port`` (a running SuperLink, for us)."""
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def wait_for_tls(host: str, port: int, ca: Path, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
@@ -271,10 +276,11 @@ def check_certificate(coordinator: str, ca: Path) -> str | None:
     except (OSError, ValueError) as err:
         return f"{type(err).__name__}: {err}"
 
-def start_supernode(folder: Path, coordinator: str, ca: Path, log: Path | None = None,
+def start_supernode(folder: Path, coordinator: str, ca: Path, log: Path | int | None = None,
                     own_group: bool = True) -> subprocess.Popen:
     """A SuperNode for the volunteer whose folder (key, ``node.json``) is ``folder``; its
-    ClientApps start through the volunteer's code gate (``nodes.codetrust``)."""
+    ClientApps start through the volunteer's code gate (``nodes.codetrust``). ``log``: as
+    :func:`spawn`'s."""
     config = f"folder={json.dumps(str(folder))}"
     home = folder / FLWR_HOME
     home.mkdir(parents=True, exist_ok=True)

@@ -2,13 +2,16 @@
 (:func:`nodes.volunteer.thin_app.relay`): the same reply as the in-process ClientApp, and a
 clean decline, saying why, when the trainer is absent, dies, hangs or answers garbage; in a
 real federation (``robust node join``), the round goes on and the volunteer's fresh trainer
-answers the next; and ``robust demo`` ends with the bits of its federation played in-process."""
+answers the next, and each volunteer's terminal says, in a line per task, what it did (Flower's
+own log kept in a file of its folder); and ``robust demo`` ends with the bits of its federation
+played in-process."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -23,7 +26,8 @@ from nodes.settings import Settings
 from nodes.volunteer import channel, volunteer, worklog
 from nodes.volunteer.client_app import Node, answer
 from nodes.volunteer.thin_app import MARGIN, budget, relay
-from nodes.wire import Task, read_reply, reply_payload, task_content
+from nodes.volunteer.terminal import FLOWER_LOG, task_line
+from nodes.wire import Task, content_bytes, read_reply, reply_payload, task_content
 from robust import codecs, keys
 from robust.params import sha256
 
@@ -62,11 +66,12 @@ def a_task(coord: Coordinator, node: Path, check: tuple[str, str] | None = None,
     return task_content(task if deadline is None else dataclasses.replace(task, deadline=deadline), w, check)
 
 
-def test_the_thin_client_app_loads_no_torch():
-    done = subprocess.run([sys.executable, "-c", "import sys, nodes.volunteer.thin_app, nodes.volunteer.join; "
-                           "print(sorted(m for m in ('torch', 'nodes.volunteer.volunteer') if m in sys.modules))"],
-                          capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]"
+def test_the_thin_client_app_loads_no_torch_and_node_join_no_flower():
+    for module, heavy in (("thin_app", "'torch', 'nodes.volunteer.volunteer'"), ("join", "'torch', 'flwr'")):
+        done = subprocess.run([sys.executable, "-c", f"import sys, nodes.volunteer.{module}; "
+                               f"print(sorted(m for m in ({heavy}) if m in sys.modules))"],
+                              capture_output=True, text=True, check=True)
+        assert done.stdout.strip() == "[]", module
 
 
 def test_the_warm_trainer_replies_as_the_in_process_client_app(federation):
@@ -78,16 +83,22 @@ def test_the_warm_trainer_replies_as_the_in_process_client_app(federation):
         assert channel.socket_path(node).stat().st_mode & 0o777 == 0o600
         d, codec = coord.engine.w.numel(), codecs.build(SETTINGS.compression)
         public = keys.load_private(node).public_key()
+        sizes = []  # of each reply's arrays, as they travel
         for check in (None, (fingerprint(nodes[1]), "2/2")):  # its own work, then a spot check of node2
             content = a_task(coord, node, check)
-            warm = read_reply(relay(node, content, time.time(), 90.0), d, codec)
-            cold = read_reply(answer(Node.load(node), content, time.time()), d, codec)
+            replies = relay(node, content, time.time(), 90.0), answer(Node.load(node), content, time.time())
+            sizes += map(content_bytes, replies)
+            warm, cold = (read_reply(r, d, codec) for r in replies)
             assert not warm[0].refused
             assert dataclasses.replace(warm[0], signature=b"", seconds=0.0) == dataclasses.replace(cold[0], signature=b"", seconds=0.0)
             assert torch.equal(torch.from_numpy(warm[1].copy()), torch.from_numpy(cold[1].copy()))
             assert all((warm[2][k] == cold[2][k]).all() for k in cold[2])
             assert keys.verify(public, warm[0].signature, reply_payload(warm[0], sha256(torch.from_numpy(warm[1].copy()))))
-        assert [json.loads(line)["declined"] for line in (node / worklog.WORK_LOG).read_text().splitlines()] == [False, False]
+        work = [json.loads(line) for line in (node / worklog.WORK_LOG).read_text().splitlines()]
+        assert [(w["kind"], w["steps"], w["declined"]) for w in work] == [("training", 4, False)] * 2 + [("check", 4, False)] * 2
+        assert [w["bytes"] for w in work] == sizes
+        assert task_line(work[2]).startswith(f"round {work[2]['round']} spot check: 4 local steps in ")
+        assert task_line(work[2]).endswith(f" s, {work[2]['bytes']:,} B up, sent")
     finally:
         launch.stop(proc)
 
@@ -111,6 +122,15 @@ def test_no_trainer_is_a_decline_that_says_what_to_do(federation):
     assert json.loads((nodes[0] / worklog.WORK_LOG).read_text())["declined"] is True
 
 
+def test_node_join_reads_whole_lines_of_the_work_log_and_passes_over_a_broken_one(tmp_path):
+    (tmp_path / worklog.WORK_LOG).write_bytes(b'{"round": 1}\n{"round": 2, "cut short\n{"round": 3}\n{"round": 4')
+    lines, offset = worklog.since(tmp_path, 0)
+    assert lines == [{"round": 1}, {"round": 3}] and worklog.since(tmp_path, offset) == ([], offset)
+    with open(tmp_path / worklog.WORK_LOG, "ab") as log:
+        log.write(b"}\n")  # the line being written is done
+    assert worklog.since(tmp_path, offset)[0] == [{"round": 4}]
+
+
 @pytest.mark.parametrize(("fault", "said"), [("trainer-crash", "died while answering"),
                                              ("trainer-hang", "did not answer in time"),
                                              ("trainer-garbage", "answered garbage")])
@@ -129,6 +149,11 @@ def test_a_trainer_that_dies_hangs_or_garbles_declines_the_task_and_is_gone(fede
 
 
 
+SAID = ("died while answering", "did not answer in time", "answered garbage")  # by a crashed, hung, garbling trainer
+TASK_LINE = re.compile(r"^\d\d:\d\d:\d\d round (\d+) training: (\d+) local steps? in \d+\.\d\d s, ([\d,]+) B up, "
+                       r"(sent|declined: .*?)(?: \(|$)", re.M)  # a decline's reason: its first words
+
+
 def test_a_round_goes_on_past_trainers_that_die_hang_or_garble_and_their_volunteers_recover(tmp_path, procs):  # noqa: F811
     port = launch.free_port()
     settings = Settings(rounds=2, aggregator="median", tolerate=0, quorum=1, deadline=30.0, protocol="delta:steps=4",
@@ -142,10 +167,25 @@ def test_a_round_goes_on_past_trainers_that_die_hang_or_garble_and_their_volunte
     wait_until(lambda: (coord / checkpoint.RESULT).exists(), 300, "the run to finish", logs)
     first, second = rounds_done(coord)
     assert first["accepted"] == 1 and not first["rejected"] and not first["missing"]
-    for node, said in zip(nodes[1:], ("died while answering", "did not answer in time", "answered garbage")):
+    for node, said in zip(nodes[1:], SAID):
         assert first["failed"][fingerprint(node)].startswith(f"declined the task: this node's trainer {said}")
         assert "the trainer exited (killed by signal 9): starting a fresh one" in (node / "join.log").read_text()
     assert second["accepted"] == 4 and not second["failed"]  # each volunteer's fresh trainer answered
+    # what each volunteer's terminal said: a line per task, from its work log; then that the coordinator left
+    wait_until(lambda: all("stopped answering" in (n / "join.log").read_text() for n in nodes), 60,
+               "the volunteers to see the coordinator gone", logs)
+    for node in nodes:
+        said = (node / "join.log").read_text()
+        tasks = [m.groups() for m in TASK_LINE.finditer(said)]
+        assert [(number, steps) for number, steps, *_ in tasks] == [("1", "0" if node in faults else "4"), ("2", "4")], said
+        up = [int(n.replace(",", "")) for _, _, n, _ in tasks]
+        assert up == [r["bytes_per_node"][fingerprint(node)[:12]][0] for r in (first, second)]  # the coordinator's count
+        assert [outcome for *_, outcome in tasks] == (
+            [f"declined: this node's trainer {dict(zip(nodes[1:], SAID))[node]}", "sent"] if node in faults else ["sent"] * 2)
+        assert "stopped answering after round 2: its run has finished, or it stopped. Waiting for it" in said
+        assert "\x1b" not in said and "Receiving" not in said and "Connection attempt failed" not in said
+        flower = (node / FLOWER_LOG).read_text()  # Flower's own lines, as plain text
+        assert "Receiving: train message" in flower and "\x1b" not in flower
 
 
 def test_robust_demo_gives_the_in_process_bits_and_each_rounds_seconds(tmp_path):

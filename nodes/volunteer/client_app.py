@@ -17,7 +17,8 @@ The update travels as the task's codec encodes it (``nodes.volunteer.volunteer.w
 that lies about its update's bytes (``dtype-lie``, ``shape-lie``, ``oversize``) tells the
 same lie about the first array of a compressed update (:func:`content`).
 
-Each answered task is one line of ``DIR/work.jsonl`` (``nodes.volunteer.worklog``).
+Each answered task, its own work or a spot check, is one line of ``DIR/work.jsonl``
+(``nodes.volunteer.worklog``): what ``robust node join`` shows its volunteer.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from flwr.clientapp import ClientApp
 from robust import keys
 from robust.user_code import use_path
 
+from ..engine.protocol import Protocol
 from ..engine.training import NodeData
-from ..wire import UPDATE, Reply, identity_content, read_introduction, read_task, reply_content, task_of
+from ..wire import (UPDATE, Reply, content_bytes, identity_content, read_introduction, read_task, reply_content,
+                    task_of)
 from . import faults, worklog
 from .volunteer import NodeConfig, check, pick_device, prepare_data, work
 
@@ -84,14 +87,18 @@ def answer(node: Node, task_content: RecordDict, sent_at: float) -> RecordDict:
         def data_of(dataset: str, part: str) -> NodeData:
             return NodeData.load(prepare_data(folder, dataset, config.data_root or None, part))
 
+        start = time.perf_counter()
         reply, row = check(task, w, *spot, data_of, node.key, node.device)
-        return reply_content(reply, row)
-    reply, row = work(task, w, node.data, node.key, node.device, config.attack, folder, config.part)
-    if config.slow > 0:  # a slow volunteer: a random delay, so replies arrive in a random order
-        time.sleep(random.uniform(0, config.slow))
-    time.sleep(faults.delay(config.attack, sent_at, task.deadline))
-    worklog.record(folder, task.run, task.round, reply.seconds, bool(reply.refused), sent_at)
-    return content(config.attack, reply, row)
+        seconds, out = time.perf_counter() - start, reply_content(reply, row)  # a check's reply carries no time
+    else:
+        reply, row = work(task, w, node.data, node.key, node.device, config.attack, folder, config.part)
+        if config.slow > 0:  # a slow volunteer: a random delay, so replies arrive in a random order
+            time.sleep(random.uniform(0, config.slow))
+        time.sleep(faults.delay(config.attack, sent_at, task.deadline))
+        seconds, out = reply.seconds, content(config.attack, reply, row)
+    steps = 0 if reply.refused else Protocol.of(task).steps
+    worklog.record(folder, reply, sent_at, seconds, steps, content_bytes(out))
+    return out
 
 
 def make_app(folder_of: FolderOf) -> ClientApp:

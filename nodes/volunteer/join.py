@@ -6,7 +6,8 @@ exits, and its Flower SuperNode, whose per-task ClientApps (``nodes.volunteer.th
 their tasks to that trainer. The supervisor itself loads neither PyTorch nor Flower: it checks
 the volunteer's files and the coordinator's certificate, has the trainer check and prepare
 the rest (device, data set, attack) before the SuperNode starts, and shows the volunteer the
-code bundles the coordinator asks it to run.
+code bundles the coordinator asks it to run, each task the node answered and whether the
+coordinator answers (``nodes.volunteer.terminal``); Flower's own log goes to ``DIR/flower.log``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from robust import keys
 
 from .. import codetrust, launch
 from . import channel
+from .terminal import FLOWER_LOG, Terminal, keep_flower_log, say
 
 RECONNECT_PAUSE = 3.0  # seconds between a SuperNode's exit and its restart
 REFUSAL_GRACE = 90.0  # seconds a refused node keeps trying (Flower holds a dead node's session 60 s)
@@ -50,7 +52,7 @@ class Trainer:
         code = self.proc.poll()
         if code is None or time.monotonic() - self.started < RESTART_PAUSE:
             return
-        print(f"the trainer exited ({_how(code)}): starting a fresh one", flush=True)
+        say(f"the trainer exited ({_how(code)}): starting a fresh one")
         self.proc = launch.start_trainer(self.folder, own_group=False)  # node.json is written: no setup
         self.started = time.monotonic()
 
@@ -73,7 +75,7 @@ def node_join(folder: Path, coordinator: str, ca: Path, device: str, dataset: st
         codetrust.trust(folder, sha)
     unreachable = launch.check_certificate(coordinator, ca)
     if unreachable:
-        print(f"cannot reach {coordinator} yet ({unreachable}): the node keeps trying", flush=True)
+        say(f"cannot reach {coordinator} yet ({unreachable}): the node keeps trying")
     folder = folder.resolve()
     setup = {"device": device, "dataset": dataset, "root": root, "part": part, "attack": attack, "slow": float(slow),
              "code": str(Path(code).expanduser().resolve()) if code else ""}
@@ -82,9 +84,11 @@ def node_join(folder: Path, coordinator: str, ca: Path, device: str, dataset: st
         failed = trainer.wait_ready()  # the trainer says what it could not take, and exits 2
         if failed is not None:
             return 2 if failed == 2 else 1
-        print(f"node {keys.fingerprint(key.public_key())[:12]} joining {coordinator}", flush=True)
-        return _supervise(lambda: launch.start_supernode(folder, coordinator, ca.resolve(), own_group=False), folder,
-                          trainer)
+        say(f"node {keys.fingerprint(key.public_key())[:12]} joining {coordinator}: waiting for tasks (Ctrl-C to "
+            f"leave); Flower's log: {folder / FLOWER_LOG}")
+        return _supervise(lambda: launch.start_supernode(folder, coordinator, ca.resolve(), subprocess.PIPE,
+                                                            own_group=False),
+                          folder, trainer, Terminal(folder, coordinator, unreachable is None))
     except KeyboardInterrupt:
         return 130
     finally:
@@ -100,19 +104,20 @@ def _ask_about_code(folder: Path, asked: set[str]) -> None:
             continue
         asked.add(sha)
         files = ", ".join(f"{name} ({size:,} B)" for name, size in request.get("files", {}).items())
-        print(f"the coordinator asks this node to run its code: bundle {sha}, ClientApp {request.get('clientapp')}, "
-              f"files: {files}", flush=True)
+        say(f"the coordinator asks this node to run its code: bundle {sha}, ClientApp {request.get('clientapp')}, "
+            f"files: {files}")
         if sys.stdin.isatty() and input("run this code on this machine? [y/N] ").strip().lower() in ("y", "yes"):
             codetrust.trust(folder, sha)
-            print("accepted: it runs from the coordinator's next task", flush=True)
+            say("accepted: it runs from the coordinator's next task")
         else:
-            print(f"not run (its tasks fail, saying why). To run it: robust node join ... --trust-code {sha}", flush=True)
+            say(f"not run (its tasks fail, saying why). To run it: robust node join ... --trust-code {sha}")
 
 
-def _supervise(start: Callable[[], subprocess.Popen], folder: Path, trainer: Trainer) -> int:
+def _supervise(start: Callable[[], subprocess.Popen], folder: Path, trainer: Trainer, terminal: Terminal) -> int:
     """Run the volunteer's SuperNode (``start()``: in our process group, so stopping ``node
-    join``'s group stops Flower's task processes too) until it is refused or we are stopped,
-    and keep its ``trainer`` alive.
+    join``'s group stops Flower's task processes too; its output a pipe, kept in Flower's log)
+    until it is refused or we are stopped, keep its ``trainer`` alive, and keep the ``terminal``
+    told.
 
     The coordinator's SuperLink keeps its state in memory, so a restarted coordinator no
     longer knows the nodes that were connected: it drops them (the SuperNode exits with 0)
@@ -124,8 +129,10 @@ def _supervise(start: Callable[[], subprocess.Popen], folder: Path, trainer: Tra
     refused_since, asked, public = None, set(), folder / keys.PUBLIC_FILE
     while True:
         proc = start()
+        keep_flower_log(proc, folder / FLOWER_LOG)
         try:
             while (code := proc.poll()) is None:
+                terminal.show()  # a task a dead trainer failed, before the trainer's restart
                 _ask_about_code(folder, asked)
                 trainer.keep_alive()
                 time.sleep(1.0)
@@ -134,12 +141,12 @@ def _supervise(start: Callable[[], subprocess.Popen], folder: Path, trainer: Tra
             return 130
         if code == 0:
             refused_since = None
-            print("the coordinator dropped this node (it restarted?): reconnecting", flush=True)
+            say("the coordinator dropped this node (it restarted?): reconnecting")
         elif time.monotonic() - (refused_since := refused_since or time.monotonic()) < REFUSAL_GRACE:
-            print(f"the coordinator refused this node (SuperNode exit code {code}): not admitted, or its previous "
-                  f"session is still open; trying again for {REFUSAL_GRACE:.0f} s", flush=True)
+            say(f"the coordinator refused this node (SuperNode exit code {code}): not admitted, or its previous "
+                f"session is still open; trying again for {REFUSAL_GRACE:.0f} s")
         else:  # Flower retries an unreachable SuperLink forever: a lasting refusal is one
-            print(f"the coordinator refused this node (SuperNode exit code {code}): is {public} admitted "
-                  f"(robust coordinator admit DIR {public})? The SuperNode's own words are above", flush=True)
+            say(f"the coordinator refused this node (SuperNode exit code {code}): is {public} admitted "
+                f"(robust coordinator admit DIR {public})? Flower's own words are in {folder / FLOWER_LOG}")
             return code
         time.sleep(RECONNECT_PAUSE)

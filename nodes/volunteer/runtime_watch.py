@@ -11,8 +11,9 @@ node that never answered.
 So the volunteer's ``flwr-clientapp`` (its code gate, :func:`nodes.codetrust.run_gated`) runs
 Flower's ClientApp process under a :class:`Watch`: a push that raises, or a process that ends
 with a task pulled and no reply pushed, is one line of ``DIR/work.jsonl`` with
-``refused_by_runtime`` (the cause: ``nodes.volunteer.worklog.refused``) and one line in the
-volunteer's log. ``robust stress`` counts such a reply as lost, with that cause.
+``refused_by_runtime`` (the cause: ``nodes.volunteer.worklog.refused``), which ``robust node
+join`` shows its volunteer, and one line in Flower's log. ``robust stress`` counts such a reply
+as lost, with that cause.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from flwr.supercore.exit.exit_handler import add_exit_handler
 
-from ..wire import task_of
+from ..wire import check_of, task_of
 from . import worklog
 
 
@@ -36,7 +37,7 @@ class Watch:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.task: tuple[str, int] | None = None  # (run, round) of the task pulled, if a task
+        self.task: tuple[str, int, str] | None = None  # (run, round, kind) of the task pulled, if a task
         self.pushing = False  # its reply is being pushed
         self.settled = False  # its reply pushed, or its refusal logged
 
@@ -51,7 +52,8 @@ class Watch:
             message, *rest = pull(client)
             try:
                 task = task_of(message.content) if message.metadata.message_type == "train" else None
-                self.task = (task.run, task.round) if task else None
+                kind = worklog.CHECK if task and check_of(message.content) else worklog.TRAINING
+                self.task = (task.run, task.round, kind) if task else None
             except Exception:  # noqa: BLE001 - not a task of ours: nothing to account for
                 self.task = None
             return (message, *rest)
@@ -80,7 +82,7 @@ class Watch:
         if self.task is None or self.settled:
             return
         self.settled = True
-        run, number = self.task
-        worklog.refused(self.folder, run, number, cause)
+        run, number, kind = self.task
+        worklog.refused(self.folder, run, number, kind, cause)
         print(f"the reply to round {number} of run {run} was lost: {cause}; the coordinator counts this node "
               "as silent this round", flush=True)

@@ -77,9 +77,9 @@ def decline(folder: Path, task: Task, task_content: RecordDict, err: channel.Cha
     else:
         then = "it could not be stopped: restart `robust node join`"
     check = check_of(task_content)
-    if check is None:
-        worklog.record(folder, task.run, task.round, 0.0, True, sent_at)
-    return reply_content(refusal(task, f"this node's trainer {what} ({err}): {then}", check[0] if check else ""), None)
+    reply = refusal(task, f"this node's trainer {what} ({err}): {then}", check[0] if check else "")
+    worklog.record(folder, reply, sent_at)
+    return reply_content(reply, None)
 
 
 def relay(folder: Path, task_content: RecordDict, sent_at: float, ttl: float) -> RecordDict:
