@@ -211,6 +211,16 @@ class _Checked:
         return self.round == "async" or self.late == "carry"
 
     @property
+    def asynchronous(self) -> bool:
+        """Buffered asynchronous rounds (``round = async``)."""
+        return self.round == "async"
+
+    @property
+    def buffer_size(self) -> int:
+        """Valid replies per asynchronous aggregation: ``buffer``, or if 0 the fewest the aggregator serves."""
+        return self.buffer or self.quorum_needed
+
+    @property
     def quorum_needed(self) -> int:
         """Valid rows a round needs to step: ``quorum``, or if 0 the fewest the aggregator serves."""
         if self.quorum:

@@ -84,7 +84,7 @@ def test_async_and_carried_cells_give_the_same_bits_through_flower_and_run_deplo
         want, _ = shas(tmp_path / f"{name}-per-node")
         assert len(set(want.values())) == 3
         run, staleness = CellRun(Cell(grid(load_scenario(None, scenario))[0], "trimmed-mean", "none", 0), False), []
-        while not run.engine.done and (record := run.play_round()) is not None:
+        while (record := run.play_round()) is not None:
             staleness += record["staleness"].values()
         assert max(staleness) >= 1, name  # the slow node's rows came stale: the schedule matters
         flower = bench(tmp_path / f"{name}-flower", scenario, "--engine", "flower", home=home)

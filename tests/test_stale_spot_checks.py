@@ -27,7 +27,7 @@ MODES = {"async": {"round": "async", "speed": "slow:fraction=0.4,factor=10"},
 def play(config: dict, attack: str, seed: int, vectorize: bool) -> tuple[CellRun, list[dict]]:
     run = CellRun(Cell(config, "trimmed-mean", attack, seed), vectorize)
     out = []
-    while not run.engine.done and (record := run.play_round()) is not None:
+    while (record := run.play_round()) is not None:
         out.append(record)
     return run, out
 

@@ -206,7 +206,7 @@ class Coordinator:
         """A task for each of ``nodes`` and the model array they carry: this round's (sync), or
         each its own number (async; the task count is on disk before any task leaves). Each is
         out once issued (:meth:`issue`), when its message leaves."""
-        if not self.asynchronous:
+        if not self.settings.asynchronous:
             task, w = self.task()
             return dict.fromkeys(nodes, task), w
         tasks, (w, base) = {}, self.engine.task_model()
@@ -242,17 +242,6 @@ class Coordinator:
 
     def inbox(self, singles: Iterable[Inbox] = ()) -> Inbox:
         return Inbox.of(singles)
-
-    # -- asynchronous rounds ---------------------------------------------------------------
-
-    @property
-    def asynchronous(self) -> bool:
-        return self.settings.round == "async"
-
-    @property
-    def buffer_size(self) -> int:
-        """Valid replies per aggregation: ``buffer``, or if 0 the fewest the aggregator serves."""
-        return self.settings.buffer or self.settings.quorum_needed
 
     def free(self, online: list[str]) -> list[str]:
         """The online admitted nodes that may get a task now: not quarantined, not convicted, and
@@ -406,8 +395,8 @@ class Coordinator:
         with self.timed("engine"):
             record = self.engine.step(asked, ids, X, inbox.rejected, {**(missed or {}), **inbox.failed},
                                       tasks=inbox.tasks)
-        if self.asynchronous:
-            record["buffer"] = self.buffer_size
+        if self.settings.asynchronous:
+            record["buffer"] = self.settings.buffer_size
             record["held"] = held or []  # valid replies of this buffer's nodes, left for the next buffer
         record["prev"] = self._tip  # the SHA-256 of the last record's log line
         with self.timed("audit"):

@@ -204,7 +204,7 @@ def serve(grid: Grid, coord: Coordinator, poll: float = POLL, introductions: boo
     loop = Loop(FlowerTransport(grid, coord, poll), coord, clock or WallClock(coord.settings.deadline),
                 (introduction_content(coord.run_id), identify) if introductions else None)
     say_window(coord)
-    if coord.asynchronous:
+    if coord.settings.asynchronous:
         loop.play_async()
         return
     first = True

@@ -99,10 +99,6 @@ class Desk(Interface):
     def quorum(self) -> int: ...
     @property
     def in_flight(self) -> int: ...
-    @property
-    def asynchronous(self) -> bool: ...
-    @property
-    def buffer_size(self) -> int: ...
 
     def select(self, online: list[str]) -> list[str]:
         """The nodes to ask this round, from the ``online`` ones."""
@@ -155,7 +151,7 @@ class Loop:
         self.alone_since = time.monotonic()
         self.given: dict[str, float] = {}  # node -> when it was last given a task (the idlest go first)
         self.cap = desk.in_flight
-        self.buffers = Buffers(desk.buffer_size) if desk.asynchronous else None  # async: each reply a one-node inbox
+        self.buffers = Buffers(desk.settings.buffer_size) if desk.settings.asynchronous else None  # async: each reply a one-node inbox
         self.started = time.monotonic()  # async: when the buffer being filled began
 
     def look(self) -> dict[object, str]:

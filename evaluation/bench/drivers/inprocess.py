@@ -132,7 +132,7 @@ class CellRun:
                               (config["model"], config["dataset"], setup.data.x_train.shape, settings.batch_size,
                                settings.protocol, settings.threads))
         self.desk, self.transport = BenchDesk(self), InProcess(self)
-        clock = SimClock(self.timeline, self.desk.asynchronous, settings.deadline, self.ids, self.transport.bytes.pop)
+        clock = SimClock(self.timeline, settings.asynchronous, settings.deadline, self.ids, self.transport.bytes.pop)
         self.loop = Loop(self.transport, self.desk, clock)
         self.ready: list[dict] = []  # async: buffers aggregated but not yet returned by play_round
 
@@ -275,14 +275,18 @@ class CellRun:
         return rows.cpu()
 
     def play_round(self) -> dict | None:
-        """One round on the product's serve loop (``nodes.engine.serve``, see
-        :mod:`evaluation.bench.drivers.serving`): a synchronous round (the task ledger plus a
-        barrier), or the next buffer of asynchronous replies (``round = async``; ``None`` when no
-        buffer can fill any more)."""
-        if not self.desk.asynchronous:
+        """The next round's record, played on the product's serve loop (``nodes.engine.serve``,
+        see :mod:`evaluation.bench.drivers.serving`): a synchronous round (the task ledger plus a
+        barrier), or the next buffer of asynchronous replies (``round = async``: a reply that
+        fills several buffers at once has them all aggregated, as a deployment does, and they
+        are returned one a call); ``None`` once the run is done or no buffer can fill any more."""
+        if self.ready:
+            return self.ready.pop(0)
+        if self.engine.done:
+            return None
+        if not self.setup.settings.asynchronous:
             return self.loop.play_round(False)
-        if not self.ready:
-            self.ready = self.loop.next_buffers()
+        self.ready = self.loop.next_buffers()
         return self.ready.pop(0) if self.ready else None
 
     def add(self, record: dict) -> None:
@@ -319,6 +323,6 @@ def run_cell(cell: Cell, vectorize: bool = True) -> dict:
     """Train the cell's scenario under its attack and defence; return its result record."""
     run = CellRun(cell, vectorize)
     start = time.perf_counter()
-    while not run.engine.done and run.play_round() is not None:
+    while run.play_round() is not None:
         pass
     return run.record(time.perf_counter() - start)

@@ -54,14 +54,6 @@ class BenchDesk:
     def quorum(self) -> int:
         return self.engine.quorum
 
-    @property
-    def asynchronous(self) -> bool:
-        return self.settings.round == "async"
-
-    @property
-    def buffer_size(self) -> int:
-        return self.settings.buffer or self.settings.quorum_needed
-
     def select(self, online: list[str]) -> list[str]:
         return self.engine.select([fp for fp in online if not self.ledger.busy(fp)])
 
@@ -80,7 +72,7 @@ class BenchDesk:
 
     def tasks(self, nodes: list[str]) -> tuple[dict[str, Task], torch.Tensor]:
         w, base = self.engine.task_model()
-        if not self.asynchronous:
+        if not self.settings.asynchronous:
             return dict.fromkeys(nodes, Task.of(self.settings, "bench", self.round + 1, base)), w
         tasks = {}
         for fp in nodes:
@@ -98,7 +90,7 @@ class BenchDesk:
         """File ``row``, the reply to ``ticket``. Synchronous rounds leave its screen to the
         engine (one vectorised pass over the round's rows); an asynchronous buffer must know on
         arrival whether a reply counts: it is checked then, as the coordinator checks it."""
-        if self.asynchronous:
+        if self.settings.asynchronous:
             reason = (rejection_reason(row, row.numel(), self.settings.max_norm)
                       or ticket.refusal(ticket.number, ticket.base, self.round, self.settings.max_staleness))
             if reason:
@@ -136,7 +128,7 @@ class InProcess:
         """The cell's volunteers online now: in round ``t`` (sync), at the clock's time (async)."""
         run = self.run
         people = run.timeline.volunteers
-        if run.desk.asynchronous:
+        if run.desk.settings.asynchronous:
             return {fp: fp for fp in run.ids if people.online_at(fp, run.timeline.now)}
         return {fp: fp for fp in run.ids if people.online(fp, run.engine.round + 1)}
 
@@ -149,7 +141,7 @@ class InProcess:
     def train(self, tasks: dict[str, Task], w: torch.Tensor, addresses: dict, life: float) -> dict[str, int]:
         run, nodes = self.run, list(tasks)
         start = time.perf_counter()
-        rows = [run.row(fp, tasks[fp], w) for fp in nodes] if run.desk.asynchronous else run.rows(nodes)
+        rows = [run.row(fp, tasks[fp], w) for fp in nodes] if run.desk.settings.asynchronous else run.rows(nodes)
         run.training += time.perf_counter() - start
         handles = {}
         for fp, row in zip(nodes, rows):
