@@ -27,7 +27,7 @@ from nodes.settings import Settings
 from robust import keys, tls
 
 from . import browser
-from .federation_kit import fingerprint, make_federation, play, replies
+from .federation_kit import file, fingerprint, make_federation, play, replies
 
 SETTINGS = Settings(rounds=4, aggregator="trimmed-mean", tolerate=1, quorum=3, protocol="delta:steps=4",
                     quarantine_after=2)

@@ -27,6 +27,8 @@ from nodes.engine.ledger import TaskLedger, Ticket
 
 from .timeline import Timeline
 
+LATE = "late: "  # how a reply the schedule made late is recorded (a round's ``failed``)
+
 
 class SimClock:
     def __init__(self, line: Timeline, asynchronous: bool, settings_deadline: float, ids: Sequence[str] = (),
@@ -97,5 +99,5 @@ class SimClock:
 
     def missed(self, ticket: Ticket, barrier: Barrier, carried: bool) -> str | None:
         late = self.arrivals[ticket.handle] - barrier.start
-        return (f"late: arrived {late:.3g} s after the task, deadline {self.line.deadline:g} s"
+        return (f"{LATE}arrived {late:.3g} s after the task, deadline {self.line.deadline:g} s"
                 + ("; carried to the round it arrives in" if carried else ""))

@@ -147,7 +147,7 @@ class Loop:
         self.nudged: set[object] = set()  # handles nudged
         self.seen: dict[object, str] = {}  # every address seen -> its fingerprint
         self.online: dict[object, str] = {}
-        self.landed: dict[object, Landed] = {}  # handle -> its reply, pulled but not yet filed
+        self.landed: dict[object, tuple[Landed, Ticket]] = {}  # handle -> its reply and task, pulled, not yet filed
         self.alone_since = time.monotonic()
         self.given: dict[str, float] = {}  # node -> when it was last given a task (the idlest go first)
         self.cap = desk.in_flight
@@ -244,12 +244,12 @@ class Loop:
             if ticket is None:
                 self.ledger.close(reply.handle)  # a withdrawn task's: dropped
             elif ticket.kind == TRAIN and self.seen.get(reply.source) == ticket.node:
-                self.landed[reply.handle] = reply
+                self.landed[reply.handle] = reply, ticket
 
     def file(self, handle: object, inbox: object) -> tuple[Ticket, bool]:
         """File the reply landed as ``handle`` in ``inbox``: its task, and whether it was valid
         (``None``: not read, its node is quarantined)."""
-        reply, ticket = self.landed.pop(handle), self.ledger.handled(handle)
+        reply, ticket = self.landed.pop(handle)
         if not self.ledger.reads(ticket):
             return ticket, None
         self.ledger.close(handle)
@@ -263,7 +263,7 @@ class Loop:
         gone = self.ledger.expire(now)
         if gone:
             self.desk.gave_up(gone)
-        for handle in [h for h in self.landed if self.ledger.handled(h) is None]:
+        for handle in [h for h, (_, ticket) in self.landed.items() if self.ledger.handled(h) is not ticket]:
             del self.landed[handle]
             self.ledger.close(handle)
         if not self.nudging:
