@@ -17,7 +17,6 @@ import hashlib
 import itertools
 import json
 import tomllib
-import typing
 from pathlib import Path
 
 import numpy as np
@@ -160,9 +159,9 @@ def sweep_specs(sweep: str, points: int) -> list[tuple[str, dict]]:
         raise ValueError(f"--sweep {sweep!r}: the range must be LOW..HIGH, {example}") from None
     if points < 2:
         raise ValueError(f"--sweep {sweep!r}: --sweep-points must be >= 2")
-    hint = typing.get_type_hints(attacks.REGISTRY.lookup(name, sweep).__init__).get(param)
+    declared = attacks.REGISTRY.lookup(name, sweep).declared().get(param)
     values = np.linspace(lo_v, hi_v, points).tolist()
-    if int in (typing.get_args(hint) or (hint,)):
+    if declared is not None and declared.kind is int:
         values = sorted({round(v) for v in values})
     out = []
     for v in values:

@@ -176,7 +176,7 @@ def test_label_flip_and_backdoor_poison_the_nodes_data():
     stamped = (bx.reshape(10, -1)[:, -2:] == 5).all(dim=1)
     assert int(stamped.sum()) == 3 and (by[stamped] == 2).all() and torch.equal(by[~stamped], y[~stamped])
     assert torch.equal(x, torch.zeros(10, 1, 2, 3))  # the node's copy, not the data set
-    assert backdoor.scale() == 4.0 and attacks.build("label-flip", 1).scale() == 1.0
+    assert backdoor.boost() == 4.0 and attacks.build("label-flip", 1).boost() == 1.0
     with pytest.raises(ValueError, match="backdoor target=7 but the data has 4 classes"):
         attacks.build("backdoor:target=7", 1).poison(x, y, 4, gen)
 

@@ -31,7 +31,7 @@ def old(spec: str) -> str:
 
 def test_its_defaults_are_its_strongest_measured_setting():
     attack = attacks.build("evade:detector=all", F)
-    got = (attack.dir, attack.jitter_kind, attack.auc, attack.quantile, attack.policy)
+    got = (attack.dir, attack.jitter, attack.auc, attack.quantile, attack.policy)
     assert got == ("grad", "typical", 0.7, 1.0, True)
     assert old("evade:detector=all,dir=sign") == "evade:detector=all,dir=sign,jitter=gauss,quantile=0.95,auc=1"
 
@@ -85,7 +85,7 @@ def test_the_rows_sent_pass_and_one_bisection_step_more_crosses(detector, direct
     attack = attacks.build(old(f"evade:detector={detector},dir={direction}"), F)
     rows = attack(H, ctx())
     s = attack.last_strength
-    jitter = attack.jitter(H, ctx())  # the same seeded draw the attack made
+    jitter = attack.jitter_rows(H, ctx())  # the same seeded draw the attack made
     row = DIRECTIONS[direction](H)
     if s is None:  # lying low: even strength 0 is flagged, so the colluders send their own updates
         assert torch.equal(rows, OWN)
