@@ -25,7 +25,7 @@ import aggregators
 import attacks
 from attacks.base import OmniscientAttack
 from nodes.settings import RUN
-from robust.constraints import Interval, OneOf, Param, Spec, table, unknown
+from robust.constraints import Interval, OneOf, Param, Spec, check_all, table, unknown
 from robust.partition import KINDS
 from robust.spec import Component, format_spec, parse
 
@@ -96,8 +96,8 @@ def validate(scenario: dict, engine: str = "local") -> None:
         values = value if isinstance(value, list) else [value]
         if not values:
             raise ValueError(f"{key} is an empty list: give at least one value")
-        scenario[key] = [SCENARIO[key].check(v) for v in values] if isinstance(value, list) or key in AXES \
-            else SCENARIO[key].check(value)
+        checked = [check_all("scenario", {key: SCENARIO[key]}, {key: v})[key] for v in values]
+        scenario[key] = checked if isinstance(value, list) or key in AXES else checked[0]
     for config in grid(scenario):
         n, f = config["nodes"], config["byzantine"]
         if f >= n:
