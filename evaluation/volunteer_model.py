@@ -23,8 +23,9 @@ spec:
   (:class:`evaluation.clock.Volunteers` says how the drivers use it).
 
 The traits take no ``f`` (they concern honest and Byzantine nodes alike); ``Component``'s is
-passed as 0. Each declares its parameters as data (``robust.registry``). Random draws are hashes, ``derive(seed, purpose, node[, epoch])`` (:func:`draw`):
-a pure function of the seed and the node's identity, no generator state, no global RNG.
+passed as 0. Each declares its parameters as data (``robust.registry``). Random draws are
+hashes, ``derive(seed, purpose, node[, epoch])`` (:func:`draw`): a pure function of the seed
+and the node's identity, no generator state, no global RNG.
 """
 
 from __future__ import annotations

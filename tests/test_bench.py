@@ -41,7 +41,7 @@ def test_scenario_errors_say_what_to_fix(tmp_path):
         load_scenario(None, ["node=3"])
     with pytest.raises(ValueError, match="krum needs n >= 2f \\+ 3"):
         load_scenario(None, ["nodes=6", "byzantine=2", 'aggregators=["krum"]'])
-    with pytest.raises(ValueError, match="dataset must be one of digits, .* \\(got 'imagenet'\\)"):
+    with pytest.raises(ValueError, match="scenario: dataset must be one of digits, .* \\(got dataset='imagenet'\\)"):
         load_scenario(None, ["dataset=imagenet"])
     with pytest.raises(ValueError, match="not found"):
         load_scenario(str(tmp_path / "missing.toml"))
