@@ -163,8 +163,8 @@ class Evade(OmniscientAttack):
         Param("max", Interval(float, 0, None, "neither"), 10.0, "strengths are searched in [0, max]"),
         Param("quantile", Interval(float, 0, 1, "right"), 1.0, "the honest scores' quantile to stay under"),
         Param("auc", Interval(float, 0, 1, "right"), 0.7, "the round AUC each chosen detector may reach"),
-        Param("jitter", OneOf(JITTERS), "typical", "gauss: spread's seeded noise; own: the colluders' own updates, bent; typical: the "
-              "least suspicious honest rows, bent"),
+        Param("jitter", OneOf(JITTERS), "typical", "how the rows differ: gauss, spread's seeded noise; own, the "
+              "colluders' own updates bent; typical, the least suspicious honest rows bent"),
         spread_param(1.0),
     )
 

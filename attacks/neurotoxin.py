@@ -50,7 +50,7 @@ class Neurotoxin(Backdoor):
     name = "neurotoxin"
     remembers = True  # the model it was sent last round
 
-    params = (Param("k", Interval(float, 0, 100, "neither"), 5.0, "the percent of coordinates masked"),)  # and backdoor's
+    params = (Param("k", Interval(float, 0, 100, "neither"), 5.0, "the percent of coordinates masked"),)  # + backdoor's
 
     def shaping(self, round: int, w: torch.Tensor, last: Memory | None) -> Shaping | None:
         if not self.active(round) or last is None or last.round != round - 1:

@@ -187,7 +187,8 @@ def test_settings_are_validated_with_a_fix(change, words):
 
 def test_a_settings_file_with_bad_values_names_the_file_and_the_fix(tmp_path):
     (tmp_path / "coordinator.toml").write_text('tolerate = "x"\nmomentum = "high"\n')
-    with pytest.raises(ValueError, match=re.escape("coordinator.toml: settings: tolerate must be an integer >= 0 (got tolerate='x')")):
+    words = "coordinator.toml: settings: tolerate must be an integer >= 0 (got tolerate='x')"
+    with pytest.raises(ValueError, match=re.escape(words)):
         Settings.read(tmp_path)
     (tmp_path / "coordinator.toml").write_text("quorums = 3\n")
     with pytest.raises(ValueError, match="unknown key quorums"):

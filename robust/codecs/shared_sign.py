@@ -50,7 +50,8 @@ class SharedSign(Sign):
     name = "shared-sign"
     keyed = True
 
-    params = (Param("share", Interval(float, 0, 1, "right"), 0.25, "the fraction of coordinates a task's replies carry"),)
+    params = (Param("share", Interval(float, 0, 1, "right"), 0.25,
+                    "the fraction of coordinates a task's replies carry"),)
 
     def layout(self, d: int) -> Layout:
         return {**super().layout(share_of(d, self.share)), support.CLAIM: (support.INT64, 1)}
