@@ -1,17 +1,20 @@
 """Parameters declared once, as data, with their constraints (after scikit-learn's
-``_parameter_constraints``): a coordinator setting, a scenario key and a command-line option
-are the same :class:`Param`, checked by the same rule, refused with the same one-line error
-that names the component, the key and what is allowed (:func:`check_all`, the one function
-every component, protocol, setting and scenario key is checked by)::
+``_parameter_constraints``): a rule's, an attack's or a codec's spec parameter, a protocol's
+option, a coordinator setting, a scenario key and a command-line option are each a
+:class:`Param`, checked by the same rule and refused with the same one-line error, which names
+the component, the key and what is allowed (:func:`check_all`, the one function they all go
+through)::
 
     multi-krum: m must be an integer >= 1 (got m=0)
 
-A :class:`Param` names its key (kebab-case), its rule, its default and a help text (a default
-of ``None`` means "derived from the round", e.g. multi-krum's ``m = n - f``, and is accepted
-as such). A :class:`Relation` ties two parameters (``hi > lo``). Rules:
-:class:`Interval` (an int or float range), :class:`OneOf` (a fixed or computed list of
-names, optionally or a user's ``package.module:attribute``), :class:`Text`, :class:`Folder`, :class:`Host`, :class:`Flag` (a bool) and :class:`Spec` (a value a builder accepts, e.g. an aggregator spec;
-the builder's own message says what is wrong).
+A :class:`Param` names its key, its rule, its default and a one-line meaning (a default of
+``None`` means "derived from the round", e.g. multi-krum's ``m = n - f``, and is accepted as
+such). A :class:`Relation` ties two parameters (``hi > lo``). Rules: :class:`Interval` (an
+int or float range), :class:`OneOf` (a fixed or computed list of names, optionally or a
+user's ``package.module:attribute``), :class:`Text`, :class:`Folder`, :class:`Host`,
+:class:`Flag` (a bool) and :class:`Spec` (a value a builder accepts, e.g. an aggregator spec;
+the builder's own message says what is wrong). ``rule.describe()`` is the text of what is
+allowed, in errors and in the manual's reference alike.
 """
 
 from __future__ import annotations
