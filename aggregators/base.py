@@ -20,7 +20,7 @@ from typing import ClassVar
 import torch
 
 from robust.constraints import Interval, Param
-from robust.kept import Keeper
+from robust.row_keeper import Keeper
 from robust.registry import Component, Registry
 from robust.rowstore import RowStore
 from robust.source import Rows, as_rows
@@ -109,7 +109,7 @@ class Stage(Component):
 
     is_rule: ClassVar[bool]
     needs: ClassVar[frozenset[str]] = frozenset()
-    keeper: Keeper | None = None  # where a stage that carries (d,) rows across calls keeps them (robust.kept)
+    keeper: Keeper | None = None  # where a stage that carries (d,) rows across calls keeps them (robust.row_keeper)
 
     def check_n(self, n: int) -> None:
         """Raise ``ValueError`` if this stage cannot serve ``n`` rows with its ``f``."""

@@ -53,7 +53,7 @@ import torch
 
 from robust.constraints import Interval, OneOf, Param
 from robust.geometry import weighted_sum
-from robust.kept import Handle, Joined, Keeper, lockstep, rows_of
+from robust.row_keeper import Handle, Joined, Keeper, lockstep, rows_of
 from robust.seeds import generator
 from robust.source import Memory, Rows
 

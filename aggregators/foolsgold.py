@@ -45,7 +45,7 @@ import torch
 
 from robust.constraints import Interval, Param
 from robust.geometry import pow2_scale, weighted_sum
-from robust.kept import Handle, Keeper, lockstep, rows_of
+from robust.row_keeper import Handle, Keeper, lockstep, rows_of
 from robust.source import Rows
 
 from ._filtering import F64

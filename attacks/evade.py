@@ -53,7 +53,7 @@ most that candidate round's threshold, the ``quantile`` (default 1: the most sus
 honest row; linear interpolation) of the honest rows' scores, and the rows together pass it
 when, besides, the round's AUC of
 that detector (the share of (crafted, honest) pairs where the crafted row scores higher, ties
-counting half, as ``evaluation.metrics.roc_auc``) is at most ``auc`` (default 0.7; 1: no bound).
+counting half, as ``evaluation.reports.metrics.roc_auc``) is at most ``auc`` (default 0.7; 1: no bound).
 A row's share in a round's AUC is the share of honest rows it outranks, so ``quantile`` bounds
 (about) every chosen detector's AUC in the rounds the rows hide, and ``auc`` bounds it exactly.
 ``policy`` is the coordinator's per-round flag rule (``Context.flagged``: no crafted

@@ -167,7 +167,7 @@ class _Checked:
         values = check_all("settings", PARAMS, {key: getattr(self, p.attr) for key, p in PARAMS.items()})
         for key, p in PARAMS.items():
             object.__setattr__(self, p.attr, values[key])
-        from robust.code import is_reference, resolve, use_path
+        from robust.user_code import is_reference, resolve, use_path
         from robust.data import LOADER
         from robust.models import FACTORY
 

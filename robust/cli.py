@@ -10,7 +10,7 @@ from . import __version__
 
 
 def _agg_bench(args: argparse.Namespace) -> int:
-    from evaluation.agg_bench import main
+    from evaluation.microbench.aggregation_speed import main
 
     return main(args)
 
@@ -26,19 +26,19 @@ def _attacks(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from evaluation.bench import main
+    from evaluation.bench.run_grid import main
 
     return main(args)
 
 
 def _deploy_bench(args: argparse.Namespace) -> int:
-    from evaluation.deploy_bench import main
+    from evaluation.field.round_overhead import main
 
     return main(args)
 
 
 def _stress(args: argparse.Namespace) -> int:
-    from evaluation.stress import main
+    from evaluation.field.stress import main
 
     return main(args)
 

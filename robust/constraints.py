@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .code import is_reference
+from .user_code import is_reference
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class _AsGiven:
 class OneOf(_AsGiven):
     """One of a list of names, given as a tuple or as a function (imported lazily); with
     ``user`` (e.g. ``"factory"``), also a user's callable written ``package.module:factory``
-    (``robust.code``: imported when used)."""
+    (``robust.user_code``: imported when used)."""
 
     choices: tuple[str, ...] | Callable[[], Iterable[str]]
     user: str = ""

@@ -13,7 +13,7 @@ repository (``hf download ylecun/mnist --repo-type dataset --local-dir DIR``). I
 channel), its "label" column (or single ``ClassLabel`` column) the labels; ``classes`` is the
 ClassLabel's count. ``datasets`` is imported only then: importing this module stays light.
 
-A user's own set is named ``package.module:load`` (``robust.code``): ``load()`` returns
+A user's own set is named ``package.module:load`` (``robust.user_code``): ``load()`` returns
 ``(x_train, y_train, x_test, y_test)`` as tensors or NumPy arrays, inputs ``(N, *shape)`` and
 integer labels ``(N,)``; ``classes`` is the largest label + 1.
 
@@ -36,7 +36,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .code import is_reference, resolve
+from .user_code import is_reference, resolve
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 ``logreg`` (linear), ``mlp`` (one hidden layer of 64), ``wide-mlp`` (two of 1024), ``cnn`` (two conv blocks; a 1-D CNN when a
 sample is a sequence ``(C, L)``, e.g. mnist1d), or a user's factory ``package.module:make``,
-called as ``make(shape, classes)`` (``robust.code``). Parameters are initialised under a
+called as ``make(shape, classes)`` (``robust.user_code``). Parameters are initialised under a
 private RNG seeded by ``seed``, so the global torch RNG is neither read nor changed.
 
 What a node trains and sends is every floating-point parameter that requires a gradient
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.func import replace_all_batch_norm_modules_
 
-from .code import is_reference, resolve
+from .user_code import is_reference, resolve
 from .params import trained
 
 MODELS = ("logreg", "mlp", "wide-mlp", "cnn")

@@ -2,7 +2,7 @@
 
 A rule that follows nodes across rounds (FoolsGold's histories, FLDetector's last rows and
 L-BFGS pairs) keeps ``(d,)`` vectors per node; at ``n = 64``, ``d = 1e8`` that is 25.6 GB, so a
-run whose rows are spooled keeps them here instead (``robust.kept``). Each row is one file
+run whose rows are spooled keeps them here instead (``robust.row_keeper``). Each row is one file
 ``<sha256>.npy`` in the format :class:`robust.source.Spooled` reads, named by
 ``robust.params.sha256`` of the row (dtype and shape included), like the audit's
 ``updates/<sha256>.npy``. A row is written block by block as it is computed

@@ -4,6 +4,7 @@ the reference the deployed runs must match bit for bit."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -13,7 +14,9 @@ import torch
 from flwr.app import RecordDict
 
 from nodes import checkpoint, commands
-from nodes.coordinator.coordinator import Coordinator, Inbox
+from nodes.coordinator.coordinator import Coordinator
+from nodes.engine.inbox import Inbox
+from nodes.engine.ledger import ttl
 from nodes.engine.training import NodeData
 from nodes.settings import Settings
 from nodes.volunteer import faults, volunteer
@@ -33,19 +36,42 @@ def fingerprint(node: Path) -> str:
     return keys.fingerprint(keys.load_private(node).public_key())
 
 
+HANDLES = itertools.count()  # an in-process transport's names for its tasks
+
+
 def ask(coord: Coordinator, fps: list[str]) -> tuple[dict, object]:
     """The coordinator's tasks for ``fps``, each out at once (an in-process transport)."""
     tasks, w = coord.tasks(fps)
     for fp, task in tasks.items():
-        coord.issue(fp, task, 0.0)
+        coord.ledger.issue(fp, task.round, coord.round, task.base, coord.model(), 0.0, ttl(coord.settings.deadline),
+                           next(HANDLES))
     return tasks, w
+
+
+def withdraw(coord: Coordinator, fp: str) -> None:
+    """``fp``'s task out, if any, is no longer out."""
+    ticket = coord.ledger.task_of(fp)
+    if ticket is not None:
+        coord.ledger.close(ticket.handle)
+
+
+def file(coord: Coordinator, fp: str, content: RecordDict | None, inbox: Inbox, error: str = "",
+         waited: float | None = None) -> bool:
+    """File ``content`` (or the transport's ``error``) as the reply to ``fp``'s task out, as
+    the serve loop does (``nodes.engine.serve``): a quarantined node's is not read; any other
+    closes its task whatever it holds, then is filed."""
+    ticket = coord.ledger.task_of(fp)
+    if not coord.ledger.reads(ticket):
+        return False
+    coord.ledger.close(ticket.handle)
+    return coord.file(ticket, content, error, inbox, waited)
 
 
 def replies(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None = None) -> list[tuple[str, RecordDict]]:
     """Every node's reply to this round's task, issued to it now (:func:`ask`, in place
     of any task it had out), as it goes on the wire: ``(fp, content)``."""
     for node in nodes:
-        coord.ledger.close(fingerprint(node))
+        withdraw(coord, fingerprint(node))
     tasks, w = ask(coord, [fingerprint(node) for node in nodes])
     out = []
     for i, node in enumerate(nodes, start=1):
@@ -62,9 +88,9 @@ def take(coord: Coordinator, fp: str, content: RecordDict, inbox: Inbox) -> None
     """File ``content`` as ``fp``'s reply to this round's task, issued to it now (an in-process
     transport; a node already in ``inbox`` is not read again)."""
     if fp not in inbox:
-        coord.ledger.close(fp)
+        withdraw(coord, fp)
         ask(coord, [fp])
-    coord.take(fp, content, inbox)
+        file(coord, fp, content, inbox)
 
 
 def play(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None = None, shuffle: int | None = None,
@@ -73,13 +99,13 @@ def play(coord: Coordinator, nodes: list[Path], attacks: dict[int, str] | None =
     ``checkers`` (``nodes.coordinator.verifier.Checkers``) answer the round's spot checks."""
     asked = coord.select([fingerprint(n) for n in nodes])
     got = [r for r in replies(coord, nodes, attacks) if r[0] in asked]
-    for fp in set(coord.ledger.out) - set(asked):  # the nodes not asked have no task out
-        coord.ledger.close(fp)
+    for fp in {t.node for t in coord.ledger} - set(asked):  # the nodes not asked have no task out
+        withdraw(coord, fp)
     if shuffle is not None:
         random.Random(shuffle).shuffle(got)
     inbox = Inbox()
     for fp, content in got:
-        coord.take(fp, content, inbox)
+        file(coord, fp, content, inbox)
     return coord.finish_round(asked, inbox, 0.0, checkers)
 
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import attacks
-from evaluation.cell import Cell
-from evaluation.local import CellRun
-from evaluation.scenario import grid, load_scenario
+from evaluation.bench.cell import Cell
+from evaluation.bench.drivers.inprocess import CellRun
+from evaluation.bench.scenario import grid, load_scenario
 from nodes.engine.training import NodeData, compute, estimates
 from nodes.volunteer.volunteer import check_attack, forge, work
 from nodes.wire import Task

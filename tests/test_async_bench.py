@@ -7,11 +7,11 @@ import signal
 import pytest
 import torch
 
-from evaluation.cell import Cell
-from evaluation.local import CellRun, run_cell
-from evaluation.report import Results
-from evaluation.target import bars, task
-from evaluation.time_report import time_section
+from evaluation.bench.cell import Cell
+from evaluation.bench.drivers.inprocess import CellRun, run_cell
+from evaluation.reports.summary import Results
+from evaluation.reports.target_costs import bars, task
+from evaluation.reports.time_section import time_section
 from nodes.engine.ledger import Ticket
 from nodes.engine.staleness import weight_of
 from nodes.settings import Settings

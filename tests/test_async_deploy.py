@@ -23,7 +23,8 @@ from cryptography.hazmat.primitives import serialization
 from nodes import checkpoint, launch
 from nodes.coordinator import audit
 from nodes.coordinator.coordinator import Coordinator
-from nodes.coordinator.server_app import Loop, Roster, serve
+from nodes.coordinator.server_app import FlowerTransport, serve
+from nodes.engine.serve import Landed, Loop
 from nodes.engine.clocks import WallClock
 from nodes.engine.training import NodeData
 from nodes.settings import Settings
@@ -193,44 +194,72 @@ def test_replay_detects_a_tampered_update_and_a_tampered_schedule(served, tmp_pa
     assert "MISMATCH buffer 2: recomputed" in out and "model_sha256" in out
 
 
+class Replayer:
+    """A transport whose pulls deliver the replies it is given (``(handle, node, content)``),
+    once each, whatever the handle: a node that sends one reply twice."""
+
+    live = False
+
+    def __init__(self, fps: list[str]) -> None:
+        self.fps, self.queue = fps, []
+
+    def online(self):
+        return {fp: fp for fp in self.fps}
+
+    def strangers(self):
+        return []
+
+    def pull(self, handles):
+        out, self.queue = [Landed(h, fp, content) for h, fp, content in self.queue], []
+        return out
+
+
 def test_stale_and_replayed_replies_are_rejected_with_their_reason(tmp_path):
     settings = dataclasses.replace(SETTINGS, max_staleness=1, rounds=10, compression="none")
     coord_dir, nodes = make_federation(tmp_path, 4, settings)
     coord = Coordinator(coord_dir)
     a, b, c, d = (fingerprint(n) for n in nodes)
     node = dict(zip((a, b, c, d), nodes))
+    transport = Replayer([a, b, c, d])
+    loop = Loop(transport, coord, WallClock(settings.deadline))
 
     def reply(fp, attack=""):
         tasks, w = ask(coord, [fp])
-        return answer(node[fp], tasks[fp], w, attack)
+        return coord.ledger.task_of(fp).handle, answer(node[fp], tasks[fp], w, attack)
 
-    content_d = reply(d)  # sent at version 0, answered late
+    def receive(fp, sent):  # the loop pulls the reply to the task ``sent`` answers, then files it
+        transport.queue.append((sent[0], fp, sent[1]))
+        loop.seen[fp] = fp
+        loop.pull()
+        return loop.receive(sent[0]) if sent[0] in loop.landed else None
+
+    sent_d = reply(d)  # sent at version 0, answered late
     for _ in range(3):  # a fast node: three replies before the others' first
-        assert coord.receive(a, reply(a)) == []
-    assert [(fp, valid) for fp, _, valid in coord.buffers.held] == [(a, True), (a, True)]
-    first = coord.receive(b, reply(b)) + coord.receive(c, reply(c))
+        assert receive(a, reply(a)) == []
+    assert [(fp, valid) for fp, _, valid in loop.buffers.held] == [(a, True), (a, True)]
+    first = receive(b, reply(b)) + receive(c, reply(c))
     assert [r["round"] for r in first] == [1] and first[0]["staleness"] == {a: 0, b: 0, c: 0} and first[0]["held"] == [a, a]
-    second = coord.receive(b, reply(b)) + coord.receive(c, reply(c))  # with a's second reply (version 0)
+    second = receive(b, reply(b)) + receive(c, reply(c))  # with a's second reply (version 0)
     assert second[0]["staleness"] == {a: 1, b: 0, c: 0}
-    third = coord.receive(b, reply(b)) + coord.receive(c, reply(c))  # with a's third (version 0): 2 behind
+    third = receive(b, reply(b)) + receive(c, reply(c))  # with a's third (version 0): 2 behind
     assert third[0]["rejected"] == {a: "stale: 2 versions behind, max-staleness is 1"}
     assert third[0]["ids"] == sorted([b, c]) and "quorum is 3" in third[0]["skipped"]
-    coord.receive(d, content_d)  # its task carried version 0: too stale when read
-    assert coord.buffers.filling[d][0].rejected[d] == "stale: 3 versions behind, max-staleness is 1"
-    coord.receive(a, reply(a, "stale-base"))  # signs for a base model it was never sent
-    assert coord.buffers.filling[a][0].rejected[a].startswith("trained on base model 000000000000, its task")
-    content = reply(b)
-    coord.receive(b, content)
-    coord.receive(b, content)  # the same reply again: its task is answered
-    assert coord.buffers.held[-1][1].rejected[b] == f"signed for task {coord.sent}, but this node has no task out (a replay?)"
-    assert not len(coord.ledger)
-    ask(coord, [c])
+    receive(d, sent_d)  # its task carried version 0: too stale when read
+    assert loop.buffers.filling[d][0].rejected[d] == "stale: 3 versions behind, max-staleness is 1"
+    receive(a, reply(a, "stale-base"))  # signs for a base model it was never sent
+    assert loop.buffers.filling[a][0].rejected[a].startswith("trained on base model 000000000000, its task")
+    sent = reply(b)
+    receive(b, sent)
+    held = len(loop.buffers.held)
+    assert receive(b, sent) is None  # the same reply again: its task is answered, the reply is dropped unread
+    assert len(loop.buffers.held) == held and not len(coord.ledger) and not coord.ledger.pending()
+    sent = reply(c)
     coord.engine.flags.quarantined[c] = coord.round  # a quarantined node's reply is not read, its task is gone
-    assert coord.receive(c, reply(d)) == [] and c not in coord.buffers.filling and not coord.ledger.busy(c)
+    assert receive(c, sent) == [] and c not in loop.buffers.filling and not coord.ledger.busy(c)
     # a restarted coordinator never reuses a task number
     again = Coordinator(coord_dir)
     assert again.round == 3 and again.sent == coord.sent
-    assert again.buffers.filling == {} and not len(again.ledger)
+    assert not len(again.ledger)
 
 
 def test_a_late_reply_carried_counts_in_the_round_it_arrives_in_and_the_audit_verifies(tmp_path):
@@ -259,10 +288,10 @@ def test_a_round_whose_every_node_is_carried_waits_for_their_replies_instead_of_
     settings = dataclasses.replace(SETTINGS, round="sync", late="carry", deadline=1.0, rounds=2, quorum=3)
     coord_dir, nodes = make_federation(tmp_path, 4, settings)
     grid, coord = FakeGrid(nodes, dict.fromkeys(range(1, 5), 1), held=(1, 2, 3, 4)), Coordinator(coord_dir)
-    roster = Roster(grid, coord, False, 0.05)
+    transport = FlowerTransport(grid, coord, 0.05)
     saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    loop = Loop(roster, coord, WallClock(coord.settings.deadline))
+    loop = Loop(transport, coord, WallClock(coord.settings.deadline))
     try:
         first = loop.play_round(True)  # a slow first round: every node misses it
         assert first["accepted"] == 0 and len(first["missing"]) == 4 and len(coord.ledger) == 4

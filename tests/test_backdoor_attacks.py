@@ -12,10 +12,10 @@ import torch
 
 import attacks
 from attacks.base import Memory, Shaping
-from evaluation.cell import Cell, backdoor_success
-from evaluation.local import CellRun, run_cell
-from evaluation.report import write_summary
-from evaluation.scenario import grid, load_scenario
+from evaluation.bench.cell import Cell, backdoor_success
+from evaluation.bench.drivers.inprocess import CellRun, run_cell
+from evaluation.reports.summary import write_summary
+from evaluation.bench.scenario import grid, load_scenario
 from nodes.engine.protocol import Protocol
 from nodes.engine.training import NodeData, compute
 from nodes.volunteer.volunteer import forge, recall, remember, work

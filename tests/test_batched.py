@@ -5,8 +5,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from evaluation.batched import DenseNet, local_updates
-from evaluation.local import BatchDraws
+from evaluation.bench.drivers.batched_dense import DenseNet, local_updates
+from evaluation.bench.drivers.inprocess import BatchDraws
 from nodes.engine.protocol import Protocol
 from robust.batches import draw_batches, node_key
 from robust.models import build_model

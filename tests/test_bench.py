@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
-from evaluation.cell import Cell, backdoor_success
-from evaluation.local import CellRun, run_cell
-from evaluation.scenario import cell_id, cells, grid, load_scenario, sweep_specs
+from evaluation.bench.cell import Cell, backdoor_success
+from evaluation.bench.drivers.inprocess import CellRun, run_cell
+from evaluation.bench.scenario import cell_id, cells, grid, load_scenario, sweep_specs
 
 TINY = [
     "rounds=4", "nodes=7", "byzantine=1", "seeds=[0]", "dataset=synthetic", "model=logreg", "protocol=momentum",
@@ -208,7 +208,7 @@ def engine_with(threat, features=4):
 def test_the_threat_hook_plays_only_in_a_round_that_steps():
     # krum with f=1 serves 5 rows; 3 of 6 rows are non-finite: a search attack run on the
     # 3 left would ask krum for 3 rows. The round must skip, and not crash.
-    from evaluation.threat import ThreatModel
+    from evaluation.bench.threat import ThreatModel
 
     ids = [f"{i:064x}" for i in range(6)]
     threat = ThreatModel("optimal-alie", {ids[0]}, seed=0)
@@ -222,7 +222,7 @@ def test_the_threat_hook_plays_only_in_a_round_that_steps():
 
 def test_a_partly_quarantined_coalition_crafts_for_the_colluders_left():
     import attacks
-    from evaluation.threat import ThreatModel
+    from evaluation.bench.threat import ThreatModel
     from robust.seeds import generator
 
     ids = ["a", "b", "c", "d", "e"]

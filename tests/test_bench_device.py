@@ -1,5 +1,5 @@
 """The bench's training device (issue 25, item 5): a cell's batched kernels, its momenta and
-training tensors live on the cell's ``device`` (``evaluation.local``), its rows come back to
+training tensors live on the cell's ``device`` (``evaluation.bench.drivers.inprocess``), its rows come back to
 the CPU for the threat model, the codecs and the engine. Without a GPU the CPU path is the
 default's, bit for bit, and ``device = cuda`` is refused up front; with one (the GPU session's
 run of this file), a cell trains there, gives the same bits run after run, and ends within a
@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evaluation.cell import Cell
-from evaluation.device_speed import compare
-from evaluation.local import run_cell
-from evaluation.scenario import grid, load_scenario
+from evaluation.bench.cell import Cell
+from evaluation.microbench.gpu_vs_cpu import compare
+from evaluation.bench.drivers.inprocess import run_cell
+from evaluation.bench.scenario import grid, load_scenario
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (run in a GPU session)")
 SMALL = ["nodes=8", "byzantine=2", "rounds=12", "seeds=[0]", 'partition="dirichlet"']

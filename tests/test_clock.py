@@ -10,8 +10,8 @@ import statistics
 import pytest
 import torch
 
-from evaluation.clock import CLOCK, EventQueue, Traffic, Volunteers, measure_step_seconds
-from evaluation.volunteer_model import build_churn, build_link, build_speed
+from evaluation.simtime.arrivals import CLOCK, EventQueue, Traffic, Volunteers, measure_step_seconds
+from evaluation.simtime.traits import build_churn, build_link, build_speed
 
 IDS = [f"node{i:03d}" for i in range(50)]
 
@@ -321,7 +321,7 @@ def test_no_global_random_state_is_used() -> None:
 def test_a_timeline_measures_one_local_step_once_per_kind_of_task(monkeypatch) -> None:
     from types import SimpleNamespace
 
-    from evaluation import timeline
+    from evaluation.simtime import timeline
 
     calls = []
     monkeypatch.setattr(timeline, "MEASURED", {})  # this test's own: nothing measured before it

@@ -18,7 +18,8 @@ from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 
 from nodes import checkpoint
 from nodes.coordinator import audit
-from nodes.coordinator.coordinator import Coordinator, Inbox
+from nodes.coordinator.coordinator import Coordinator
+from nodes.engine.inbox import Inbox
 from nodes.coordinator.verifier import Checkers
 from nodes.engine.training import NodeData, compute
 from nodes.settings import Settings

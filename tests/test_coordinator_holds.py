@@ -21,7 +21,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from nodes import checkpoint, launch
 from nodes.coordinator.admission import ADMITTED, KEY_CAP, admit, scan
-from nodes.coordinator.coordinator import Coordinator, Inbox
+from nodes.coordinator.coordinator import Coordinator
+from nodes.engine.inbox import Inbox
 from nodes.settings import Settings
 from nodes.wire import REPLY, UPDATE, signed_payload
 from robust import keys, tls

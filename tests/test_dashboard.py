@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from nodes import checkpoint, launch
-from nodes.coordinator.coordinator import Coordinator, Inbox, short
+from nodes.coordinator.coordinator import Coordinator, short
+from nodes.engine.inbox import Inbox
 from nodes.dashboard import server
 from nodes.settings import Settings
 from robust import keys, tls
@@ -44,7 +45,7 @@ def run(tmp_path):
     asked, inbox = coord.select([fingerprint(n) for n in nodes]), Inbox()
     for fp, content in replies(coord, nodes):
         if fp in asked:
-            coord.file(fp, None if fp == fingerprint(nodes[1]) else content, MARKUP, inbox, waited=1.5)
+            file(coord, fp, None if fp == fingerprint(nodes[1]) else content, inbox, MARKUP, waited=1.5)
     records.append(coord.finish_round(asked, inbox, 0.0))
     return folder, nodes, records
 
@@ -183,6 +184,20 @@ def test_markup_a_node_sent_shows_as_text_in_the_browser(run, board):
     assert "data-pwned" not in page.one("body").attrs
 
 
+def test_the_node_table_fits_its_frame_at_1280_px_and_scrolls_inside_it_when_narrower(board):
+    """Measured by the browser (the page keeps its frame's ``scrollWidth - clientWidth`` in
+    ``data-overflow``): in a 1280 px window every column of the node table is inside its frame,
+    none cut; in an 800 px one the table scrolls sideways inside the frame, and a line says so."""
+    wide = browser.render(board.url, size="1280,900")
+    over = wide.one(id="node-frame").attrs.get("data-overflow")
+    assert over == "0", f"at 1280 px the node table is {over} px wider than its frame"
+    assert "hidden" in wide.one(id="node-hint").attrs
+    assert len(wide.one(id="node-table").one("thead").all("th")) == 14  # every column still there
+    narrow = browser.render(board.url, size="800,900")
+    assert int(narrow.one(id="node-frame").attrs["data-overflow"]) > 0
+    assert "hidden" not in narrow.one(id="node-hint").attrs
+
+
 def _lines(proc: subprocess.Popen) -> queue.Queue:
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
@@ -231,6 +246,7 @@ def test_demo_dashboard_shows_the_run_live_in_a_browser(tmp_path):
         points = page.one("svg", id="accuracy-chart").all("circle", class_="point")
         assert [p.attrs["data-round"] for p in points] == ["1", "2", "3", "4"]
         assert page.one(id="state").text() == "finished" and page.one(id="chain").text() == "intact through round 4"
+        assert page.one(id="node-frame").attrs["data-overflow"] == "0"  # at 1280 px no column of the table is cut
         assert shot.stat().st_size > 10_000
     finally:  # SIGTERM stops it as Ctrl-C does (a background job's SIGINT may be ignored)
         proc.send_signal(signal.SIGTERM)

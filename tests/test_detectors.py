@@ -1,4 +1,4 @@
-"""Detectors (``nodes.engine.detectors``) and detection/damage metrics (``evaluation.metrics``).
+"""Detectors (``nodes.engine.detectors``) and detection/damage metrics (``evaluation.reports.metrics``).
 
 Hand-computed examples carry their arithmetic in comments; detector values are checked
 against direct float64 formulas (SVD, cosine similarity, brute-force distances), not against
@@ -21,7 +21,7 @@ from nodes.engine.detectors import DETECTORS, TO_MEDIAN, measure, score_round
 from nodes.engine.engine import assess
 from robust.geometry import row_norms, sq_distances
 from robust.source import BLOCK, Memory
-from evaluation.metrics import (
+from evaluation.reports.metrics import (
     kappa_bound,
     kappa_hat,
     leaves_band,

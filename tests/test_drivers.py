@@ -72,9 +72,9 @@ SCHEDULES = {"async": ["round=async"], "carry": ["late=carry", "deadline=0.02"]}
 
 
 def test_async_and_carried_cells_give_the_same_bits_through_flower_and_run_deployed(tmp_path):
-    from evaluation.cell import Cell
-    from evaluation.local import CellRun
-    from evaluation.scenario import grid, load_scenario
+    from evaluation.bench.cell import Cell
+    from evaluation.bench.drivers.inprocess import CellRun
+    from evaluation.bench.scenario import grid, load_scenario
 
     home = tmp_path / "home"
     for name, schedule in SCHEDULES.items():

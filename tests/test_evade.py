@@ -9,10 +9,10 @@ import torch
 import attacks
 from attacks.base import honest_std, unit
 from attacks.evade import DIRECTIONS, bend, grad_rows
-from evaluation.cell import Cell
-from evaluation.local import CellRun, run_cell
-from evaluation.metrics import roc_auc
-from evaluation.scenario import grid, load_scenario
+from evaluation.bench.cell import Cell
+from evaluation.bench.drivers.inprocess import CellRun, run_cell
+from evaluation.reports.metrics import roc_auc
+from evaluation.bench.scenario import grid, load_scenario
 from nodes.engine.detectors import DETECTORS, score_round
 from nodes.engine.flags import FlagPolicy
 

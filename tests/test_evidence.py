@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from evaluation.cell import Cell
-from evaluation.local import run_cell
+from evaluation.bench.cell import Cell
+from evaluation.bench.drivers.inprocess import run_cell
 from nodes.engine import evidence
 from nodes.engine.flags import FlagPolicy
 

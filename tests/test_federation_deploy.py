@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.stress import kill
+from evaluation.field.stress import kill
 from nodes import checkpoint, commands, launch
 from nodes.coordinator import audit
 from nodes.settings import Settings

@@ -12,7 +12,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from nodes import checkpoint
-from nodes.coordinator.coordinator import Coordinator, Inbox
+from nodes.coordinator.coordinator import Coordinator
+from nodes.engine.inbox import Inbox
 from nodes.settings import Settings
 from nodes.volunteer import faults
 from nodes.wire import read_reply, reply_content
@@ -220,7 +221,7 @@ def test_failed_replies_are_recorded_without_a_flag(federation):
     for fp, content in replies(coord, nodes[1:]):
         take(coord, fp, content, inbox)
     lost = fingerprint(nodes[0])
-    inbox.failed[lost] = "node error: upload expired"
+    inbox.fail(lost, "node error: upload expired")
     record = coord.finish_round(sorted(inbox.rows) + [lost], inbox, 0.0)
     assert record["failed"] == {lost: "node error: upload expired"} and not record["missing"]
     assert coord.engine.flags.flags.get(lost, 0) == 0

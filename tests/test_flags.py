@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evaluation.cell import Cell
-from evaluation.local import run_cell
+from evaluation.bench.cell import Cell
+from evaluation.bench.drivers.inprocess import run_cell
 from nodes.engine.detectors import TO_MEDIAN, ratio_to_median
 from nodes.engine.flags import FlagPolicy
 

@@ -37,7 +37,8 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from nodes import checkpoint
-from nodes.coordinator.coordinator import Coordinator, Inbox
+from nodes.coordinator.coordinator import Coordinator
+from nodes.engine.inbox import Inbox
 from nodes.settings import Settings
 from nodes.wire import REPLY, UPDATE, read_reply, signed_payload
 from robust import keys

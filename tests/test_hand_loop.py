@@ -1,13 +1,13 @@
-"""The hand-vectorised baseline of the bench's speed (``evaluation.hand_loop``): its written-out
+"""The hand-vectorised baseline of the bench's speed (``evaluation.peers.hand_vectorised``): its written-out
 backward is autograd's, it trains, and the paired comparison runs both on one grid."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from evaluation.cell import Cell
-from evaluation.hand_loop import gradients, paired, run_cell, split
-from evaluation.scenario import cells, load_scenario
+from evaluation.bench.cell import Cell
+from evaluation.peers.hand_vectorised import gradients, paired, run_cell, split
+from evaluation.bench.scenario import cells, load_scenario
 from robust.data import load
 from robust.models import build_model
 from robust.params import flat_params, unflatten

@@ -14,10 +14,11 @@ from contextlib import contextmanager
 import pytest
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, no_object_id_recompute
 
-from evaluation.large_model import CODE as LARGE
+from evaluation.field.large_model_memory import CODE as LARGE
 from nodes import checkpoint, launch
 from nodes.coordinator.coordinator import Coordinator
-from nodes.coordinator.server_app import Loop, Roster, serve
+from nodes.coordinator.server_app import FlowerTransport, serve
+from nodes.engine.serve import Loop
 from nodes.engine.clocks import WallClock
 from nodes.settings import Settings
 from nodes.volunteer.worklog import WORK_LOG
@@ -74,14 +75,14 @@ def test_the_serverapp_builds_a_rounds_model_once_whatever_the_number_of_tasks(t
     coord_dir, nodes = make_federation(tmp_path, 8, settings)
     coord = Coordinator(coord_dir)
     model = 4 * coord.engine.w.numel()
-    loop = Loop(Roster(DeflatingGrid(), coord, False, 0.0), coord, WallClock(settings.deadline))
+    loop = Loop(FlowerTransport(DeflatingGrid(), coord, 0.0), coord, WallClock(settings.deadline))
     fps = sorted(fingerprint(n) for n in nodes)
     node_of = {fp: i for i, fp in enumerate(fps, start=1)}
     with task_identity():
         first = traced_peak(lambda: loop.send(fps[:7], node_of))  # was one serialized model per task
         later = traced_peak(lambda: loop.send(fps[7:], node_of))  # a later wave of the same round
     assert model > 40e6 and first < 2 * model and later < model / 2, (model, first, later)  # chunks of 5 MB
-    assert len(loop.out) == len(coord.ledger) == 8
+    assert coord.ledger.in_flight() == len(coord.ledger) == 8
 
 
 def test_the_reply_to_a_withdrawn_task_is_pulled_so_flower_frees_it(tmp_path):
@@ -90,14 +91,14 @@ def test_the_reply_to_a_withdrawn_task_is_pulled_so_flower_frees_it(tmp_path):
     settings = dataclasses.replace(SETTINGS, round="sync", deadline=1.0, rounds=2, quorum=3)
     coord_dir, nodes = make_federation(tmp_path, 4, settings)
     grid, coord = FakeGrid(nodes, dict.fromkeys(range(1, 5), 1), held=(4,)), Coordinator(coord_dir)
-    loop = Loop(Roster(grid, coord, False, 0.05), coord, WallClock(settings.deadline))
+    loop = Loop(FlowerTransport(grid, coord, 0.05), coord, WallClock(settings.deadline))
     with task_identity():
         first = loop.play_round(True)
         withdrawn = next(h for h, (_, nid, _) in grid.pending.items() if nid == 4)
-        assert first["missing"] == [fingerprint(nodes[3])] and withdrawn in loop.out and not len(coord.ledger)
+        assert first["missing"] == [fingerprint(nodes[3])] and withdrawn in coord.ledger.pending() and not len(coord.ledger)
         grid.release()  # its reply comes in during round 2
         second = loop.play_round(False)
-    assert withdrawn not in grid.pending and withdrawn not in loop.out  # pulled, dropped
+    assert withdrawn not in grid.pending and withdrawn not in coord.ledger.pending()  # pulled, dropped
     assert second["accepted"] == 3 and second["missing"] == [fingerprint(nodes[3])]  # its round-1 reply unread
 
 

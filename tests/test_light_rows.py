@@ -1,4 +1,4 @@
-"""What light nodes replay (``evaluation.light.precompute``): honest nodes the engine's update
+"""What light nodes replay (``evaluation.field.light_nodes.precompute``): honest nodes the engine's update
 from the initial model on their part of the data; Byzantine nodes what the attack makes of it
 (a node-side attack its own poisoned update, forged as a volunteer forges it; an omniscient
 one its rows from the honest rows), each with its part's sample count."""
@@ -9,7 +9,7 @@ import torch
 
 import attacks
 from attacks.base import Context
-from evaluation.light import precompute
+from evaluation.field.light_nodes import precompute
 from nodes.engine.training import compute, part_of
 from nodes.settings import Settings
 from nodes.volunteer.volunteer import forge

@@ -12,8 +12,8 @@ SLACK = 48 * 2**20  # blocks, the (n, n) matrices, thread stacks, allocator roun
 PROBE = """
 import json, sys, torch
 import aggregators
-from evaluation.agg_bench import round_inputs
-from evaluation.memory import peak_extra_bytes
+from evaluation.microbench.aggregation_speed import round_inputs
+from evaluation.microbench.peak_memory import peak_extra_bytes
 X = torch.randn({n}, {d})
 inputs = round_inputs(X)
 out = {{}}

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from evaluation.report import read_results, validation_detect_round, write_report, write_summary
+from evaluation.reports.summary import read_results, validation_detect_round, write_report, write_summary
 
 NAN = math.nan
 CONFIG = {"dataset": "mnist1d", "partition": "dirichlet", "alpha": 0.3, "model": "mlp",
@@ -254,7 +254,7 @@ def test_a_big_grid_is_split_by_family_into_readable_pages(tmp_path):
 
 
 def test_pages_keep_families_whole_and_bound_their_size():
-    from evaluation.paging import attack_family, defence_family, pages
+    from evaluation.reports.paging import attack_family, defence_family, pages
 
     items = ["a:1", "a:2", "b:1", "c:1", "c:2", "c:3", "d:1"]
     assert pages(items, attack_family, limit=3) == [["a:1", "a:2", "b:1"], ["c:1", "c:2", "c:3"], ["d:1"]]
@@ -277,7 +277,7 @@ def test_the_report_is_also_one_self_contained_page(report):
 
 
 def test_the_page_escapes_every_value(tmp_path):
-    from evaluation.html_report import to_html
+    from evaluation.reports.html_page import to_html
 
     markdown = ("# report\n\nA `code <b>` span and **bold & more**.\n\n| defence | attack |\n| --- | --- |\n"
                 "| <script>alert(1)</script> | a&b |\n\n- item <i>\n\n![missing](gone.png)\n")

@@ -5,8 +5,8 @@ search against them."""
 import pytest
 import torch
 
-from evaluation.cell import Cell
-from evaluation.local import CellRun, run_cell
+from evaluation.bench.cell import Cell
+from evaluation.bench.drivers.inprocess import CellRun, run_cell
 from nodes.engine.root import Root
 from nodes.settings import Settings
 from nodes.strategy import RobustStrategy

@@ -1,5 +1,5 @@
 """Rules that carry rows across rounds (FoolsGold, FLDetector) keep them in a row store on disk
-(``robust.rowstore``, ``robust.kept``) with the bits they keep in memory: aggregates, choices,
+(``robust.rowstore``, ``robust.row_keeper``) with the bits they keep in memory: aggregates, choices,
 weights and states, through nodes coming and going and a resume; the store holds exactly the
 rows a state names once collected, and a spooled coordinator keeps its rule state there, plays
 the rounds of one that keeps it in memory, checkpoints 32 bytes a row, and its audit replays."""

@@ -15,7 +15,7 @@ import argparse
 import json
 import os
 
-from evaluation.stress import Stress
+from evaluation.field.stress import Stress
 from nodes.volunteer.worklog import WORK_LOG
 
 SITE = """\

@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
-from evaluation.cell import Cell
-from evaluation.local import CellRun
+from evaluation.bench.cell import Cell
+from evaluation.bench.drivers.inprocess import CellRun
 
 from .federation_kit import fingerprint
 from .test_async_deploy import SETTINGS as ASYNC, records, serve_fake

@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from evaluation.bench import Progress
+from evaluation.bench.run_grid import Progress
 from nodes import checkpoint, commands, launch
 from nodes.coordinator.coordinator import Coordinator, short
 from nodes.coordinator.status import read, read_rounds, sparkline

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from evaluation.stress import Stress, reason_kind
+from evaluation.field.stress import Stress, reason_kind
 from nodes.coordinator import audit
 
 

@@ -7,10 +7,10 @@ from torch.func import functional_call
 
 import aggregators
 import attacks
-from evaluation.cell import Cell
-from evaluation.local import CellRun, run_cell
-from evaluation.scenario import grid, load_scenario
-from evaluation.threat import ThreatModel
+from evaluation.bench.cell import Cell
+from evaluation.bench.drivers.inprocess import CellRun, run_cell
+from evaluation.bench.scenario import grid, load_scenario
+from evaluation.bench.threat import ThreatModel
 from nodes.engine.engine import Engine
 from nodes.settings import Settings
 from robust.models import build_model

@@ -1,5 +1,5 @@
-"""What reaching the target accuracy costs (evaluation.target) and the report's bytes to
-target (evaluation.comm_report): by hand on made-up records, and on real cells."""
+"""What reaching the target accuracy costs (evaluation.reports.target_costs) and the report's bytes to
+target (evaluation.reports.communication_section): by hand on made-up records, and on real cells."""
 
 import copy
 import json
@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from evaluation.cell import Cell
-from evaluation.comm_report import bytes_frontier, communication_section, pareto, short
-from evaluation.local import run_cell
-from evaluation.results import Results
-from evaluation.scenario import cell_id, load_scenario
-from evaluation.target import FIELDS, complete, costs, first_reached
+from evaluation.bench.cell import Cell
+from evaluation.reports.communication_section import bytes_frontier, communication_section, pareto, short
+from evaluation.bench.drivers.inprocess import run_cell
+from evaluation.reports.results import Results
+from evaluation.bench.scenario import cell_id, load_scenario
+from evaluation.reports.target_costs import FIELDS, complete, costs, first_reached
 
 BASE = {"dataset": "digits", "model": "mlp", "nodes": 10, "byzantine": 2, "rounds": 8, "partition": "iid",
         "alpha": 1.0, "protocol": "momentum", "step-seconds": 0.01}
@@ -132,7 +132,7 @@ def test_pareto_keeps_what_nothing_beats_on_both_and_ways_read_short():
 
 
 def test_a_real_grid_reports_bytes_to_target(tmp_path):
-    from evaluation.report import write_report
+    from evaluation.reports.summary import write_report
 
     lines = []
     for codec in ("none", "sign"):

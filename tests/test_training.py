@@ -8,7 +8,7 @@ import torch
 from torch.func import vmap
 
 from nodes.engine.protocol import Protocol, loss_fn
-from nodes.engine.rows import canonical, rejected_rows, rejection_reason
+from nodes.engine.rows import rejected_rows, rejection_reason, stacked
 from nodes.engine.training import compute
 from nodes.wire import Task
 from robust.batches import draw_batches, node_key
@@ -212,9 +212,9 @@ def test_rejection_reasons():
 
 
 def test_canonical_order_is_by_node_id():
-    ids, X = canonical({"c": torch.tensor([7.0]), "a": torch.tensor([2.0]), "b": torch.tensor([5.0])}, 1)
+    ids, X = stacked({"c": torch.tensor([7.0]), "a": torch.tensor([2.0]), "b": torch.tensor([5.0])}, 1)
     assert ids == ["a", "b", "c"] and X[:, 0].tolist() == [2.0, 5.0, 7.0]
-    assert canonical({}, 3)[1].shape == (0, 3)
+    assert stacked({}, 3)[1].shape == (0, 3)
 
 
 def test_rejected_rows_screens_a_stack():

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.cell import Cell
-from evaluation.local import run_cell
+from evaluation.bench.cell import Cell
+from evaluation.bench.drivers.inprocess import run_cell
 from nodes import codetrust, launch
 from nodes.settings import Settings
 from nodes.volunteer import join

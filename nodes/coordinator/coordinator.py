@@ -1,11 +1,12 @@
 """The coordinator: the round engine (``nodes.engine.engine``) with a folder, keys and a transport.
 
-:class:`Coordinator` reads its settings, admission list and run id from its folder, makes
-each round's task, files every reply as it arrives (:meth:`take`: decoded from its bytes,
-then :meth:`check`: run, round, base model, shape, signature, sample count), then
-:meth:`finish_round` hands the accepted rows to :meth:`Engine.step` and checkpoints. Nothing
-a node sends can raise out of :meth:`take`: an unexpected error is that node's rejection. The Flower ServerApp (``nodes/coordinator/server_app.py``) only
-moves messages. Everything is a function of the settings, the seed and the accepted
+:class:`Coordinator` is the serve loop's desk (``nodes.engine.serve``): it reads its settings,
+admission list and run id from its folder, makes each round's tasks, files every reply the
+loop reads (:meth:`file`: decoded from its bytes, then :meth:`check`: run, round, base model,
+shape, signature, sample count), then :meth:`finish_round` hands the accepted rows to
+:meth:`Engine.step`, checkpoints and logs. Nothing a node sends can raise out of :meth:`file`:
+an unexpected error is that node's rejection. The Flower ServerApp
+(``nodes/coordinator/server_app.py``) only moves messages. Everything is a function of the settings, the seed and the accepted
 replies, so the same replies give the same bits in any arrival order, and a restart
 resumes exactly.
 
@@ -19,7 +20,7 @@ travelled: ``bytes_up`` (the replies' arrays), ``bytes_down`` (the tasks' model 
 bytes down, and each task names the SHA-256 of the rounded model the nodes train from.
 
 Every task out is in the coordinator's :class:`~nodes.engine.ledger.TaskLedger` (:attr:`ledger`),
-issued by :meth:`issue` when its message leaves. A reply must answer its
+issued by the serve loop when its message leaves. A reply must answer its
 node's task: the same task number and base model, no staler than ``max-staleness``; the reply
 closes the task whatever it holds, and a quarantined node's reply is not read. Each accepted
 row goes to the engine with its task, so its staleness and its spot check follow that task.
@@ -33,7 +34,7 @@ audit.
 
 Asynchronous rounds (``round = async``, FedBuff): each free node gets its own task, numbered
 by the run's task count (``DIR/tasks-sent``, so a resumed run never reuses a number a volunteer
-has seen), with the current model. Replies (:meth:`receive`) fill a buffer, one per node (a
+has seen), with the current model. Replies fill the serve loop's buffer, one per node (a
 node's next reply waits for the following buffer; ``nodes.engine.buffers`` is the schedule); every
 ``buffer`` valid ones (or a reply from every node that may still answer: ``nodes.engine.ledger``)
 :meth:`finish_round` runs the engine. A *round* is a buffer: ``rounds`` counts buffers. Its
@@ -48,7 +49,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -64,11 +64,11 @@ from robust.rowstore import RowStore, names
 from robust.source import Spooled
 
 from .. import checkpoint
-from ..engine.buffers import Buffers
 from ..engine.engine import Engine, ThreatHook
+from ..engine.inbox import Inbox
 from ..engine.ledger import Ticket, TaskLedger, ttl
 from ..engine.root import Root
-from ..engine.rows import canonical, rejection_reason
+from ..engine.rows import rejection_reason, stacked
 from ..settings import Settings
 from ..wire import Reply, Task, content_bytes, model_array, read_reply, reply_payload, task_content
 from . import admission, audit
@@ -87,35 +87,6 @@ FIXED = ("round", "seed", "dataset", "model", "aggregator", "tolerate", "protoco
 def short(fp: str) -> str:
     """The node name shown to people: the first 12 hex digits of its fingerprint."""
     return fp[:12]
-
-
-@dataclass
-class Inbox:
-    """A round's replies, filed by node as they arrive."""
-
-    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # accepted updates
-    rejected: dict[str, str] = field(default_factory=dict)  # bad content: a flag
-    failed: dict[str, str] = field(default_factory=dict)  # declined, node error: no flag
-    seconds: dict[str, float] = field(default_factory=dict)  # the nodes' own training time
-    waited: dict[str, float] = field(default_factory=dict)  # task sent to reply filed, on the loop's clock
-    replies: dict[str, Reply] = field(default_factory=dict)  # what each accepted reply signed
-    hashes: dict[str, str] = field(default_factory=dict)  # each accepted update's SHA-256
-    sizes: dict[str, int] = field(default_factory=dict)  # bytes of each node's reply arrays
-    tasks: dict[str, Ticket] = field(default_factory=dict)  # the task each accepted row answers
-    encoded: dict[str, Encoded | Path] = field(default_factory=dict)  # compressed runs: each accepted encoding
-    spooled: set[Path] = field(default_factory=set)  # the files this inbox wrote to DIR/updates
-
-    @classmethod
-    def of(cls, singles: Iterable[Inbox]) -> Inbox:
-        """One inbox filing the entries of ``singles`` (each one node's reply)."""
-        inbox = cls()
-        for single in singles:
-            for entries in fields(cls):  # every field is a dict or a set: none is left out
-                getattr(inbox, entries.name).update(getattr(single, entries.name))
-        return inbox
-
-    def __contains__(self, fp: str) -> bool:
-        return fp in self.rows or fp in self.rejected or fp in self.failed
 
 
 SPOOL_ABOVE = 2**30  # spool = auto: a round's rows past this many bytes wait on disk
@@ -141,8 +112,6 @@ class Coordinator:
         self._tip = audit.genesis(self.run_id)
         flags = self.engine.flags
         self.ledger = TaskLedger(s.max_staleness, lambda fp: fp in flags.quarantined or fp in flags.convicted)
-        self.buffers: Buffers[Inbox] = Buffers(self.buffer_size)  # async: each reply a one-node Inbox
-        self.started = time.monotonic()  # when the buffer being filled began
         # the coordinator's own seconds since the last round's record, by what they went to (see finish_round)
         self.costs: dict[str, float] = dict.fromkeys(COSTS, 0.0)
         self.rowstore = self._rule_store()
@@ -248,17 +217,31 @@ class Coordinator:
             checkpoint.write_atomic(self.folder / TASKS_SENT, lambda out: out.write(f"{self.sent}\n".encode()))
         return tasks, model_array(w.numpy(), self.settings.downlink)
 
-    def issue(self, fp: str, task: Task, now: float, life: float | None = None, handle: object = None) -> Ticket:
-        """``task`` is out to ``fp`` from ``now`` for ``life`` seconds (its TTL: ``deadline`` + 30 s
-        unless given), as the transport's ``handle``."""
-        life = ttl(self.settings.deadline) if life is None else life
-        return self.ledger.issue(fp, task.round, self.round, task.base, self.engine.task_model()[0], now, life, handle)
+    def model(self) -> torch.Tensor:
+        """The model the tasks being issued carry (a spot check recomputes from it)."""
+        return self.engine.task_model()[0]
 
-    def expire(self, now: float) -> None:
-        """Give up the tasks past their TTL at ``now``: their nodes may be asked again."""
-        for t in self.ledger.expire(now):
+    @property
+    def quorum(self) -> int:
+        return self.engine.quorum
+
+    def candidates(self) -> list[str]:
+        """The admitted nodes (the list is re-read)."""
+        self.keys = self._admitted()
+        return list(self.keys)
+
+    def reachable(self, online: list[str]) -> list[str]:
+        """The ``online`` nodes that are admitted."""
+        return [fp for fp in online if fp in self.keys]
+
+    def gave_up(self, tickets: list[Ticket]) -> None:
+        """Tasks past their TTL: their nodes may be asked again."""
+        for t in tickets:
             log.warning("task %d: no reply from %s within %g s: given up", t.number, short(t.node),
                         ttl(self.settings.deadline))
+
+    def inbox(self, singles: Iterable[Inbox] = ()) -> Inbox:
+        return Inbox.of(singles)
 
     # -- asynchronous rounds ---------------------------------------------------------------
 
@@ -277,48 +260,24 @@ class Coordinator:
         self.keys = self._admitted()
         return self.ledger.free([fp for fp in online if fp in self.keys])
 
-    def receive(self, fp: str, content: RecordDict | None, error: str = "", online: list[str] = (),
-                waited: float | None = None) -> list[dict]:
-        """Node ``fp``'s answer to its task (async): its reply ``content`` as it came off the
-        wire, or the transport's ``error``; filed in the buffer (or, if the node is already in
-        it, held for the next). ``online``: the nodes reachable now (with those that have a task
-        out: who may still answer). Returns the records of the buffers this completed (the
-        engine ran on them; ``nodes.engine.buffers`` is the schedule). ``waited``: seconds since
-        its task was sent. Never raises on what a node sent."""
-        single = Inbox()
-        if not self.file(fp, content, error, single, waited):
-            return []
-        records = []
-        everyone = self.ledger.may_answer([n for n in online if n in self.keys])
-        for full in self.buffers.add(fp, single, fp in single.rows, everyone):
-            if self.done:
-                break
-            inbox, started, self.started = Inbox.of(full.replies.values()), self.started, time.monotonic()
-            records.append(self.finish_round(sorted(full.replies), inbox, started, held=full.held))
-        return records
-
-    def file(self, fp: str, content: RecordDict | None, error: str, inbox: Inbox, waited: float | None = None) -> bool:
-        """File node ``fp``'s answer in ``inbox``: its reply ``content``, or the transport's
-        ``error`` (a failure, not a flag), ``waited`` seconds after its task was sent (the
-        record's ``reply_seconds``). ``False``: not read (a quarantined node)."""
-        if not self.ledger.reads(fp):
-            return False
-        if waited is not None:
-            inbox.waited[fp] = waited
-        if content is None:
-            self.ledger.close(fp)
-            inbox.failed[fp] = f"node error: {error[:200]}"
-        else:
-            self.take(fp, content, inbox)
-        return True
-
-    def take(self, fp: str, content: RecordDict, inbox: Inbox) -> None:
-        """File node ``fp``'s reply, as it came off the wire, in ``inbox``. Never raises: a
+    def file(self, ticket: Ticket, content: RecordDict | None, error: str, inbox: Inbox,
+             waited: float | None = None) -> bool:
+        """File the answer to ``ticket`` (read by the serve loop, ``nodes.engine.serve``) in
+        ``inbox``: its reply ``content`` as it came off the wire, or the transport's ``error`` (a
+        failure, not a flag), ``waited`` seconds after the task was sent (the record's
+        ``reply_seconds``). Whether it is a valid update. Never raises on what a node sent: a
         reply that cannot be read or checked, for any reason, is the node's rejection."""
-        if fp in inbox or not self.ledger.reads(fp):
-            return  # a node answers once a round; a quarantined node is not read
+        fp = ticket.node
+        if fp in inbox:
+            return False  # a node answers once a round
+        if waited is not None:
+            inbox.of_node(fp).waited = waited
+        if content is None:
+            inbox.fail(fp, f"node error: {error[:200]}")
+            return False
         with self.timed("check"):
-            self._take(fp, content, inbox)
+            self._take(ticket, content, inbox)
+        return fp in inbox.rows
 
     @contextlib.contextmanager
     def timed(self, cost: str) -> Iterator[None]:
@@ -329,21 +288,21 @@ class Coordinator:
         finally:
             self.costs[cost] += time.perf_counter() - start
 
-    def _take(self, fp: str, content: RecordDict, inbox: Inbox) -> None:
-        ticket = self.ledger.close(fp)  # answered, whatever the reply holds
+    def _take(self, ticket: Ticket, content: RecordDict, inbox: Inbox) -> None:
+        fp = ticket.node
         try:
-            inbox.sizes[fp] = content_bytes(content)
+            inbox.of_node(fp).size = content_bytes(content)
             reply, row, enc = read_reply(content, self.engine.w.numel(), self.codec)
         except ValueError as err:
-            inbox.rejected[fp] = f"malformed reply: {err}"
+            inbox.reject(fp, f"malformed reply: {err}")
             return
         except Exception as err:  # noqa: BLE001 - untrusted input must never end the round
             log.exception("round %d: reply from %s could not be read", self.round + 1, short(fp))
-            inbox.rejected[fp] = f"reply could not be read ({type(err).__name__})"
+            inbox.reject(fp, f"reply could not be read ({type(err).__name__})")
             return
-        inbox.seconds[fp] = reply.seconds
+        inbox.of_node(fp).seconds = reply.seconds
         if reply.refused:
-            inbox.failed[fp] = f"declined the task: {reply.refused[:200]}"
+            inbox.fail(fp, f"declined the task: {reply.refused[:200]}")
             return
         try:
             result = self.check(fp, reply, row, ticket, enc)
@@ -351,14 +310,13 @@ class Coordinator:
             log.exception("round %d: reply from %s could not be checked", self.round + 1, short(fp))
             result = f"reply could not be checked ({type(err).__name__})"
         if isinstance(result, str):
-            inbox.rejected[fp] = result
+            inbox.reject(fp, result)
         else:
             row, sha = result
-            inbox.hashes[fp] = sha
-            inbox.rows[fp] = self.spool(sha, row, inbox) if self.spooling else row
+            kept = self.spool(sha, row, inbox) if self.spooling else row
             if enc is not None:  # what the audit keeps, at the codec's size
-                inbox.encoded[fp] = self.spool(sha, enc, inbox) if self.spooling else enc
-            inbox.replies[fp], inbox.tasks[fp] = reply, ticket
+                enc = self.spool(sha, enc, inbox) if self.spooling else enc
+            inbox.accept(fp, kept, ticket, reply=reply, sha=sha, encoded=enc)
 
     def disk(self) -> Projection:
         """What the rounds left will store in this folder (``nodes.coordinator.disk``)."""
@@ -398,23 +356,20 @@ class Coordinator:
         """The accepted rows in canonical order: stacked in memory, or read from the spool
         (the rows still in memory, if spooling began mid-round, are spooled first)."""
         if not any(isinstance(row, Path) for row in inbox.rows.values()):
-            return canonical(inbox.rows, self.engine.w.numel())
+            return stacked(inbox.rows, self.engine.w.numel())
         ids = sorted(inbox.rows)
         paths = [inbox.rows[fp] if isinstance(inbox.rows[fp], Path) else self.spool(inbox.hashes[fp], inbox.rows[fp], inbox)
                  for fp in ids]
         return ids, Spooled(paths, validated=True, shas=[inbox.hashes[fp] for fp in ids])
 
-    def check(self, fp: str, reply: Reply, row: np.ndarray | None, ticket: Ticket | None,
+    def check(self, fp: str, reply: Reply, row: np.ndarray | None, ticket: Ticket,
               enc: Encoded | None) -> tuple[torch.Tensor, str] | str:
-        """The update of a reply to ``ticket`` (``None``: the node had no task out) that did not
-        decline, as ``(row, its SHA-256)``, or why it is rejected; ``enc``: the encoding the row
-        was decoded from (``None`` for ``none``), whose claims must answer the task (a
-        ``shared-sign`` support)."""
+        """The update of a reply to ``ticket`` that did not decline, as ``(row, its SHA-256)``, or
+        why it is rejected; ``enc``: the encoding the row was decoded from (``None`` for
+        ``none``), whose claims must answer the task (a ``shared-sign`` support)."""
         if reply.run != self.run_id:
             return f"signed for run {reply.run!r}, this is run {self.run_id!r}"
-        if ticket is None:
-            return f"signed for task {reply.round}, but this node has no task out (a replay?)"
-        reason = self.ledger.refusal(ticket, reply.round, reply.base, self.round)
+        reason = ticket.refusal(reply.round, reply.base, self.round, self.settings.max_staleness)
         if reason:
             return reason
         if enc is not None and (reason := self.codec.refusal(enc, (self.settings.seed, ticket.number, fp))):
@@ -433,7 +388,7 @@ class Coordinator:
         return tensor, sha
 
     def finish_round(self, asked: list[str], inbox: Inbox, started: float, checkers: Checkers | None = None,
-                     held: list[str] | None = None) -> dict:
+                     held: list[str] | None = None, missed: dict[str, str] | None = None) -> dict:
         """The engine's round on the accepted rows, then checkpoint and log; the round's record.
 
         Rejected replies (bad content) count as flags; failed ones (a transport error, or a
@@ -449,7 +404,8 @@ class Coordinator:
             self._task_bytes = content_bytes(task_content(*self.task()))
         self.checks.begin(inbox.replies, checkers)
         with self.timed("engine"):
-            record = self.engine.step(asked, ids, X, inbox.rejected, inbox.failed, tasks=inbox.tasks)
+            record = self.engine.step(asked, ids, X, inbox.rejected, {**(missed or {}), **inbox.failed},
+                                      tasks=inbox.tasks)
         if self.asynchronous:
             record["buffer"] = self.buffer_size
             record["held"] = held or []  # valid replies of this buffer's nodes, left for the next buffer
@@ -482,6 +438,9 @@ class Coordinator:
         self._tip = audit.line_hash(record)
         if self.done:
             self.finish(record["accuracy"])
+        log.info("round %d: accepted %d/%d, accuracy %.3f, flagged %s, rejected %s", record["round"],
+                 record["accepted"], record["asked"], record["accuracy"], [short(fp) for fp in record["flagged"]],
+                 {short(fp): r for fp, r in record["rejected"].items()})
         return record
 
     def convicted(self, fp: str, record: dict) -> None:

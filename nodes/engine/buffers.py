@@ -1,7 +1,7 @@
 """FedBuff's schedule (Nguyen et al., AISTATS 2022): which replies go into which buffer.
 
-The one schedule of asynchronous rounds, driven by the deployed coordinator
-(``nodes.coordinator.coordinator``) and by the bench (``evaluation.fedbuff``) alike:
+The one schedule of asynchronous rounds, driven by the serve loop (``nodes.engine.serve``) for
+the deployed coordinator and the bench alike:
 
 - a reply is filed in the buffer being filled, **one per node**: a node already in it (with
   any reply, valid or not) has its next reply *held* for a later buffer;

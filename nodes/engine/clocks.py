@@ -4,11 +4,11 @@ A deployment runs on the wall (:class:`WallClock`): a reply counts as soon as it
 synchronous round ends when every task of it is answered (with none sent, every carried one)
 or past its deadline (each task's, from when it left: the ServerApp's window, ``in-flight``,
 may send a round's tasks in waves), and a task is given up at its TTL. The bench's Flower
-simulation driver hands the same loop a simulated clock (``evaluation.sim_clock``) that
+simulation driver hands the same loop a simulated clock (``evaluation.simtime.serve_clock``) that
 foresees when each reply arrives on the cell's simulated volunteers (speed, link), so that
 the loop's schedule is the local driver's, whatever order the replies physically come in.
-Either clock only reads the coordinator's task ledger (``nodes.engine.ledger``); the loop
-files what it says.
+Either clock only reads the task ledger (``nodes.engine.ledger``); the serve loop
+(``nodes.engine.serve``) files what it says.
 """
 
 from __future__ import annotations
@@ -51,6 +51,10 @@ class Clock(Interface):
     def over(self, ledger: TaskLedger, barrier: Barrier) -> bool:
         """Whether ``barrier``'s round is over (its counted replies filed)."""
 
+    def missed(self, ticket: Ticket, barrier: Barrier, carried: bool) -> str | None:
+        """Why ``ticket``, of ``barrier``'s round and still out at its end, is missing from it
+        (the record's ``failed``); ``None``: just missing."""
+
 
 class WallClock:
     """Real time, for a deployment: see the module."""
@@ -76,3 +80,6 @@ class WallClock:
             return all(self.now() >= t.sent + self.deadline for t in own)
         waiting = not barrier.sent and len(ledger) > 0  # only carried tasks: wait for them
         return not waiting or self.now() >= barrier.start + self.deadline
+
+    def missed(self, ticket: Ticket, barrier: Barrier, carried: bool) -> str | None:
+        return None  # a node that did not answer in time is the record's ``missing``

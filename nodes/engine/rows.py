@@ -28,8 +28,9 @@ def rejection_reason(row: torch.Tensor, d: int, max_norm: float | None) -> str |
     return None
 
 
-def canonical(rows: dict[str, torch.Tensor], d: int) -> tuple[list[str], torch.Tensor]:
-    """Node ids sorted, and their ``(d,)`` rows stacked in that order (``(0, d)`` if none)."""
+def stacked(rows: dict[str, torch.Tensor], d: int) -> tuple[list[str], torch.Tensor]:
+    """Node ids sorted, and their ``(d,)`` rows stacked in that (canonical) order (``(0, d)``
+    if none). ``nodes.engine.engine.canonical`` puts rows already stacked in that order."""
     ids = sorted(rows)
     return ids, torch.stack([rows[i] for i in ids]) if ids else torch.empty(0, d)
 

@@ -20,7 +20,7 @@ recompute it.
   is convicted (the author for a fabricated update, the verifier for a false accusation), so
   a Byzantine verifier cannot convict an honest node. A convicted node is banned at once.
 
-Calibration of :data:`TOLERANCE` (``evaluation/spot_tolerance.py``, digits MLP and CNN, the
+Calibration of :data:`TOLERANCE` (``python -m evaluation.spot_tolerance``, digits MLP and CNN, the
 ``delta`` protocol): honest recomputations with 1, 2 and 4 threads, and the bench's batched
 kernels against a volunteer's, differ by a relative distance of at most ~1e-6; a forged
 update scaled by 0.999 is 1e-3 away. The bound sits between, at 1e-4.

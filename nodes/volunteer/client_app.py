@@ -35,7 +35,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from robust import keys
-from robust.code import use_path
+from robust.user_code import use_path
 
 from ..engine.training import NodeData
 from ..wire import UPDATE, Reply, identity_content, read_introduction, read_task, reply_content, task_of

@@ -34,7 +34,7 @@ from pathlib import Path
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from robust.code import is_reference
+from robust.user_code import is_reference
 
 from ..wire import REPLY, Task, check_of, pack, refusal, reply_content, task_of, unpack
 from . import channel, worklog

@@ -31,7 +31,7 @@ import torch
 
 import attacks
 from attacks.base import Memory, NodeAttack
-from robust.code import use_path
+from robust.user_code import use_path
 from robust.compute import resolve_device
 from robust import codecs, keys
 from robust.codecs import Codec, Encoded

@@ -158,6 +158,17 @@ function renderNodes(nodes) {
     }
   }
   body.replaceChildren(...rows);
+  markOverflow();
+}
+
+// Whether the node table is wider than its frame (a narrow window): the frame then scrolls
+// sideways, and a line above it says so, since many browsers hide a scrollbar until it is used.
+// The frame keeps the overflow in pixels (0: the table fits) in data-overflow.
+function markOverflow() {
+  const frame = document.getElementById("node-frame");
+  const over = Math.max(0, frame.scrollWidth - frame.clientWidth);
+  frame.dataset.overflow = over;
+  document.getElementById("node-hint").hidden = over === 0;
 }
 
 async function getJSON(name) {
@@ -185,4 +196,5 @@ async function refresh() {
   }
 }
 
+window.addEventListener("resize", markOverflow);
 refresh();

@@ -1,0 +1,61 @@
+"""A cell as a federation on disk, for the drivers that run the coordinator's own apps.
+
+:func:`build` makes what ``robust coordinator init``, ``node keygen`` and ``coordinator
+admit`` make (``nodes.commands.local_federation``), with the cell's node keys: a coordinator
+folder holding the cell's settings, and one folder per node holding its key, its part of
+the training set and its ``node.json`` (a Byzantine node's node-side attack). Nodes compute
+on the CPU, as the per-node local driver does, so the bits can be compared.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from nodes import checkpoint, codetrust, launch
+from nodes.commands import local_federation
+from nodes.engine.training import NodeData
+from nodes.volunteer.volunteer import NodeConfig
+
+from evaluation.bench.cell import KEY_SEED, CellSetup, cell_settings
+from evaluation.bench.scenario import cell_id
+
+
+def run_id(setup: CellSetup) -> str:
+    return f"bench-{cell_id(setup.cell)}"
+
+
+def build(setup: CellSetup, root: Path, **deployment: object) -> tuple[Path, list[Path]]:
+    """The coordinator folder and the node folders (node ``i`` is ``root/node<i>``)."""
+    settings = cell_settings(setup.cell, **deployment)
+    coord, folders = local_federation(root, setup.n, settings, run_id(setup), (KEY_SEED, setup.cell.seed))
+    data = setup.data
+    bundle = (coord / launch.CODE_SHA).read_text().strip() if settings.code else ""
+    for folder, fp in zip(folders, setup.by_index):
+        part = setup.parts[fp]
+        path = folder / "data.pt"
+        NodeData(data.name, data.x_train[part].clone(), data.y_train[part].clone(), data.classes).save(path)
+        NodeConfig(str(path.resolve()), "cpu", setup.attack_of(fp), code=settings.code).save(folder)
+        if bundle:  # the bench's own code: its nodes accept it
+            codetrust.trust(folder, bundle)
+    return coord, folders
+
+
+def rounds_and_model(coord: Path) -> tuple[list[dict], torch.Tensor]:
+    """The engine's records of a finished run, and its final model."""
+    rounds = [json.loads(line) for line in (coord / checkpoint.ROUNDS).read_text().splitlines()]
+    return rounds, checkpoint.load(coord)["engine"]["w"]
+
+
+def check_complete(rounds: list[dict], where: Path, scheduled: bool = False) -> None:
+    """A bench cell must hear every node every round: a lost reply is a failure, loudly. On a
+    simulated schedule (``scheduled``) a node without a reply was late by that schedule, as in
+    the local driver."""
+    for r in rounds:
+        lost = {**r["failed"], **({} if scheduled else {m: "no reply before the deadline" for m in r["missing"]})}
+        if lost:
+            node, reason = next(iter(lost.items()))
+            raise RuntimeError(f"round {r['round']}: node {node[:12]} failed ({reason}); the cell cannot match the "
+                               f"local driver: see {where}")

@@ -1,0 +1,180 @@
+"""Scenario files: a TOML ``[scenario]`` table whose list values expand to a grid of cells.
+
+``seeds``, ``aggregators`` and ``attacks`` are lists by nature; any other key given a list
+(``alpha = [0.1, 1.0]``) becomes one more axis of the grid. ``--set key=value`` overrides a
+key from the command line (``value`` in TOML syntax: ``--set rounds=20``,
+``--set 'attacks=["none","alie"]'``).
+
+Every key is declared once, as data: the keys a training run shares with the coordinator's
+settings are ``nodes.settings.RUN``'s own (same names, rules and defaults); the others
+(``SCENARIO``) are the bench's. A cell's settings are then built and checked exactly as a
+coordinator's (``evaluation.bench.cell.cell_settings``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+import aggregators
+import attacks
+from attacks.base import OmniscientAttack
+from nodes.settings import RUN
+from robust.constraints import Interval, OneOf, Param, Spec, check_all, table, unknown
+from robust.partition import KINDS
+from robust.spec import Component, format_spec, parse
+
+from .cell import SHARED, Cell, cell_settings
+from evaluation.simtime.arrivals import CLOCK
+from evaluation.reports.target_costs import OF
+
+SCENARIO = {
+    **{k: RUN[k] for k in SHARED},
+    **table(
+        Param("partition", OneOf(KINDS), "iid", "how the training set is split among nodes"),
+        Param("alpha", Interval(float, 0, None, "neither"), 1.0, "Dirichlet concentration (partition = dirichlet)"),
+        Param("nodes", Interval(int, 1, 100_000), 25, "nodes in the federation"),
+        Param("byzantine", Interval(int, 0, None), 5, "Byzantine nodes among them (the rule's f)"),
+        Param("seeds", RUN["seed"].rule, [0], "run seeds (a grid axis)"),
+        Param("aggregators", Spec(lambda spec: aggregators.build(spec, 0), "an aggregator spec"), ["mean"],
+              "aggregator specs (a grid axis)"),
+        Param("attacks", Spec(lambda spec: attacks.build(spec, 1), "an attack spec"), ["none"],
+              "attack specs (a grid axis)"),
+        Param("deadline", Interval(float, 0, None), 0.0,
+              "simulated seconds a synchronous round waits for replies (0: for every node asked)"),
+        Param("target", Interval(float, 0, 1, "right"), 0.95,
+              "the bar to reach, x the best clean final accuracy of the cells that differ only in how updates "
+              "travel (evaluation.reports.target_costs)"),
+        Param("target-of", OneOf(OF), "best",
+              "what target multiplies: the best clean final accuracy of those cells, or the baseline's among them "
+              "(momentum, float32 both ways), for a task whose best bar the baseline never reaches"),
+        Param("target-accuracy", Interval(float, 0, 1), 0.0,
+              "an absolute accuracy to reach instead (0: target x the best clean one); each cell then records "
+              "what reaching it cost"),
+    ),
+    **CLOCK,
+}
+AXES = ("seeds", "aggregators", "attacks")
+DEFAULTS = {k: p.default for k, p in SCENARIO.items()}
+
+
+def load_scenario(path: str | None, overrides: list[str] = (), engine: str = "local") -> dict:
+    """Defaults, then the file's ``[scenario]`` table, then ``--set`` overrides; validated
+    (for ``engine``: ``deploy`` plays node-side attacks only)."""
+    scenario = dict(DEFAULTS)
+    if path:
+        try:
+            table_ = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ValueError(f"scenario file {path} not found: pass an existing --config") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(f"{path} is not valid TOML ({err})") from None
+        if "scenario" not in table_:
+            raise ValueError(f"{path} has no [scenario] table: put the settings under [scenario]")
+        scenario.update(table_["scenario"])
+    for item in overrides:
+        key, eq, raw = item.partition("=")
+        if not eq:
+            raise ValueError(f"--set {item!r}: write key=value, e.g. --set rounds=20")
+        try:
+            scenario[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            scenario[key.strip()] = raw  # a bare word such as --set dataset=mnist1d
+    validate(scenario, engine)
+    return scenario
+
+
+def validate(scenario: dict, engine: str = "local") -> None:
+    """Refuse unknown keys and impossible values before any cell runs, in one line each."""
+    unknown(scenario, SCENARIO, "scenario")
+    for key, value in scenario.items():
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise ValueError(f"{key} is an empty list: give at least one value")
+        checked = [check_all("scenario", {key: SCENARIO[key]}, {key: v})[key] for v in values]
+        scenario[key] = checked if isinstance(value, list) or key in AXES else checked[0]
+    for config in grid(scenario):
+        n, f = config["nodes"], config["byzantine"]
+        if f >= n:
+            raise ValueError(f"byzantine must be below nodes (got byzantine={f}, nodes={n})")
+        timed = config.get("round") == "async" or config.get("deadline")
+        if engine == "flower" and timed and (not config.get("step-seconds") or config.get("churn", "none") != "none"):
+            raise ValueError("--engine flower plays a schedule (round=async or a deadline) on the local driver's "
+                             "simulated clock: give step-seconds (e.g. step-seconds=0.01) and no churn, or run "
+                             "--engine local")
+        if config["quorum"] > n:
+            raise ValueError(f"quorum={config['quorum']} is above nodes={n}: no round could step; lower quorum")
+        for spec in scenario["aggregators"]:
+            aggregators.build(spec, f).check_n(n)
+            cell_settings(Cell(config, spec, "none", scenario["seeds"][0]))
+    for spec in scenario["attacks"]:
+        attack = attacks.build(spec, 1)
+        if engine == "deploy" and isinstance(attack, OmniscientAttack) and attack.name != "none":
+            raise ValueError(f"--engine deploy plays node-side attacks only (label-flip, backdoor): {spec!r} is "
+                             "omniscient (it needs every node's update); run it with --engine local or flower")
+
+
+def grid(scenario: dict) -> list[dict]:
+    """One config per combination of the list-valued non-axis keys."""
+    keys = [k for k in scenario if k not in AXES]
+    values = [v if isinstance(v, list) else [v] for v in (scenario[k] for k in keys)]
+    return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
+
+
+def cells(scenario: dict, sweep: str | None = None, points: int = 8) -> list[Cell]:
+    """Every cell of the grid; with ``sweep`` ('alie:z=0.1..3'), the swept attack replaces
+    the scenario's attacks (clean 'none' cells are kept as the reference)."""
+    attack_specs = [(a, None) for a in scenario["attacks"]]
+    if sweep:
+        attack_specs = [("none", None), *sweep_specs(sweep, points)]
+    return [
+        Cell(config, agg, attack, int(seed), info)
+        for config in grid(scenario)
+        for agg in scenario["aggregators"]
+        for attack, info in attack_specs
+        for seed in scenario["seeds"]
+    ]
+
+
+def sweep_specs(sweep: str, points: int) -> list[tuple[str, dict]]:
+    """``alie:z=0.1..3`` -> ``points`` attack specs with z evenly spaced from 0.1 to 3. Any
+    parameter of any attack can be swept; the attack's other parameters may be fixed
+    (``evade:detector=all,dir=alie,max=0.5..4``); an integer parameter takes the distinct
+    whole values of the range."""
+    example = "e.g. alie:z=0.1..3, or evade:detector=all,dir=ipm,max=0.5..4"
+    comps = parse(sweep.replace("..", "~"))
+    ranged = [k for k, v in comps[0].params.items() if "~" in str(v)] if len(comps) == 1 else []
+    if len(ranged) != 1:
+        raise ValueError(f"--sweep {sweep!r}: write one attack with one range LOW..HIGH, {example}")
+    param, name, fixed = ranged[0], comps[0].name, {k: v for k, v in comps[0].params.items() if k != ranged[0]}
+    lo, _, hi = str(comps[0].params[param]).partition("~")
+    try:
+        lo_v, hi_v = float(lo), float(hi)
+    except ValueError:
+        raise ValueError(f"--sweep {sweep!r}: the range must be LOW..HIGH, {example}") from None
+    if points < 2:
+        raise ValueError(f"--sweep {sweep!r}: --sweep-points must be >= 2")
+    declared = attacks.REGISTRY.lookup(name, sweep).declared().get(param)
+    values = np.linspace(lo_v, hi_v, points).tolist()
+    if declared is not None and declared.kind is int:
+        values = sorted({round(v) for v in values})
+    out = []
+    for v in values:
+        spec = f"{format_spec([Component(name, fixed)])}{',' if fixed else ':'}{param}={v:.6g}"
+        attacks.build(spec, 1)  # fail early on a bad name or parameter
+        out.append((spec, {"attack": name, "param": param, "value": v}))
+    return out
+
+
+def cell_id(cell: Cell) -> str:
+    """A stable id of the cell's inputs: re-runs skip cells whose id is already in results."""
+    key = json.dumps(
+        {"config": cell.config, "aggregator": cell.aggregator, "attack": cell.attack, "seed": cell.seed},
+        sort_keys=True,
+    )
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
