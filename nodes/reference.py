@@ -4,8 +4,8 @@ settings, each read from its one declaration (``robust.registry.entry``), so the
 cannot drift from what the code checks.
 
 The bench's own families live above ``nodes`` and are described the same way by their
-caller: ``evaluation.volunteer_model.SPEEDS.describe()`` (and ``LINKS``, ``CHURNS``), and
-``entry("scenario", "scenario", doc, evaluation.scenario.SCENARIO)``.
+caller: ``evaluation.simtime.traits.SPEEDS.describe()`` (and ``LINKS``, ``CHURNS``), and
+``entry("scenario", "scenario", doc, evaluation.bench.scenario.SCENARIO)``.
 """
 
 from __future__ import annotations

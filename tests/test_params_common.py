@@ -25,8 +25,8 @@ import pytest
 
 import aggregators
 import attacks
-from evaluation import volunteer_model
-from evaluation.scenario import SCENARIO, load_scenario
+from evaluation.simtime import traits
+from evaluation.bench.scenario import SCENARIO, load_scenario
 from nodes.engine import protocol, staleness
 from nodes.settings import PARAMS as SETTINGS, Settings
 from robust import codecs
@@ -55,7 +55,7 @@ class Family:
 
 
 REGISTRIES = (aggregators.REGISTRY, attacks.REGISTRY, codecs.REGISTRY,
-              volunteer_model.SPEEDS, volunteer_model.LINKS, volunteer_model.CHURNS)
+              traits.SPEEDS, traits.LINKS, traits.CHURNS)
 
 
 def of(registry: Registry) -> dict[str, dict[str, Param]]:
@@ -67,9 +67,9 @@ FAMILIES = [
     Family("aggregator", of(aggregators.REGISTRY), lambda spec: aggregators.build(spec, 0), "aggregators", True, PRE),
     Family("attack", of(attacks.REGISTRY), lambda spec: attacks.build(spec, 1), "attacks", True),
     Family("codec", of(codecs.REGISTRY), codecs.build, "compression"),
-    Family("speed", of(volunteer_model.SPEEDS), volunteer_model.build_speed, "speed"),
-    Family("link", of(volunteer_model.LINKS), volunteer_model.build_link, "link"),
-    Family("churn", of(volunteer_model.CHURNS), volunteer_model.build_churn, "churn"),
+    Family("speed", of(traits.SPEEDS), traits.build_speed, "speed"),
+    Family("link", of(traits.LINKS), traits.build_link, "link"),
+    Family("churn", of(traits.CHURNS), traits.build_churn, "churn"),
     Family("protocol", protocol.PARAMS,
            lambda spec: protocol.Protocol.parse(spec, lr=0.1, momentum=0.0, batch_size=1), "protocol"),
     Family("staleness", staleness.PARAMS, staleness.weight_of, "staleness"),
@@ -270,7 +270,7 @@ def test_the_reference_describes_every_declared_parameter():
     assert all(ref["detector", d]["summary"] for d in DETECTORS)
     assert all(e["summary"] and all(q["help"] for q in e["params"]) for e in ref.values())
     assert ref["aggregator", "nnm"]["role"] == "pre-aggregator" and ref["attack", "alie"]["kind"] == "omniscient"
-    assert volunteer_model.LINKS.describe()[0]["family"] == "link"
+    assert traits.LINKS.describe()[0]["family"] == "link"
 
 
 def test_the_common_checks_cover_every_component_and_parameter():
