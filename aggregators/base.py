@@ -4,8 +4,8 @@ A *rule* maps a round's updates ``X`` of shape ``(n, d)`` to one ``(d,)`` aggreg
 *pre-aggregator* maps ``X`` to new ``(n', d)`` rows handed to the next link of the chain.
 Both read the rows as a source (``robust.source.Rows``: a tensor in memory or rows spooled on
 disk) in column blocks: one rule, two kinds of source, the same bits from either.
-Both are built from a spec component and validate their parameters in ``__init__``; the
-number of rows they can serve is checked before any work is done.
+Both are built from a spec component and declare their parameters as data (``params``:
+``robust.registry``); the number of rows they can serve is checked before any work is done.
 
 Some rules need more than the rows (:class:`RoundInputs`): they name the fields in ``needs``
 and take ``aggregate(X, inputs)``; the chain checks the fields are given before any work.
@@ -19,6 +19,7 @@ from typing import ClassVar
 
 import torch
 
+from robust.constraints import Interval, Param
 from robust.row_keeper import Keeper
 from robust.registry import Component, Registry
 from robust.rowstore import RowStore
@@ -26,6 +27,8 @@ from robust.source import Rows, as_rows
 
 REGISTRY: Registry[Stage] = Registry("aggregator")
 register = REGISTRY.register
+
+SEED = Param("seed", Interval(int, 0, None), 0, "seeds the stage's random draws (with the rows' content)")
 
 
 @dataclass(frozen=True)

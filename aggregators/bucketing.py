@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from robust.constraints import Interval, Param
 from robust.source import Rows, mixed
-from .base import PreAggregator, register
+from .base import SEED, PreAggregator, register
 
 
 @register
@@ -21,10 +22,7 @@ class Bucketing(PreAggregator):
     name = "bucketing"
     keeps_rows = False
 
-    def __init__(self, f: int, *, s: int = 2, seed: int = 0) -> None:
-        super().__init__(f)
-        self._check_param("s", s, s >= 1, ">= 1: it is the bucket size")
-        self.s, self.seed = s, seed
+    params = (Param("s", Interval(int, 1, None), 2, "the bucket size: rows averaged into one"), SEED)
 
     def rows(self, n: int) -> int:
         return -(-n // self.s)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from robust.constraints import Interval, Param
 from robust.geometry import sq_distances, weighted_sum
 from robust.source import Rows, stacked
 
@@ -44,11 +45,13 @@ def clipping_coefficients(dist: torch.Tensor, tau: float, iters: int) -> torch.T
 class CenteredClipping(Rule):
     name = "centered-clipping"
 
-    def __init__(self, f: int, *, tau: float = 10.0, iters: int = 1) -> None:
-        super().__init__(f)
-        self._check_param("tau", tau, tau > 0, "> 0: it is the clipping radius")
-        self._check_param("iters", iters, iters >= 1, ">= 1")
-        self.tau, self.iters = tau, iters
+    params = (
+        Param("tau", Interval(float, 0, None, "neither"), 10.0, "the clipping radius"),
+        Param("iters", Interval(int, 1, None), 1, "clipping steps per call, each from the last"),
+    )
+
+    def __init__(self, f: int, **params: object) -> None:
+        super().__init__(f, **params)
         self.center: torch.Tensor | None = None
 
     def reset(self) -> None:

@@ -129,5 +129,5 @@ def build(spec: str, f: int) -> Chain:
                 f"{spec!r}: {comp.name} tracks each node across rounds, so no pre-aggregator that mixes "
                 f"rows ({mixers}) may come before it"
             )
-        stages.append(cls.from_params(f, comp.params))
+        stages.append(cls(f, **comp.params))
     return Chain(stages, format_spec(components))

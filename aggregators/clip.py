@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from robust.constraints import Interval, Param
 from robust.geometry import row_norms
 from robust.source import Rows, scaled
 from .base import PreAggregator, register
@@ -25,10 +26,7 @@ def clip_rows(X: Rows, norms: torch.Tensor, c: float) -> Rows:
 class Clip(PreAggregator):
     name = "clip"
 
-    def __init__(self, f: int, *, c: float = 1.0) -> None:
-        super().__init__(f)
-        self._check_param("c", c, c > 0, "> 0: it is the largest norm a row may keep")
-        self.c = c
+    params = (Param("c", Interval(float, 0, None, "neither"), 1.0, "the largest norm a row may keep"),)
 
     def transformed(self, X: Rows) -> Rows:
         return clip_rows(X, row_norms(X), self.c)

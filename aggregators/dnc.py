@@ -26,25 +26,27 @@ import math
 
 import torch
 
+from robust.constraints import Interval, Param
 from robust.geometry import weighted_sum
 from robust.source import Rows, take_columns
 from ._filtering import draws, in_input_order
-from .base import Rule, register
+from .base import SEED, Rule, register
 
 
 @register
 class DnC(Rule):
     name = "dnc"
 
-    def __init__(
-        self, f: int, *, iters: int = 5, b: int = 10000, c: float = 1.0, seed: int = 0
-    ) -> None:
-        super().__init__(f)
-        self._check_param("iters", iters, iters >= 1, ">= 1: it is how many random subsets are scored")
-        self._check_param("b", b, b >= 1, ">= 1: it is how many coordinates each subset has")
-        self._check_param("c", c, c > 0, "> 0: each subset removes floor(c * f) rows")
-        self.iters, self.b, self.c, self.seed = iters, b, c, seed
-        self.removed = math.floor(c * f)
+    params = (
+        Param("iters", Interval(int, 1, None), 5, "how many random subsets of coordinates are scored"),
+        Param("b", Interval(int, 1, None), 10000, "how many coordinates each subset has"),
+        Param("c", Interval(float, 0, None, "neither"), 1.0, "each subset removes floor(c * f) rows"),
+        SEED,
+    )
+
+    def __init__(self, f: int, **params: object) -> None:
+        super().__init__(f, **params)
+        self.removed = math.floor(self.c * f)
 
     def check_n(self, n: int) -> None:
         self._require(n > 2 * self.f, "> 2f", n)

@@ -21,7 +21,9 @@ from __future__ import annotations
 import torch
 
 from ._filtering import clipped_mean, draws, gram, in_input_order
-from .base import Rule, register
+from robust.constraints import Interval, Param
+
+from .base import SEED, Rule, register
 
 
 def majority_cluster(cosine: torch.Tensor) -> torch.Tensor:
@@ -44,10 +46,7 @@ def majority_cluster(cosine: torch.Tensor) -> torch.Tensor:
 class Flame(Rule):
     name = "flame"
 
-    def __init__(self, f: int, *, noise: float = 0.001, seed: int = 0) -> None:
-        super().__init__(f)
-        self._check_param("noise", noise, noise >= 0, ">= 0: the noise's std is noise * the median norm")
-        self.noise, self.seed = noise, seed
+    params = (Param("noise", Interval(float, 0, None), 0.001, "the added noise's std, in median norms"), SEED)
 
     def check_n(self, n: int) -> None:
         self._require(n > 2 * self.f, "> 2f", n)

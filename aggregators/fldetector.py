@@ -51,6 +51,7 @@ import hashlib
 
 import torch
 
+from robust.constraints import Interval, OneOf, Param
 from robust.geometry import weighted_sum
 from robust.row_keeper import Handle, Joined, Keeper, lockstep, rows_of
 from robust.seeds import generator
@@ -58,7 +59,7 @@ from robust.source import Memory, Rows
 
 from ._columns import median_of_sorted, reduce_sorted_columns
 from ._filtering import F64
-from .base import RoundInputs, Rule, register
+from .base import SEED, RoundInputs, Rule, register
 
 BASES = ("median", "mean")
 
@@ -140,12 +141,14 @@ class FLDetector(Rule):
     name = "fldetector"
     needs = frozenset({"ids", "w"})
 
-    def __init__(self, f: int, *, window: int = 10, base: str = "median", seed: int = 0) -> None:
-        super().__init__(f)
-        self._check_param("window", window, window >= 1, ">= 1: it is how many rounds of history are used")
-        if base not in BASES:
-            raise ValueError(f"fldetector base must be one of {', '.join(BASES)} (got base={base!r})")
-        self.window, self.base, self.seed = window, base, seed
+    params = (
+        Param("window", Interval(int, 1, None), 10, "how many rounds of history are used"),
+        Param("base", OneOf(BASES), "median", "the rule run on the rows it keeps"),
+        SEED,
+    )
+
+    def __init__(self, f: int, **params: object) -> None:
+        super().__init__(f, **params)
         self.keeper = Keeper()
         self.reset()
 

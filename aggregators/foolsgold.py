@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import torch
 
+from robust.constraints import Interval, Param
 from robust.geometry import pow2_scale, weighted_sum
 from robust.row_keeper import Handle, Keeper, lockstep, rows_of
 from robust.source import Rows
@@ -95,10 +96,11 @@ class FoolsGold(Rule):
     name = "foolsgold"
     needs = frozenset({"ids"})
 
-    def __init__(self, f: int, *, kappa: float = 1.0) -> None:
-        super().__init__(f)
-        self._check_param("kappa", kappa, kappa > 0, "> 0: it is the slope of the logit from dissimilarity to weight")
-        self.kappa = kappa
+    params = (Param("kappa", Interval(float, 0, None, "neither"), 1.0,
+                    "the slope of the logit from dissimilarity to weight"),)
+
+    def __init__(self, f: int, **params: object) -> None:
+        super().__init__(f, **params)
         self.keeper = Keeper()
         self.history: dict[str, Handle] = {}
 

@@ -17,6 +17,7 @@ import logging
 
 import torch
 
+from robust.constraints import Interval, Param
 from robust.geometry import sq_distances, weighted_sum
 from .base import Rule, register
 
@@ -46,14 +47,11 @@ def weiszfeld_weights(
 class GeometricMedian(Rule):
     name = "geometric-median"
 
-    def __init__(
-        self, f: int, *, nu: float = 1e-6, max_iter: int = 1000, tol: float = 1e-10
-    ) -> None:
-        super().__init__(f)
-        self._check_param("nu", nu, nu > 0, "> 0: it smooths ||z - x_i|| near the data")
-        self._check_param("max_iter", max_iter, max_iter >= 1, ">= 1")
-        self._check_param("tol", tol, tol >= 0, ">= 0: the relative objective decrease to stop at")
-        self.nu, self.max_iter, self.tol = nu, max_iter, tol
+    params = (
+        Param("nu", Interval(float, 0, None, "neither"), 1e-6, "smooths ||z - x_i|| near the data"),
+        Param("max_iter", Interval(int, 1, None), 1000, "Weiszfeld iterations at most"),
+        Param("tol", Interval(float, 0, None), 1e-10, "the relative objective decrease to stop at"),
+    )
 
     def check_n(self, n: int) -> None:
         self._require(n > 2 * self.f, "> 2f", n)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from robust.constraints import Interval, Param
 from robust.geometry import sq_distances, weighted_sum
 from .base import Rule, register
 from .krum import krum_scores
@@ -18,11 +19,7 @@ from .krum import krum_scores
 class MultiKrum(Rule):
     name = "multi-krum"
 
-    def __init__(self, f: int, *, m: int | None = None) -> None:
-        super().__init__(f)
-        if m is not None:
-            self._check_param("m", m, m >= 1, ">= 1: it is how many rows to average")
-        self.m = m
+    params = (Param("m", Interval(int, 1, None), None, "how many rows to average (default n - f)"),)
 
     def check_n(self, n: int) -> None:
         self._require(n >= 2 * self.f + 3, ">= 2f + 3", n)

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import torch
 
+from robust.constraints import Interval, Param
 from robust.source import Rows, column_blocks
 
 from ._filtering import F64, clipped_mean, draws, gram, in_input_order
-from .base import Rule, register
+from .base import SEED, Rule, register
 
 
 def sign_statistics(X: Rows, columns: torch.Tensor) -> torch.Tensor:
@@ -95,17 +96,12 @@ def largest_cluster(features: torch.Tensor, h: float, max_iter: int = 300) -> to
 class SignGuard(Rule):
     name = "signguard"
 
-    def __init__(
-        self, f: int, *, lower: float = 0.1, upper: float = 3.0, frac: float = 0.1, seed: int = 0
-    ) -> None:
-        super().__init__(f)
-        median_passes = "the median row must pass the norm filter"
-        self._check_param("lower", lower, 0 <= lower <= 1, f"in [0, 1]: {median_passes}")
-        self._check_param("upper", upper, upper >= 1, f">= 1: {median_passes}")
-        self._check_param(
-            "frac", frac, 0 < frac <= 1, "in (0, 1]: it is the fraction of coordinates whose signs are counted"
-        )
-        self.lower, self.upper, self.frac, self.seed = lower, upper, frac, seed
+    params = (  # lower <= 1 <= upper: the median row passes the norm filter
+        Param("lower", Interval(float, 0, 1), 0.1, "the norm filter's low end, in median norms"),
+        Param("upper", Interval(float, 1, None), 3.0, "the norm filter's high end, in median norms"),
+        Param("frac", Interval(float, 0, 1, "right"), 0.1, "the fraction of coordinates whose signs are counted"),
+        SEED,
+    )
 
     def check_n(self, n: int) -> None:
         self._require(n > 2 * self.f, "> 2f", n)

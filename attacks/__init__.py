@@ -34,16 +34,7 @@ def build(spec: str, f: int) -> Attack:
     if len(components) != 1:
         raise ValueError(f"an attack spec names one attack (got {spec!r}): drop the '+'")
     comp = components[0]
-    params = dict(comp.params)
-    spread = params.pop("spread", 0.0)
-    attack = REGISTRY.lookup(comp.name, spec).from_params(f, params)
-    if spread != 0.0:
-        if not isinstance(attack, OmniscientAttack) or isinstance(spread, bool) or not isinstance(spread, (int, float)) or not spread > 0:
-            raise ValueError(
-                f"spread={spread!r} in {spec!r}: spread is a number > 0, for omniscient attacks only"
-            )
-        attack.spread = float(spread)
-    return attack
+    return REGISTRY.lookup(comp.name, spec)(f, **comp.params)
 
 
 def names() -> list[str]:

@@ -13,6 +13,8 @@ from statistics import NormalDist
 
 import torch
 
+from robust.constraints import Interval, Param
+
 from .base import Context, OmniscientAttack, honest_std, register
 
 
@@ -33,11 +35,7 @@ def alie_rows(H: torch.Tensor) -> Callable[[float], torch.Tensor]:
 class ALIE(OmniscientAttack):
     name = "alie"
 
-    def __init__(self, f: int, *, z: float | None = None) -> None:
-        super().__init__(f)
-        if z is not None:
-            self._check_param("z", z, True, "a finite number")
-        self.z = z
+    params = (Param("z", Interval(float), None, "honest stds below the mean (default: the paper's z for n and f)"),)
 
     def craft(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
         return alie_rows(H)(self.z if self.z is not None else alie_z(ctx.n, self.f))

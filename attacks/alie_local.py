@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from robust.constraints import Interval, Param
+
 from .base import NodeAttack, register
 
 
@@ -28,12 +30,10 @@ from .base import NodeAttack, register
 class ALIELocal(NodeAttack):
     name = "alie-local"
 
-    def __init__(self, f: int, *, z: float = 1.0, estimates: int = 3) -> None:
-        super().__init__(f)
-        self._check_param("z", z, True, "a finite number")
-        self._check_param("estimates", estimates, 1 <= estimates <= 64,
-                          "an integer in [1, 64]: the honest rows the node computes to estimate the spread")
-        self.z, self.estimates = z, estimates
+    params = (
+        Param("z", Interval(float), 1.0, "estimated honest stds below the estimated mean"),
+        Param("estimates", Interval(int, 1, 64), 3, "the honest rows the node computes to estimate the spread"),
+    )
 
     def forge(self, row: torch.Tensor, previous: torch.Tensor | None, own: torch.Tensor | None = None
               ) -> torch.Tensor:

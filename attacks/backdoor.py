@@ -20,6 +20,8 @@ import math
 
 import torch
 
+from robust.constraints import Interval, Param
+
 from .base import NodeAttack, register
 
 
@@ -27,20 +29,14 @@ from .base import NodeAttack, register
 class Backdoor(NodeAttack):
     name = "backdoor"
 
-    def __init__(
-        self, f: int, *, target: int = 0, fraction: float = 0.5, size: int = 4,
-        value: float = 3.0, gamma: float = 1.0, stop_after: int = 0,
-    ) -> None:
-        super().__init__(f)
-        self._check_param("target", target, target >= 0, ">= 0: a class label")
-        self._check_param("fraction", fraction, 0 < fraction <= 1, "in (0, 1]")
-        self._check_param("size", size, size >= 1, ">= 1: how many features form the trigger")
-        self._check_param("value", value, True, "a finite number")
-        self._check_param("gamma", gamma, gamma > 0, "> 0: the update's boost")
-        self._check_param("stop_after", stop_after, stop_after >= 0,
-                          ">= 0: the last round the node attacks (0: it never stops)")
-        self.target, self.fraction, self.size = target, fraction, size
-        self.value, self.gamma, self.stop_after = value, gamma, stop_after
+    params = (
+        Param("target", Interval(int, 0, None), 0, "the class label the trigger leads to"),
+        Param("fraction", Interval(float, 0, 1, "right"), 0.5, "the share of the node's samples stamped"),
+        Param("size", Interval(int, 1, None), 4, "how many features form the trigger"),
+        Param("value", Interval(float), 3.0, "the trigger features' value"),
+        Param("gamma", Interval(float, 0, None, "neither"), 1.0, "the update's boost"),
+        Param("stop_after", Interval(int, 0, None), 0, "the last round the node attacks (0: it never stops)"),
+    )
 
     def stamp(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` with the trigger: the last ``size`` features of each sample set to ``value``."""
@@ -59,5 +55,5 @@ class Backdoor(NodeAttack):
         y[chosen] = self.target
         return x, y
 
-    def scale(self) -> float:
+    def boost(self) -> float:
         return self.gamma

@@ -20,6 +20,7 @@ import torch
 
 Params = dict[str, torch.Tensor]
 
+from robust.constraints import Interval, Param
 from robust.registry import Component, Registry
 
 REGISTRY: Registry[Attack] = Registry("attack")
@@ -51,6 +52,13 @@ class Context:
         return copy.deepcopy(self.aggregator)(X)
 
 
+def spread_param(default: float) -> Param:
+    """``spread``, the omniscient attacks' jitter (see :class:`OmniscientAttack`), with an
+    attack's own default."""
+    return Param("spread", Interval(float, 0, None), default,
+                 "each colluding row's own seeded jitter, in honest stds (0: identical rows)")
+
+
 def unit(x: torch.Tensor) -> torch.Tensor:
     """``x / ||x||``; zero stays zero."""
     return x / x.norm().clamp_min(torch.finfo(x.dtype).tiny)
@@ -76,7 +84,8 @@ class OmniscientAttack(Attack):
     """
 
     kind = "omniscient"
-    spread: float = 0.0
+    params = (spread_param(0.0),)
+    spread: float
     jitters_in_craft: ClassVar[bool] = False  # craft adds the jitter itself (it checks the rows it sends)
 
     def __call__(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
@@ -85,10 +94,10 @@ class OmniscientAttack(Attack):
         rows = self.craft(H, ctx)
         rows = rows.expand(self.f, -1).clone() if rows.dim() == 1 else rows
         if self.spread and not self.jitters_in_craft:
-            rows = rows + self.jitter(H, ctx)
+            rows = rows + self.jitter_rows(H, ctx)
         return rows
 
-    def jitter(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
+    def jitter_rows(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
         """The ``(f, d)`` seeded jitter of ``spread``: ``spread * std(H) * N(0, 1)`` per row."""
         noise = torch.randn((self.f, H.shape[1]), generator=ctx.generator, dtype=H.dtype).to(H.device)
         return self.spread * honest_std(H) * noise
@@ -157,7 +166,7 @@ class NodeAttack(Attack):
         """The node's poisoned copy of its training data (unchanged by default)."""
         return x, y
 
-    def scale(self) -> float:
+    def boost(self) -> float:
         """Factor the node applies to its update before sending it."""
         return 1.0
 
@@ -168,5 +177,5 @@ class NodeAttack(Attack):
         ``own``: for an attack with :attr:`estimates` ``K``, the ``(K, d)`` honest rows the node
         also computed from the same model and momentum, each on its own draw of batches from
         its data (``nodes.engine.training.estimates``): its view of what honest nodes send)."""
-        scale = self.scale()
-        return row * scale if scale != 1.0 else row
+        boost = self.boost()
+        return row * boost if boost != 1.0 else row

@@ -34,6 +34,8 @@ import math
 
 import torch
 
+from robust.constraints import Interval, Param
+
 from .base import Context, OmniscientAttack, register, unit
 
 
@@ -41,14 +43,12 @@ from .base import Context, OmniscientAttack, register, unit
 class CCOrthogonal(OmniscientAttack):
     name = "cc-orthogonal"
 
-    def __init__(self, f: int, *, tau: float = 10.0, radius: float = 0.99, angle: float = 90.0,
-                 lam: float = 0.9) -> None:
-        super().__init__(f)
-        self._check_param("tau", tau, tau > 0, "> 0: the deployed centered clipping's radius")
-        self._check_param("radius", radius, 0 < radius <= 1, "in (0, 1]: the rows' distance to CC's center, in taus")
-        self._check_param("angle", angle, 0 <= angle <= 180, "in [0, 180]: degrees from the reference direction")
-        self._check_param("lam", lam, 0 <= lam <= 1, "in [0, 1]: the center's weight in the reference direction")
-        self.tau, self.radius, self.angle, self.lam = tau, radius, angle, lam
+    params = (
+        Param("tau", Interval(float, 0, None, "neither"), 10.0, "the deployed centered clipping's radius"),
+        Param("radius", Interval(float, 0, 1, "right"), 0.99, "the rows' distance to CC's center, in taus"),
+        Param("angle", Interval(float, 0, 180), 90.0, "degrees from the reference direction"),
+        Param("lam", Interval(float, 0, 1), 0.9, "the center's weight in the reference direction"),
+    )
 
     def craft(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
         mean = H.mean(dim=0)

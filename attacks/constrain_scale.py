@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from robust.constraints import Interval, Param
+
 from .base import Memory, Params, Shaping, register
 from .backdoor import Backdoor
 
@@ -42,15 +44,10 @@ def distance2(local: Params, start: Params) -> torch.Tensor:
 class ConstrainScale(Backdoor):
     name = "constrain-scale"
 
-    def __init__(
-        self, f: int, *, alpha: float = 0.7, norm: float = 0.0, target: int = 0, fraction: float = 0.5,
-        size: int = 4, value: float = 3.0, gamma: float = 1.0, stop_after: int = 0,
-    ) -> None:
-        super().__init__(f, target=target, fraction=fraction, size=size, value=value, gamma=gamma,
-                         stop_after=stop_after)
-        self._check_param("alpha", alpha, 0 < alpha <= 1, "in (0, 1]: the weight of the class loss")
-        self._check_param("norm", norm, norm >= 0, ">= 0: the L2 norm to scale the update to (0: scale by gamma)")
-        self.alpha, self.norm = alpha, norm
+    params = (  # and backdoor's
+        Param("alpha", Interval(float, 0, 1, "right"), 0.7, "the weight of the class loss"),
+        Param("norm", Interval(float, 0, None), 0.0, "the L2 norm to scale the update to (0: scale by gamma)"),
+    )
 
     def shaping(self, round: int, w: torch.Tensor, last: Memory | None) -> Shaping | None:
         if not self.active(round) or self.alpha == 1:

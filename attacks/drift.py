@@ -32,6 +32,8 @@ import math
 
 import torch
 
+from robust.constraints import Interval, Param
+
 from .base import Context, OmniscientAttack, register
 
 
@@ -39,11 +41,10 @@ from .base import Context, OmniscientAttack, register
 class Drift(OmniscientAttack):
     name = "drift"
 
-    def __init__(self, f: int, *, eps: float = 1.0, target: int = 0) -> None:
-        super().__init__(f)
-        self._check_param("eps", eps, eps > 0, "> 0: the nudge, in honest-row norms")
-        self._check_param("target", target, target >= 0, ">= 0: the class to favour")
-        self.eps, self.target = eps, target
+    params = (
+        Param("eps", Interval(float, 0, None, "neither"), 1.0, "the nudge, in honest-row norms"),
+        Param("target", Interval(int, 0, None), 0, "the class to favour"),
+    )
 
     def coordinate(self, ctx: Context, d: int) -> int:
         """The row's coordinate of the output bias for class ``target``."""

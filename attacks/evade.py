@@ -25,7 +25,7 @@ Each round the Byzantine rows are ``B(s) = r(s) + J`` along a direction ``r``:
 ``J`` is the per-row jitter, one of
 
 - ``jitter=gauss``: the seeded ``spread * std(H) * N(0, 1)`` of
-  :meth:`OmniscientAttack.jitter` (default ``spread=1``: a crafted row varies around its target
+  :meth:`OmniscientAttack.jitter_rows` (default ``spread=1``: a crafted row varies around its target
   as much as an honest row around the mean, so the colluders neither coincide nor sit
   suspiciously close to the centre). ``J`` is drawn once per round, before the search: the
   rows checked are the rows sent.
@@ -93,8 +93,10 @@ from collections.abc import Callable
 
 import torch
 
+from robust.constraints import Interval, OneOf, Param, Spec
+
 from .alie import alie_rows
-from .base import Context, OmniscientAttack, honest_std, register, unit
+from .base import Context, OmniscientAttack, honest_std, register, spread_param, unit
 from .ipm import ipm_rows
 
 POLICY = "policy"
@@ -142,30 +144,33 @@ def bend(mean: torch.Tensor, D: torch.Tensor, push: torch.Tensor) -> torch.Tenso
     return mean + a + lam.clamp_min(0)[:, None] * b
 
 
+def scored(detector: str) -> None:
+    """Refuse ``discarded``: the rule's choice, not a score (the other names are checked
+    against the deployment's detectors in the first round)."""
+    if detector == UNSCORED:
+        raise ValueError(f"{UNSCORED} is the rule's choice, not a score: name a detector, policy or all")
+
+
 @register
 class Evade(OmniscientAttack):
     name = "evade"
-    spread = 1.0
     jitters_in_craft = True
+    params = (
+        Param("detector", Spec(scored, "a detector's name (but discarded), policy or all"), "all",
+              "what the rows hide from: one detector, the flag policy, or every detector and the policy"),
+        Param("dir", OneOf((*DIRECTIONS, *REMEMBERING)), "grad", "the direction the rows are pushed along"),
+        Param("steps", Interval(int, 1, None), 12, "bisection steps on the strength"),
+        Param("max", Interval(float, 0, None, "neither"), 10.0, "strengths are searched in [0, max]"),
+        Param("quantile", Interval(float, 0, 1, "right"), 1.0, "the honest scores' quantile to stay under"),
+        Param("auc", Interval(float, 0, 1, "right"), 0.7, "the round AUC each chosen detector may reach"),
+        Param("jitter", OneOf(JITTERS), "typical", "how the rows differ: gauss, spread's seeded noise; own, the "
+              "colluders' own updates bent; typical, the least suspicious honest rows bent"),
+        spread_param(1.0),
+    )
 
-    def __init__(self, f: int, *, detector: str = "all", dir: str = "grad", steps: int = 12,
-                 max: float = 10.0, quantile: float = 1.0, auc: float = 0.7, jitter: str = "typical") -> None:
-        super().__init__(f)
-        if detector == UNSCORED:
-            raise ValueError(f"evade detector {UNSCORED} is the rule's choice, not a score: name a detector, "
-                             f"policy or all (got detector={detector!r})")
-        if dir not in (*DIRECTIONS, *REMEMBERING):
-            raise ValueError(f"evade dir must be one of {', '.join((*DIRECTIONS, *REMEMBERING))} (got dir={dir!r})")
-        if jitter not in JITTERS:
-            raise ValueError(f"evade jitter must be one of {', '.join(JITTERS)} (got jitter={jitter!r})")
-        self._check_param("steps", steps, steps >= 1, ">= 1")
-        self._check_param("max", max, max > 0, "> 0: strengths are searched in [0, max]")
-        self._check_param("quantile", quantile, 0 < quantile <= 1,
-                          "in (0, 1]: the honest scores' quantile to stay under")
-        self._check_param("auc", auc, 0 < auc <= 1, "in (0, 1]: the round AUC each chosen detector may reach")
-        self.detector, self.dir, self.steps, self.max, self.quantile = detector, dir, steps, max, quantile
-        self.auc, self.jitter_kind = auc, jitter
-        self.policy = detector in (POLICY, "all")
+    def __init__(self, f: int, **params: object) -> None:
+        super().__init__(f, **params)
+        self.policy = self.detector in (POLICY, "all")
         self.last_strength: float | None = None
         self.means: dict[int, torch.Tensor] = {}  # round -> honest mean (dir=grad), the last two rounds
 
@@ -187,12 +192,12 @@ class Evade(OmniscientAttack):
         if ctx.own is None:
             raise ValueError("evade lies low with the colluders' own updates when nothing hides: pass Context.own")
         row, h = self.direction(H, ctx), H.shape[0]
-        if self.jitter_kind != "gauss":
+        if self.jitter != "gauss":
             mean = H.mean(dim=0)
             D = self.bases(H, ctx) - mean
             rows = lambda s: bend(mean, D, row(s) - mean)  # noqa: E731
         else:
-            jitter = self.jitter(H, ctx)
+            jitter = self.jitter_rows(H, ctx)
             rows = lambda s: row(s) + jitter  # noqa: E731
         X = torch.empty((h + self.f, H.shape[1]), dtype=H.dtype, device=H.device)
         X[:h] = H  # the one copy of H: a candidate only rewrites the Byzantine rows
@@ -212,7 +217,7 @@ class Evade(OmniscientAttack):
     def bases(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
         """The ``(f, d)`` rows ``jitter=own|typical`` bends: the colluders' own updates, or the
         ``f`` honest rows least suspicious on their worst detector (the module docstring)."""
-        if self.jitter_kind == "own":
+        if self.jitter == "own":
             return ctx.own.to(H.dtype)
         scores = ctx.detectors(H)
         worst = torch.stack([scores[k].argsort(stable=True).argsort() for k in sorted(scores) if k != PLAIN]).amax(dim=0)

@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from robust.constraints import Interval, Param
 from robust.geometry import sq_distances
 
 from .base import Context, OmniscientAttack, register
@@ -33,10 +34,7 @@ def direction(H: torch.Tensor) -> torch.Tensor:
 class FangKrum(OmniscientAttack):
     name = "fang-krum"
 
-    def __init__(self, f: int, *, halvings: int = 20) -> None:
-        super().__init__(f)
-        self._check_param("halvings", halvings, halvings >= 0, ">= 0")
-        self.halvings = halvings
+    params = (Param("halvings", Interval(int, 0, None), 20, "times the step is halved until Krum picks the rows"),)
 
     def craft(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
         h, d = H.shape

@@ -11,6 +11,8 @@ recomputing the task shows it was not the task's result.
 
 from __future__ import annotations
 
+from robust.constraints import Interval, Param
+
 from .base import NodeAttack, register
 
 
@@ -18,10 +20,7 @@ from .base import NodeAttack, register
 class Forge(NodeAttack):
     name = "forge"
 
-    def __init__(self, f: int, *, scale: float = 0.9) -> None:
-        super().__init__(f)
-        self._check_param("scale", scale, scale > 0, "> 0: the factor on the honest update")
-        self.factor = scale
+    params = (Param("scale", Interval(float, 0, None, "neither"), 0.9, "the factor on the honest update"),)
 
-    def scale(self) -> float:
-        return self.factor
+    def boost(self) -> float:
+        return self.scale

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from robust.constraints import Interval, Param
+
 from .base import Context, OmniscientAttack, register
 
 
@@ -20,11 +22,10 @@ from .base import Context, OmniscientAttack, register
 class Gaussian(OmniscientAttack):
     name = "gaussian"
 
-    def __init__(self, f: int, *, mu: float = 0.0, sigma: float = 200.0) -> None:
-        super().__init__(f)
-        self._check_param("mu", mu, True, "a finite number")
-        self._check_param("sigma", sigma, sigma >= 0, ">= 0: it is the noise's standard deviation")
-        self.mu, self.sigma = mu, sigma
+    params = (
+        Param("mu", Interval(float), 0.0, "the noise's mean"),
+        Param("sigma", Interval(float, 0, None), 200.0, "the noise's standard deviation"),
+    )
 
     def craft(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
         noise = torch.randn(self.f, H.shape[1], generator=ctx.generator, dtype=H.dtype)

@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import torch
 
+from robust.constraints import Interval, Param
+
 from .base import Context, OmniscientAttack, register
 
 
@@ -23,10 +25,7 @@ def ipm_rows(H: torch.Tensor) -> Callable[[float], torch.Tensor]:
 class IPM(OmniscientAttack):
     name = "ipm"
 
-    def __init__(self, f: int, *, eps: float = 0.1) -> None:
-        super().__init__(f)
-        self._check_param("eps", eps, True, "a finite number")
-        self.eps = eps
+    params = (Param("eps", Interval(float), 0.1, "the rows are -eps times the honest mean"),)
 
     def craft(self, H: torch.Tensor, ctx: Context) -> torch.Tensor:
         return ipm_rows(H)(self.eps)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from robust.constraints import Interval, Param
+
 from .base import Context, OmniscientAttack, register
 
 
@@ -19,12 +21,13 @@ from .base import Context, OmniscientAttack, register
 class Mimic(OmniscientAttack):
     name = "mimic"
 
-    def __init__(self, f: int, *, node: int | None = None, warmup: int = 20) -> None:
-        super().__init__(f)
-        if node is not None:
-            self._check_param("node", node, node >= 0, ">= 0: the index of an honest row")
-        self._check_param("warmup", warmup, warmup >= 1, ">= 1")
-        self.node, self.warmup = node, warmup
+    params = (
+        Param("node", Interval(int, 0, None), None, "the index of the honest row to copy (default: tracked)"),
+        Param("warmup", Interval(int, 1, None), 20, "rounds the direction is tracked before a row is chosen"),
+    )
+
+    def __init__(self, f: int, **params: object) -> None:
+        super().__init__(f, **params)
         self.direction: torch.Tensor | None = None
         self.rounds_seen = 0
         self.target: int | None = None

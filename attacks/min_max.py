@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from robust.constraints import Interval, OneOf, Param
 from robust.geometry import row_norms, sq_distances
 
 from .base import Context, OmniscientAttack, honest_std, register, unit
@@ -50,13 +51,11 @@ def largest_gamma(accept, gamma_init: float, tol: float) -> float:
 class MinMaxSum(OmniscientAttack):
     """Shared parameters and search of min-max and min-sum; :meth:`fits` is the cloud test."""
 
-    def __init__(self, f: int, *, dev: str = "sign", gamma_init: float = 10.0, tol: float = 1e-5) -> None:
-        super().__init__(f)
-        if dev not in ("unit", "sign", "std"):
-            raise ValueError(f"{self.name} dev must be unit, sign or std (got dev={dev!r})")
-        self._check_param("gamma_init", gamma_init, gamma_init > 0, "> 0")
-        self._check_param("tol", tol, tol > 0, "> 0")
-        self.dev, self.gamma_init, self.tol = dev, gamma_init, tol
+    params = (
+        Param("dev", OneOf(("unit", "sign", "std")), "sign", "the perturbation's direction"),
+        Param("gamma_init", Interval(float, 0, None, "neither"), 10.0, "the search's first strength"),
+        Param("tol", Interval(float, 0, None, "neither"), 1e-5, "the search stops within tol of the strength"),
+    )
 
     def fits(self, radii_sq: torch.Tensor, honest_sq: torch.Tensor) -> bool:
         raise NotImplementedError

@@ -30,6 +30,8 @@ import math
 
 import torch
 
+from robust.constraints import Interval, Param
+
 from .base import Memory, Shaping, register
 from .backdoor import Backdoor
 
@@ -48,14 +50,7 @@ class Neurotoxin(Backdoor):
     name = "neurotoxin"
     remembers = True  # the model it was sent last round
 
-    def __init__(
-        self, f: int, *, k: float = 5.0, target: int = 0, fraction: float = 0.5, size: int = 4,
-        value: float = 3.0, gamma: float = 1.0, stop_after: int = 0,
-    ) -> None:
-        super().__init__(f, target=target, fraction=fraction, size=size, value=value, gamma=gamma,
-                         stop_after=stop_after)
-        self._check_param("k", k, 0 < k < 100, "in (0, 100): the percent of coordinates masked")
-        self.k = k
+    params = (Param("k", Interval(float, 0, 100, "neither"), 5.0, "the percent of coordinates masked"),)  # + backdoor's
 
     def shaping(self, round: int, w: torch.Tensor, last: Memory | None) -> Shaping | None:
         if not self.active(round) or last is None or last.round != round - 1:

@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from robust.constraints import Interval, Param, Relation
+
 from .alie import alie_rows
 from .base import Context, OmniscientAttack, register
 from .ipm import ipm_rows
@@ -52,15 +54,16 @@ def search_strength(
 class OptimalStrength(OmniscientAttack):
     """Shared parameters and search of the optimal attacks."""
 
-    def __init__(
-        self, f: int, *, lo: float = 1e-2, hi: float = 1e2, steps: int = 9, refine: int = 6
-    ) -> None:
-        super().__init__(f)
-        self._check_param("lo", lo, lo > 0, "> 0: the search runs on a log scale")
-        self._check_param("hi", hi, hi > lo, f"> lo={lo}")
-        self._check_param("steps", steps, steps >= 2, ">= 2")
-        self._check_param("refine", refine, refine >= 0, ">= 0")
-        self.lo, self.hi, self.steps, self.refine = lo, hi, steps, refine
+    params = (
+        Param("lo", Interval(float, 0, None, "neither"), 1e-2, "the weakest strength searched (on a log scale)"),
+        Param("hi", Interval(float, 0, None, "neither"), 1e2, "the strongest strength searched"),
+        Param("steps", Interval(int, 2, None), 9, "strengths on the log grid"),
+        Param("refine", Interval(int, 0, None), 6, "golden-section steps around the grid's best"),
+    )
+    relations = (Relation("hi", "> lo", "lo", lambda v: v["hi"] > v["lo"]),)
+
+    def __init__(self, f: int, **params: object) -> None:
+        super().__init__(f, **params)
         self.last_strength: float | None = None
 
     def rows(self, H: torch.Tensor) -> Callable[[float], torch.Tensor]:

@@ -36,6 +36,8 @@ from statistics import NormalDist
 
 import torch
 
+from robust.constraints import Interval, Param, Relation
+
 from .base import Context, OmniscientAttack, register, unit
 
 K99 = NormalDist().inv_cdf(0.99)  # one-sided 99% quantile of the standard normal
@@ -45,14 +47,17 @@ K99 = NormalDist().inv_cdf(0.99)  # one-sided 99% quantile of the standard norma
 class PoisonedFL(OmniscientAttack):
     name = "poisoned-fl"
 
-    def __init__(self, f: int, *, scale: float = 0.5, period: int = 50, decay: float = 0.7,
-                 floor: float = 0.5) -> None:
-        super().__init__(f)
-        self._check_param("scale", scale, scale > 0, "> 0: the rows' norm in units of the last aggregate's")
-        self._check_param("period", period, period >= 1, ">= 1: aggregates between two checks of the scale")
-        self._check_param("decay", decay, 0 < decay < 1, "in (0, 1): the factor a failed check shrinks the scale by")
-        self._check_param("floor", floor, 0 < floor <= scale, "in (0, scale]: the scale never shrinks below it")
-        self.c, self.period, self.decay, self.floor = scale, period, decay, floor
+    params = (
+        Param("scale", Interval(float, 0, None, "neither"), 0.5, "the rows' norm in units of the last aggregate's"),
+        Param("period", Interval(int, 1, None), 50, "aggregates between two checks of the scale"),
+        Param("decay", Interval(float, 0, 1, "neither"), 0.7, "the factor a failed check shrinks the scale by"),
+        Param("floor", Interval(float, 0, None, "neither"), 0.5, "the scale never shrinks below it"),
+    )
+    relations = (Relation("floor", "<= scale", "scale", lambda v: v["floor"] <= v["scale"]),)
+
+    def __init__(self, f: int, **params: object) -> None:
+        super().__init__(f, **params)
+        self.c = self.scale  # the current scale, shrunk by failed checks
         self.sign: torch.Tensor | None = None  # s, fixed for the run
         self.last: torch.Tensor | None = None  # g_{t-1}
         self.total: torch.Tensor | None = None  # the aggregates of the current period, summed

@@ -15,7 +15,6 @@ import inspect
 import json
 import re
 import sys
-import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,20 +36,11 @@ class ParamRow:
 
 
 def declared_parameters(cls: type) -> list[ParamRow]:
-    """The parameters a spec may give ``cls`` (key, type, default, allowed).
-
-    Today: the keyword-only ``__init__`` arguments, their type hints and defaults
-    (``robust.registry.Component.parameters``). When the components declare their parameters
-    as data (``Param``: type, range, default, meaning), read those here instead: this is the
-    one place the reference learns what a component takes.
-    """
-    hints = typing.get_type_hints(cls.__init__)
-    rows = []
-    for key, p in cls.parameters().items():
-        kind = hints.get(key, p.annotation)
-        default = "required" if p.default is inspect.Parameter.empty else f"`{p.default!r}`"
-        rows.append(ParamRow(key, _type_name(kind), default))
-    return rows
+    """The parameters a spec may give ``cls`` (key, type, default, allowed, meaning): its
+    declarations (``robust.registry.Component.declared``, each a ``robust.constraints.Param``),
+    the one place the reference learns what a component takes, as the code checks it."""
+    return [ParamRow(key, p.kind.__name__ + (" or None" if p.default is None else ""), f"`{p.default!r}`",
+                     p.rule.describe(), p.help) for key, p in cls.declared().items()]
 
 
 def parameter_table(rows: list[ParamRow]) -> str:
@@ -70,15 +60,6 @@ def setting_rows(table: dict) -> list[ParamRow]:
     """The rows of a table of declared settings (``robust.constraints.Param``): what a
     component's rows become once its parameters are declared the same way."""
     return [ParamRow(p.key, "", f"`{json.dumps(p.default)}`", p.rule.describe(), p.help) for p in table.values()]
-
-
-def _type_name(kind: object) -> str:
-    if kind is inspect.Parameter.empty:
-        return ""
-    args = [a for a in typing.get_args(kind) if a is not type(None)]
-    if args and len(args) < len(typing.get_args(kind)):  # X | None
-        return " or ".join(_type_name(a) for a in args) + " or None"
-    return getattr(kind, "__name__", str(kind))
 
 
 def docstring_markdown(doc: str | None) -> str:
@@ -203,7 +184,7 @@ def settings_page() -> str:
 A run's settings: each is a coordinator setting (`DIR/coordinator.toml`, written by `robust
 coordinator init`), an option of `robust coordinator init` and `start` (`--max-norm` for
 `max-norm`), and a scenario key of `robust bench` (a list makes a grid axis), checked by the
-same rule and refused in one line (`rounds must be an integer >= 1 (got 0)`, exit 2).
+same rule and refused in one line (`settings: rounds must be an integer >= 1 (got rounds=0)`, exit 2).
 
 ## A run's settings
 

@@ -16,7 +16,7 @@ import dataclasses
 import tomllib
 from pathlib import Path
 
-from robust.constraints import Flag, Folder, Host, Interval, OneOf, Param, Spec, Text, table, unknown
+from robust.constraints import Flag, Folder, Host, Interval, OneOf, Param, Spec, Text, check_all, table, unknown
 
 SETTINGS_FILE = "coordinator.toml"
 COORDINATOR = "coordinator"  # the coordinator folder inside a local federation's root (a demo's)
@@ -164,8 +164,9 @@ class _Checked:
     """Validation and files of :class:`Settings` (whose fields come from ``PARAMS``)."""
 
     def __post_init__(self) -> None:
-        for p in PARAMS.values():
-            object.__setattr__(self, p.attr, p.check(getattr(self, p.attr)))
+        values = check_all("settings", PARAMS, {key: getattr(self, p.attr) for key, p in PARAMS.items()})
+        for key, p in PARAMS.items():
+            object.__setattr__(self, p.attr, values[key])
         from robust.user_code import is_reference, resolve, use_path
         from robust.data import LOADER
         from robust.models import FACTORY

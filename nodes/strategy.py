@@ -168,8 +168,8 @@ class RobustStrategy(FedAvg):
         for p in PARAMS.values():
             try:
                 setattr(self, p.attr, p.check(getattr(self, p.attr)))
-            except ValueError as err:  # its message starts with the key: name the Python argument
-                raise ValueError(f"RobustStrategy: {p.attr}{str(err).removeprefix(p.key)}") from None
+            except ValueError as err:  # its message names the key: name the Python argument
+                raise ValueError(f"RobustStrategy: {str(err).replace(p.key, p.attr)}") from None
         try:
             self.chain = aggregators.build(self.aggregator, self.tolerate)
         except ValueError as err:

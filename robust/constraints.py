@@ -1,13 +1,20 @@
 """Parameters declared once, as data, with their constraints (after scikit-learn's
-``_parameter_constraints``): a coordinator setting, a scenario key and a command-line option
-are the same :class:`Param`, checked by the same rule, refused with the same one-line error::
+``_parameter_constraints``): a rule's, an attack's or a codec's spec parameter, a protocol's
+option, a coordinator setting, a scenario key and a command-line option are each a
+:class:`Param`, checked by the same rule and refused with the same one-line error, which names
+the component, the key and what is allowed (:func:`check_all`, the one function they all go
+through)::
 
-    rounds must be an integer >= 1 (got 0)
+    multi-krum: m must be an integer >= 1 (got m=0)
 
-A :class:`Param` names its key (kebab-case), its rule, its default and a help text. Rules:
-:class:`Interval` (an int or float range), :class:`OneOf` (a fixed or computed list of
-names, optionally or a user's ``package.module:attribute``), :class:`Text`, :class:`Folder`, :class:`Host`, :class:`Flag` (a bool) and :class:`Spec` (a value a builder accepts, e.g. an aggregator spec;
-the builder's own message says what is wrong).
+A :class:`Param` names its key, its rule, its default and a one-line meaning (a default of
+``None`` means "derived from the round", e.g. multi-krum's ``m = n - f``, and is accepted as
+such). A :class:`Relation` ties two parameters (``hi > lo``). Rules: :class:`Interval` (an
+int or float range), :class:`OneOf` (a fixed or computed list of names, optionally or a
+user's ``package.module:attribute``), :class:`Text`, :class:`Folder`, :class:`Host`,
+:class:`Flag` (a bool) and :class:`Spec` (a value a builder accepts, e.g. an aggregator spec;
+the builder's own message says what is wrong). ``rule.describe()`` is the text of what is
+allowed, in errors and in the manual's reference alike.
 """
 
 from __future__ import annotations
@@ -185,14 +192,32 @@ class Param:
 
     def check(self, value: object) -> object:
         """``value`` converted to the parameter's type, or ``ValueError`` in one line."""
+        if value is None and self.default is None:
+            return None
         try:
             ok = self.rule.accepts(value)
         except ValueError as err:  # the builder's own words; named by the key unless they are already
             message = str(err)
             raise ValueError(message if message.startswith(self.key) else f"{self.key}: {message}") from None
         if not ok:
-            raise ValueError(f"{self.key} must be {self.rule.describe()} (got {value!r})")
+            raise ValueError(f"{self.key} must be {self.rule.describe()} (got {self.key}={value!r})")
         return self.rule.convert(value)
+
+
+@dataclass(frozen=True)
+class Relation:
+    """A constraint between two parameters that no single rule states: ``key`` must be
+    ``text`` given ``other`` (``hi`` must be ``> lo``), ``holds`` tells from the checked values."""
+
+    key: str
+    text: str
+    other: str
+    holds: Callable[[dict[str, object]], bool]
+
+    def check(self, values: dict[str, object]) -> None:
+        if not self.holds(values):
+            got = f"{self.key}={values[self.key]!r}, {self.other}={values[self.other]!r}"
+            raise ValueError(f"{self.key} must be {self.text} (got {got})")
 
 
 def table(*params: Param) -> dict[str, Param]:
@@ -205,4 +230,19 @@ def unknown(given: Iterable[str], known: Iterable[str], where: str) -> None:
     extra = sorted(set(given) - set(known))
     if extra:
         raise ValueError(f"{where}: unknown {'key' if len(extra) == 1 else 'keys'} {', '.join(extra)} "
-                         f"(known: {', '.join(sorted(known))})")
+                         f"(known: {', '.join(sorted(known)) or 'none'})")
+
+
+def check_all(where: str, declared: dict[str, Param], given: dict[str, object],
+              relations: Iterable[Relation] = ()) -> dict[str, object]:
+    """Every declared parameter's value (``given``'s, else its default), checked and converted;
+    the first unknown key, bad value or broken relation is a ``ValueError`` in one line that
+    starts with ``where`` (the component's name)."""
+    unknown(given, declared, where)
+    try:
+        values = {key: p.check(given.get(key, p.default)) for key, p in declared.items()}
+        for relation in relations:
+            relation.check(values)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    return values

@@ -1,19 +1,24 @@
-"""Named, parameterised components built from spec components (aggregators, attacks).
+"""Named, parameterised components built from spec components (aggregators, attacks, codecs).
 
 A component class has a kebab-case ``name``, takes ``f`` (how many Byzantine nodes the run
-has) and keyword-only parameters with type hints; ``from_params`` checks a spec's parameter
-names and types against that signature, and ``_check_param`` refuses bad values with a
-message that says what the value must be.
+has) and declares its spec parameters once, as data: ``params``, a tuple of
+:class:`robust.constraints.Param` (type and range, default, meaning), and ``relations``
+between them. A subclass inherits its bases' declarations and may redeclare a key (a new
+default). ``Component.__init__`` checks every given value against them with
+:func:`robust.constraints.check_all`, the one check and the one error format of the project,
+and sets each as an attribute of the same name: a component never checks a parameter by
+hand. What depends on the round (``n`` against ``f``) is checked when the round is known.
+
+:meth:`Registry.describe` returns the declarations as plain data, from which the manual's
+parameter reference is generated.
 """
 
 from __future__ import annotations
 
 import inspect
-import math
-import typing
 from typing import ClassVar, Generic, TypeVar
 
-from .spec import Value
+from .constraints import Param, Relation, check_all
 
 C = TypeVar("C", bound="Component")
 
@@ -22,35 +27,40 @@ class Component:
     """Base of every buildable component; ``f`` is the number of Byzantine nodes."""
 
     name: ClassVar[str]
+    params: ClassVar[tuple[Param, ...]] = ()  # this class's own; :meth:`declared` adds its bases'
+    relations: ClassVar[tuple[Relation, ...]] = ()
 
-    def __init__(self, f: int) -> None:
+    def __init__(self, f: int, **params: object) -> None:
         if isinstance(f, bool) or not isinstance(f, int) or f < 0:
             raise ValueError(f"f must be a whole number >= 0 (got {f!r})")
         self.f = f
-
-    def _check_param(self, key: str, value: float, ok: bool, rule: str) -> None:
-        """Refuse a parameter that is not finite or fails ``ok``, saying what it must be."""
-        if not ok or not math.isfinite(value):
-            raise ValueError(f"{self.name} {key} must be {rule} (got {key}={value!r})")
+        relations = [r for klass in type(self).__mro__ for r in vars(klass).get("relations", ())]
+        for key, value in check_all(self.name, self.declared(), params, relations).items():
+            setattr(self, key, value)
 
     @classmethod
-    def parameters(cls) -> dict[str, inspect.Parameter]:
-        """The spec parameters of this component (its keyword-only ``__init__`` arguments)."""
-        sig = inspect.signature(cls.__init__)
-        return {k: p for k, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY}
+    def declared(cls) -> dict[str, Param]:
+        """Every spec parameter by key: the class's own first, then its bases' (a key
+        redeclared by a subclass is the subclass's)."""
+        out: dict[str, Param] = {}
+        for klass in cls.__mro__:
+            for p in vars(klass).get("params", ()):
+                out.setdefault(p.key, p)
+        return out
 
-    @classmethod
-    def from_params(cls: type[C], f: int, params: dict[str, Value]) -> C:
-        """Build from parsed spec parameters, checking names and types against ``__init__``."""
-        known = cls.parameters()
-        hints = typing.get_type_hints(cls.__init__)
-        kwargs = {}
-        for key, value in params.items():
-            if key not in known:
-                listed = ", ".join(known) or "none"
-                raise ValueError(f"{cls.name} has no parameter {key!r} (its parameters: {listed})")
-            kwargs[key] = _coerce(cls.name, key, value, hints[key])
-        return cls(f, **kwargs)
+
+def entry(family: str, name: str, doc: str | None, params: dict[str, Param]) -> dict:
+    """One component's reference, as data: its ``family``, ``name``, the first paragraph of
+    its docstring (``summary``) and, per parameter, ``key``, ``allowed`` (the rule's words),
+    ``default`` and ``help``."""
+    summary = inspect.cleandoc(doc or "").split("\n\n")[0].replace("\n", " ")
+    return {
+        "family": family,
+        "name": name,
+        "summary": summary,
+        "params": [{"key": p.key, "allowed": p.rule.describe(), "default": p.default, "help": p.help}
+                   for p in params.values()],
+    }
 
 
 class Registry(Generic[C]):
@@ -78,13 +88,8 @@ class Registry(Generic[C]):
     def names(self) -> list[str]:
         return sorted(self.entries)
 
-
-def _coerce(component: str, key: str, value: Value, annotation: object) -> Value:
-    """``value`` as the type ``annotation`` names (``int``, ``float``, ``bool``, ``str``, ``X | None``)."""
-    kinds = [k for k in typing.get_args(annotation) or (annotation,) if k is not type(None)]
-    kind = kinds[0] if kinds else None
-    if kind is float and type(value) is int:
-        return float(value)
-    if kind in (int, float, bool, str) and type(value) is not kind:
-        raise ValueError(f"{component} parameter {key} must be {kind.__name__} (got {value!r})")
-    return value
+    def describe(self) -> list[dict]:
+        """Every component's :func:`entry`, sorted by name (its docstring: the class's own, else
+        its module's, where the paper and the formula are written)."""
+        return [entry(self.family, name, vars(cls).get("__doc__") or inspect.getmodule(cls).__doc__, cls.declared())
+                for name, cls in sorted(self.entries.items())]

@@ -48,17 +48,17 @@ def top(delta: torch.Tensor, k: float) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("neurotoxin:k=0", "neurotoxin k must be in (0, 100): the percent of coordinates masked (got k=0.0)"),
-    ("neurotoxin:k=100", "neurotoxin k must be in (0, 100)"),
-    ("neurotoxin:stop_after=-1", "neurotoxin stop_after must be >= 0"),
-    ("neurotoxin:stop_after=1.5", "neurotoxin parameter stop_after must be int"),
-    ("neurotoxin:target=-1", "neurotoxin target must be >= 0"),
-    ("neurotoxin:alpha=0.5", "neurotoxin has no parameter 'alpha'"),
-    ("constrain-scale:alpha=0", "constrain-scale alpha must be in (0, 1]"),
-    ("constrain-scale:alpha=1.5", "constrain-scale alpha must be in (0, 1]"),
-    ("constrain-scale:norm=-1", "constrain-scale norm must be >= 0"),
-    ("constrain-scale:fraction=0", "constrain-scale fraction must be in (0, 1]"),
-    ("backdoor:stop_after=-2", "backdoor stop_after must be >= 0"),
+    ("neurotoxin:k=0", "neurotoxin: k must be a number in (0, 100) (got k=0)"),
+    ("neurotoxin:k=100", "neurotoxin: k must be a number in (0, 100)"),
+    ("neurotoxin:stop_after=-1", "neurotoxin: stop_after must be an integer >= 0"),
+    ("neurotoxin:stop_after=1.5", "neurotoxin: stop_after must be an integer >= 0 (got stop_after=1.5)"),
+    ("neurotoxin:target=-1", "neurotoxin: target must be an integer >= 0"),
+    ("neurotoxin:alpha=0.5", "neurotoxin: unknown key alpha"),
+    ("constrain-scale:alpha=0", "constrain-scale: alpha must be a number in (0, 1]"),
+    ("constrain-scale:alpha=1.5", "constrain-scale: alpha must be a number in (0, 1]"),
+    ("constrain-scale:norm=-1", "constrain-scale: norm must be a number >= 0"),
+    ("constrain-scale:fraction=0", "constrain-scale: fraction must be a number in (0, 1]"),
+    ("backdoor:stop_after=-2", "backdoor: stop_after must be an integer >= 0"),
 ])
 def test_parameters_are_validated(spec, words):
     with pytest.raises(ValueError, match=re.escape(words)):

@@ -41,7 +41,7 @@ def test_scenario_errors_say_what_to_fix(tmp_path):
         load_scenario(None, ["node=3"])
     with pytest.raises(ValueError, match="krum needs n >= 2f \\+ 3"):
         load_scenario(None, ["nodes=6", "byzantine=2", 'aggregators=["krum"]'])
-    with pytest.raises(ValueError, match="dataset must be one of digits, .* \\(got 'imagenet'\\)"):
+    with pytest.raises(ValueError, match="scenario: dataset must be one of digits, .* \\(got dataset='imagenet'\\)"):
         load_scenario(None, ["dataset=imagenet"])
     with pytest.raises(ValueError, match="not found"):
         load_scenario(str(tmp_path / "missing.toml"))
@@ -175,10 +175,10 @@ def test_a_diverged_model_does_not_stop_an_omniscient_attack_or_the_run():
 
 
 @pytest.mark.parametrize("value, words", [
-    ("rounds=0", "rounds must be an integer >= 1 (got 0)"),
-    ("batch-size=0", "batch-size must be an integer >= 1 (got 0)"),
-    ("protocol=delta:steps=0", "protocol 'delta:steps=0': steps must be an integer in [1, 100000] (got 0)"),
-    ("lr=[0.1, -1]", "lr must be a number > 0 (got -1)"),
+    ("rounds=0", "scenario: rounds must be an integer >= 1 (got rounds=0)"),
+    ("batch-size=0", "scenario: batch-size must be an integer >= 1 (got batch-size=0)"),
+    ("protocol=delta:steps=0", "scenario: protocol: delta: steps must be an integer in [1, 100000] (got steps=0)"),
+    ("lr=[0.1, -1]", "scenario: lr must be a number > 0 (got lr=-1)"),
     ("quorum=9", "quorum=9 is above nodes=7: no round could step; lower quorum"),
 ])
 def test_bad_scenario_values_are_one_line_errors(tmp_path, value, words):

@@ -12,16 +12,16 @@ def check(rule, value, default=None):
 
 
 @pytest.mark.parametrize("rule, value, words", [
-    (Interval(int, 1, None), 0, "key must be an integer >= 1 (got 0)"),
-    (Interval(int, 1, None), True, "key must be an integer >= 1 (got True)"),  # a bool is no count
-    (Interval(int, 1, None), 2.0, "key must be an integer >= 1 (got 2.0)"),
-    (Interval(float, 0, 1, "left"), 1.0, "key must be a number in [0, 1) (got 1.0)"),
-    (Interval(float, 0, None, "neither"), float("nan"), "key must be a number > 0 (got nan)"),
-    (Interval(float, None, 5, "both"), float("inf"), "key must be a number <= 5 (got inf)"),
-    (Interval(int, 1, 65535), 70000, "key must be an integer in [1, 65535] (got 70000)"),
-    (OneOf(lambda: ["a", "b"]), "c", "key must be one of a, b (got 'c')"),
-    (Text(), 3, "key must be a string (got 3)"),
-    (Flag(), "yes", "key must be true or false (got 'yes')"),
+    (Interval(int, 1, None), 0, "key must be an integer >= 1 (got key=0)"),
+    (Interval(int, 1, None), True, "key must be an integer >= 1 (got key=True)"),  # a bool is no count
+    (Interval(int, 1, None), 2.0, "key must be an integer >= 1 (got key=2.0)"),
+    (Interval(float, 0, 1, "left"), 1.0, "key must be a number in [0, 1) (got key=1.0)"),
+    (Interval(float, 0, None, "neither"), float("nan"), "key must be a number > 0 (got key=nan)"),
+    (Interval(float, None, 5, "both"), float("inf"), "key must be a number <= 5 (got key=inf)"),
+    (Interval(int, 1, 65535), 70000, "key must be an integer in [1, 65535] (got key=70000)"),
+    (OneOf(lambda: ["a", "b"]), "c", "key must be one of a, b (got key='c')"),
+    (Text(), 3, "key must be a string (got key=3)"),
+    (Flag(), "yes", "key must be true or false (got key='yes')"),
 ])
 def test_a_bad_value_is_one_line_naming_the_rule(rule, value, words):
     with pytest.raises(ValueError, match=re.escape(words)):
@@ -42,7 +42,7 @@ def test_a_spec_rule_keeps_the_builders_words_named_by_the_key():
     assert check(Spec(build, "a thing"), "ok") == "ok"
     with pytest.raises(ValueError, match=re.escape("key: unknown thing 'no': choose ok")):
         check(Spec(build, "a thing"), "no")
-    with pytest.raises(ValueError, match=re.escape("key must be a thing (got 3)")):
+    with pytest.raises(ValueError, match=re.escape("key must be a thing (got key=3)")):
         check(Spec(build, "a thing"), 3)
 
 

@@ -216,10 +216,10 @@ def test_start_refuses_a_broken_checkpoint_in_one_line(federation, capsys):
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"bind": "999.1.1.1"}, "bind must be an IP address or a host name (got '999.1.1.1')"),
-    ({"bind": "bad host"}, "bind must be an IP address or a host name"),
-    ({"port": 70000}, "port must be an integer in [1, 65535] (got 70000)"),
-    ({"momentum": "high"}, "momentum must be a number in [0, 1) (got 'high')"),
+    ({"bind": "999.1.1.1"}, "settings: bind must be an IP address or a host name (got bind='999.1.1.1')"),
+    ({"bind": "bad host"}, "settings: bind must be an IP address or a host name"),
+    ({"port": 70000}, "settings: port must be an integer in [1, 65535] (got port=70000)"),
+    ({"momentum": "high"}, "settings: momentum must be a number in [0, 1) (got momentum='high')"),
 ])
 def test_deployment_settings_are_validated(change, words):
     with pytest.raises(ValueError, match=words.replace("(", "\\(").replace(")", "\\)").replace("[", "\\[")):

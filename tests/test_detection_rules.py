@@ -262,15 +262,15 @@ def test_dnc_draws_depend_on_seed_and_rows():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("dnc:iters=0", "dnc iters must be >= 1: it is how many random subsets are scored (got iters=0)"),
-        ("dnc:b=0", "dnc b must be >= 1: it is how many coordinates each subset has (got b=0)"),
-        ("dnc:c=0", "dnc c must be > 0: each subset removes floor(c * f) rows (got c=0.0)"),
-        ("signguard:lower=1.5", "signguard lower must be in [0, 1]: the median row must pass the norm filter (got lower=1.5)"),
-        ("signguard:upper=0.5", "signguard upper must be >= 1: the median row must pass the norm filter (got upper=0.5)"),
-        ("signguard:frac=0", "signguard frac must be in (0, 1]: it is the fraction of coordinates whose signs are counted (got frac=0.0)"),
-        ("signguard:frac=1.5", "signguard frac must be in (0, 1]"),
-        ("flame:noise=-0.1", "flame noise must be >= 0: the noise's std is noise * the median norm (got noise=-0.1)"),
-        ("flame:lambda=0.01", "flame has no parameter 'lambda' (its parameters: noise, seed)"),
+        ("dnc:iters=0", "dnc: iters must be an integer >= 1 (got iters=0)"),
+        ("dnc:b=0", "dnc: b must be an integer >= 1 (got b=0)"),
+        ("dnc:c=0", "dnc: c must be a number > 0 (got c=0)"),
+        ("signguard:lower=1.5", "signguard: lower must be a number in [0, 1] (got lower=1.5)"),
+        ("signguard:upper=0.5", "signguard: upper must be a number >= 1 (got upper=0.5)"),
+        ("signguard:frac=0", "signguard: frac must be a number in (0, 1] (got frac=0)"),
+        ("signguard:frac=1.5", "signguard: frac must be a number in (0, 1]"),
+        ("flame:noise=-0.1", "flame: noise must be a number >= 0 (got noise=-0.1)"),
+        ("flame:lambda=0.01", "flame: unknown key lambda (known: noise, seed)"),
     ],
 )
 def test_bad_parameters(spec, message):

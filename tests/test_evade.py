@@ -31,7 +31,7 @@ def old(spec: str) -> str:
 
 def test_its_defaults_are_its_strongest_measured_setting():
     attack = attacks.build("evade:detector=all", F)
-    got = (attack.dir, attack.jitter_kind, attack.auc, attack.quantile, attack.policy)
+    got = (attack.dir, attack.jitter, attack.auc, attack.quantile, attack.policy)
     assert got == ("grad", "typical", 0.7, 1.0, True)
     assert old("evade:detector=all,dir=sign") == "evade:detector=all,dir=sign,jitter=gauss,quantile=0.95,auc=1"
 
@@ -85,7 +85,7 @@ def test_the_rows_sent_pass_and_one_bisection_step_more_crosses(detector, direct
     attack = attacks.build(old(f"evade:detector={detector},dir={direction}"), F)
     rows = attack(H, ctx())
     s = attack.last_strength
-    jitter = attack.jitter(H, ctx())  # the same seeded draw the attack made
+    jitter = attack.jitter_rows(H, ctx())  # the same seeded draw the attack made
     row = DIRECTIONS[direction](H)
     if s is None:  # lying low: even strength 0 is flagged, so the colluders send their own updates
         assert torch.equal(rows, OWN)
@@ -138,25 +138,25 @@ def test_seeded_and_the_colluders_differ():
 
 
 def test_parameter_errors():
-    with pytest.raises(ValueError, match="evade detector discarded is the rule's choice, not a score"):
+    with pytest.raises(ValueError, match="evade: detector: discarded is the rule's choice, not a score"):
         attacks.build("evade:detector=discarded", 1)
     with pytest.raises(ValueError, match="evade detector must be one of distance-ratio, krum-score, .*policy or all \\(got detector='nope'"):
         attacks.build("evade:detector=nope", F)(H, ctx())  # checked against the deployment's detectors
-    with pytest.raises(ValueError, match="evade dir must be one of alie, ipm, sign, grad \\(got dir='up'\\)"):
+    with pytest.raises(ValueError, match="evade: dir must be one of alie, ipm, sign, grad \\(got dir='up'\\)"):
         attacks.build("evade:dir=up", 1)
-    with pytest.raises(ValueError, match="evade jitter must be one of gauss, own, typical \\(got jitter='noise'\\)"):
+    with pytest.raises(ValueError, match="evade: jitter must be one of gauss, own, typical \\(got jitter='noise'\\)"):
         attacks.build("evade:jitter=noise", 1)
     for a in ("0", "1.5"):
-        with pytest.raises(ValueError, match="evade auc must be in \\(0, 1\\]: the round AUC each chosen"):
+        with pytest.raises(ValueError, match="evade: auc must be a number in \\(0, 1\\]"):
             attacks.build(f"evade:auc={a}", 1)
-    with pytest.raises(ValueError, match="evade steps must be >= 1"):
+    with pytest.raises(ValueError, match="evade: steps must be an integer >= 1"):
         attacks.build("evade:steps=0", 1)
-    with pytest.raises(ValueError, match="evade max must be > 0"):
+    with pytest.raises(ValueError, match="evade: max must be a number > 0"):
         attacks.build("evade:max=0", 1)
     for q in ("0", "1.5"):
-        with pytest.raises(ValueError, match="evade quantile must be in \\(0, 1\\]"):
+        with pytest.raises(ValueError, match="evade: quantile must be a number in \\(0, 1\\]"):
             attacks.build(f"evade:quantile={q}", 1)
-    with pytest.raises(ValueError, match="evade parameter steps must be int"):
+    with pytest.raises(ValueError, match="evade: steps must be an integer >= 1 \\(got steps=1.5\\)"):
         attacks.build("evade:steps=1.5", 1)
 
 

@@ -172,14 +172,14 @@ def test_a_round_asked_again_gets_the_same_row_under_the_momentum_protocol(tmp_p
 
 @pytest.mark.parametrize("change, words", [
     ({"quorum": 2, "tolerate": 1, "aggregator": "krum"}, "krum needs n"),
-    ({"momentum": 1.5}, "momentum must be a number in [0, 1) (got 1.5)"),
-    ({"deadline": 0}, "deadline must be a number > 0 (got 0)"),
+    ({"momentum": 1.5}, "settings: momentum must be a number in [0, 1) (got momentum=1.5)"),
+    ({"deadline": 0}, "settings: deadline must be a number > 0 (got deadline=0)"),
     ({"dataset": "imagenet"}, "dataset must be one of digits"),
     ({"per_round": 2}, "per-round=2 is below the quorum 3"),
-    ({"rounds": 0}, "rounds must be an integer >= 1 (got 0)"),
-    ({"tolerate": "x"}, "tolerate must be an integer >= 0 (got 'x')"),
-    ({"port": 70000}, "port must be an integer in [1, 65535] (got 70000)"),
-    ({"protocol": "delta:steps=0"}, "protocol 'delta:steps=0': steps must be an integer in [1, 100000] (got 0)"),
+    ({"rounds": 0}, "settings: rounds must be an integer >= 1 (got rounds=0)"),
+    ({"tolerate": "x"}, "settings: tolerate must be an integer >= 0 (got tolerate='x')"),
+    ({"port": 70000}, "settings: port must be an integer in [1, 65535] (got port=70000)"),
+    ({"protocol": "delta:steps=0"}, "settings: protocol: delta: steps must be an integer in [1, 100000] (got steps=0)"),
 ])
 def test_settings_are_validated_with_a_fix(change, words):
     with pytest.raises(ValueError, match=re.escape(words)):
@@ -188,7 +188,8 @@ def test_settings_are_validated_with_a_fix(change, words):
 
 def test_a_settings_file_with_bad_values_names_the_file_and_the_fix(tmp_path):
     (tmp_path / "coordinator.toml").write_text('tolerate = "x"\nmomentum = "high"\n')
-    with pytest.raises(ValueError, match=re.escape("coordinator.toml: tolerate must be an integer >= 0 (got 'x')")):
+    words = "coordinator.toml: settings: tolerate must be an integer >= 0 (got tolerate='x')"
+    with pytest.raises(ValueError, match=re.escape(words)):
         Settings.read(tmp_path)
     (tmp_path / "coordinator.toml").write_text("quorums = 3\n")
     with pytest.raises(ValueError, match="unknown key quorums"):

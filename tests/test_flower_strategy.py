@@ -259,13 +259,13 @@ def test_metrics_a_node_garbled_cost_nothing_but_its_own():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"max_norm": -1.0}, "RobustStrategy: max_norm must be a number > 0 (got -1.0)"),
-    ({"tolerate": -1}, "RobustStrategy: tolerate must be an integer >= 0 (got -1)"),
+    ({"max_norm": -1.0}, "RobustStrategy: max_norm must be a number > 0 (got max_norm=-1.0)"),
+    ({"tolerate": -1}, "RobustStrategy: tolerate must be an integer >= 0 (got tolerate=-1)"),
     ({"aggregator": "nope"}, "RobustStrategy: aggregator: unknown aggregator 'nope' in 'nope': choose from"),
-    ({"weighted": "yes"}, "RobustStrategy: weighted must be true or false (got 'yes')"),
-    ({"fraction_train": 1.5}, "RobustStrategy: fraction_train must be a number in [0, 1] (got 1.5)"),
-    ({"quarantine_after": 0}, "RobustStrategy: quarantine_after must be an integer >= 1 (got 0)"),
-    ({"protocol": "delta:server_lr=0"}, "RobustStrategy: protocol 'delta:server_lr=0': server_lr must be a number > 0"),
+    ({"weighted": "yes"}, "RobustStrategy: weighted must be true or false (got weighted='yes')"),
+    ({"fraction_train": 1.5}, "RobustStrategy: fraction_train must be a number in [0, 1] (got fraction_train=1.5)"),
+    ({"quarantine_after": 0}, "RobustStrategy: quarantine_after must be an integer >= 1 (got quarantine_after=0)"),
+    ({"protocol": "delta:server_lr=0"}, "RobustStrategy: protocol: delta: server_lr must be a number > 0"),
     ({"protocol": "momentum"}, "RobustStrategy: protocol 'momentum' steps w - lr F on momenta the nodes send"),
 ])
 def test_bad_parameters_fail_up_front_saying_what_to_do(kwargs, message):

@@ -297,9 +297,9 @@ def test_two_clusters_by_gap_statistic():
 
 
 def test_parameters_and_checks():
-    for spec, message in [("fldetector:window=0", "fldetector window must be >= 1"),
-                          ("fldetector:base=krum", "fldetector base must be one of median, mean (got base='krum')"),
-                          ("foolsgold:kappa=0", "foolsgold kappa must be > 0")]:
+    for spec, message in [("fldetector:window=0", "fldetector: window must be an integer >= 1"),
+                          ("fldetector:base=krum", "fldetector: base must be one of median, mean (got base='krum')"),
+                          ("foolsgold:kappa=0", "foolsgold: kappa must be a number > 0")]:
         with pytest.raises(ValueError, match=re.escape(message)):
             aggregators.build(spec, 1)
     with pytest.raises(ValueError, match=re.escape("fldetector needs n >= 2f + 1 (got n=4, f=2)")):

@@ -60,6 +60,7 @@ NODES_MAY_IMPORT = {
     "nodes.coordinator": {"nodes.engine"} | SHARED,
     "nodes.volunteer": {"nodes.engine"} | SHARED,
     "nodes.strategy": {"nodes.engine"} | SHARED,
+    "nodes.reference": {"nodes.engine"} | SHARED,  # the parameter reference, for the manual
     # the coordinator's web page: reads its folder, as the coordinator's status does
     "nodes.dashboard": {"nodes.engine", "nodes.coordinator"} | SHARED,
     # the CLI dispatches to both sides

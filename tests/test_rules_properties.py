@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import aggregators
+from aggregators import RoundInputs
+from robust.spec import parse
 
 F64 = torch.float64
 SETTINGS = settings(
@@ -24,10 +26,8 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 
-# fltrust, foolsgold and fldetector need RoundInputs (a reference update, node ids, the
-# model): the properties below call rule(X) alone, so they are tested with their inputs in
-# test_history_rules.py instead
-RULES = [r for r in aggregators.rules() if not aggregators.build(r, 0).needs]
+RULES = aggregators.rules()
+STATEFUL = {"centered-clipping", "foolsgold", "fldetector"}  # a call depends on the ones before
 SELECTION_RULES = {"krum", "multi-krum", "bulyan", "mda"}
 SORT_BASED = ["median", "trimmed-mean", "meamed", "sign-vote"]
 
@@ -50,9 +50,21 @@ def max_f(rule: str, n: int) -> int:
 MIN_N = {r: (3 if r in ("krum", "multi-krum", "bulyan") else 1) for r in RULES}
 
 
-def run(spec: str, f: int, X: torch.Tensor) -> torch.Tensor:
-    """A fresh aggregator applied to X."""
-    return aggregators.build(spec, f)(X)
+def round_inputs(agg: aggregators.Chain, X: torch.Tensor, ids: list[str] | None = None) -> RoundInputs | None:
+    """What a rule that needs more than the rows (fltrust, foolsgold, fldetector) is given,
+    ``None`` for the others: each row's node id (``ids``: they move with the rows under a
+    permutation; default n00, n01, ...), a zero model, and the rows' mean as the server's own
+    update (a reference that a permutation or a shift moves as it moves the rows)."""
+    if not agg.needs:
+        return None
+    ids = tuple(ids or (f"n{i:02d}" for i in range(X.shape[0])))
+    return RoundInputs(ids=ids, w=torch.zeros(X.shape[1], dtype=X.dtype), reference=X.mean(dim=0))
+
+
+def run(spec: str, f: int, X: torch.Tensor, ids: list[str] | None = None) -> torch.Tensor:
+    """A fresh aggregator applied to X (and to the inputs it needs besides)."""
+    agg = aggregators.build(spec, f)
+    return agg(X, round_inputs(agg, X, ids))
 
 
 def scale_of(*tensors: torch.Tensor) -> float:
@@ -204,8 +216,9 @@ def test_permutation_invariance(rule, data):
     # median, trimmed-mean, meamed, sign-vote: bitwise; the others within 1e-6 relative
     X, f = data.draw(case_for(rule))
     perm = list(data.draw(st.permutations(range(X.shape[0]))))
-    a = run(rule, f, X.clone())
-    b = run(rule, f, X[perm].clone())
+    ids = [f"n{i:02d}" for i in range(X.shape[0])]
+    a = run(rule, f, X.clone(), ids)
+    b = run(rule, f, X[perm].clone(), [ids[i] for i in perm])  # each row keeps its node
     if rule in SORT_BASED:
         assert torch.equal(a, b)
     else:
@@ -484,7 +497,7 @@ def test_column_major_input_gives_the_same_output(rule):
 @given(data=st.data())
 def test_deterministic_and_keeps_dtype(data):
     # for every rule and chain: the same input twice gives bitwise the same output
-    # (centered-clipping is stateful: two fresh objects; the others: one object called twice),
+    # (a STATEFUL rule: two fresh objects; the others: one object called twice),
     # and the output is a finite (d,) tensor of the input's dtype, float32 or float64
     dtype = data.draw(st.sampled_from([torch.float32, torch.float64]))
     X, f_drawn = data.draw(chain_input(dtype))
@@ -493,12 +506,12 @@ def test_deterministic_and_keeps_dtype(data):
         if f is None:
             continue
         a = run(spec, f, X.clone())  # fresh object (caf: under a time limit)
-        if "centered-clipping" in spec:
-            b = aggregators.build(spec, f)(X.clone())
+        if STATEFUL & {c.name for c in parse(spec)}:
+            b = run(spec, f, X.clone())
         else:
             agg = aggregators.build(spec, f)
-            agg(X.clone())
-            b = agg(X.clone())  # the same object, second call
+            agg(X.clone(), round_inputs(agg, X))
+            b = agg(X.clone(), round_inputs(agg, X))  # the same object, second call
         assert torch.equal(a, b), spec
         assert a.dtype == dtype and a.shape == (X.shape[1],) and a.device == X.device, spec
         assert bool(torch.isfinite(a).all()), spec
@@ -509,7 +522,7 @@ def test_float32_and_float64_outputs_for_every_spec():
                       [0.0, 0.25], [4.0, -2.0]], dtype=F64)
     for spec in ALL_SPECS:
         for dtype in (torch.float32, torch.float64):
-            out = aggregators.build(spec, 1)(X.to(dtype))
+            out = run(spec, 1, X.to(dtype))
             assert out.dtype == dtype, spec
 
 

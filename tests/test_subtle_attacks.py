@@ -43,16 +43,16 @@ def test_rows_have_the_shape_and_dtype_and_are_seeded(spec, kw, dtype):
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("poisoned-fl:scale=0", "poisoned-fl scale must be > 0"),
-    ("poisoned-fl:period=0", "poisoned-fl period must be >= 1"),
-    ("poisoned-fl:decay=1", r"poisoned-fl decay must be in \(0, 1\)"),
-    ("poisoned-fl:floor=3", r"poisoned-fl floor must be in \(0, scale\]"),
-    ("cc-orthogonal:tau=0", "cc-orthogonal tau must be > 0"),
-    ("cc-orthogonal:radius=1.5", r"cc-orthogonal radius must be in \(0, 1\]"),
-    ("cc-orthogonal:angle=200", r"cc-orthogonal angle must be in \[0, 180\]"),
-    ("cc-orthogonal:lam=-0.1", r"cc-orthogonal lam must be in \[0, 1\]"),
-    ("drift:eps=0", "drift eps must be > 0"),
-    ("drift:target=-1", "drift target must be >= 0"),
+    ("poisoned-fl:scale=0", "poisoned-fl: scale must be a number > 0"),
+    ("poisoned-fl:period=0", "poisoned-fl: period must be an integer >= 1"),
+    ("poisoned-fl:decay=1", r"poisoned-fl: decay must be a number in \(0, 1\)"),
+    ("poisoned-fl:floor=3", r"poisoned-fl: floor must be <= scale \(got floor=3.0, scale=0.5\)"),
+    ("cc-orthogonal:tau=0", "cc-orthogonal: tau must be a number > 0"),
+    ("cc-orthogonal:radius=1.5", r"cc-orthogonal: radius must be a number in \(0, 1\]"),
+    ("cc-orthogonal:angle=200", r"cc-orthogonal: angle must be a number in \[0, 180\]"),
+    ("cc-orthogonal:lam=-0.1", r"cc-orthogonal: lam must be a number in \[0, 1\]"),
+    ("drift:eps=0", "drift: eps must be a number > 0"),
+    ("drift:target=-1", "drift: target must be an integer >= 0"),
 ])
 def test_parameters_are_validated_in_one_line(spec, words):
     with pytest.raises(ValueError, match=words):

@@ -172,9 +172,10 @@ def test_outer_momentum_is_pytorch_sgd_on_the_pseudo_gradient(nesterov):
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("delta:steps=0", "steps must be an integer in [1, 100000] (got 0)"),
+    ("delta:steps=0", "delta: steps must be an integer in [1, 100000] (got steps=0)"),
     ("delta:step=3", "unknown key step"),
-    ("delta:nesterov=true", "nesterov=true needs server_momentum > 0"),
+    ("delta:nesterov=true",
+     "delta: nesterov must be false while server_momentum is 0 (got nesterov=True, server_momentum=0.0)"),
     ("momentum:steps=2", "unknown key steps"),
     ("fedprox", "write momentum, or delta"),
 ])

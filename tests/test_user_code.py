@@ -151,7 +151,8 @@ def test_settings_import_references_up_front(code, tmp_path):
         Settings(model="broken_on_import:make", code=str(folder))
     with pytest.raises(ValueError, match="code must be an existing folder"):
         Settings(code=str(tmp_path / "missing"))
-    with pytest.raises(ValueError, match=r"model must be one of logreg, .*, or package.module:make \(got 'no such'\)"):
+    with pytest.raises(ValueError, match=r"settings: model must be one of logreg, .*, or package.module:make "
+                                         r"\(got model='no such'\)"):
         Settings(model="no such")
     assert Settings(model=f"{name}:make", code=str(folder)).code == str(folder.resolve())
 

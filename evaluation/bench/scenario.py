@@ -17,7 +17,6 @@ import hashlib
 import itertools
 import json
 import tomllib
-import typing
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ import aggregators
 import attacks
 from attacks.base import OmniscientAttack
 from nodes.settings import RUN
-from robust.constraints import Interval, OneOf, Param, Spec, table, unknown
+from robust.constraints import Interval, OneOf, Param, Spec, check_all, table, unknown
 from robust.partition import KINDS
 from robust.spec import Component, format_spec, parse
 
@@ -97,8 +96,8 @@ def validate(scenario: dict, engine: str = "local") -> None:
         values = value if isinstance(value, list) else [value]
         if not values:
             raise ValueError(f"{key} is an empty list: give at least one value")
-        scenario[key] = [SCENARIO[key].check(v) for v in values] if isinstance(value, list) or key in AXES \
-            else SCENARIO[key].check(value)
+        checked = [check_all("scenario", {key: SCENARIO[key]}, {key: v})[key] for v in values]
+        scenario[key] = checked if isinstance(value, list) or key in AXES else checked[0]
     for config in grid(scenario):
         n, f = config["nodes"], config["byzantine"]
         if f >= n:
@@ -160,9 +159,9 @@ def sweep_specs(sweep: str, points: int) -> list[tuple[str, dict]]:
         raise ValueError(f"--sweep {sweep!r}: the range must be LOW..HIGH, {example}") from None
     if points < 2:
         raise ValueError(f"--sweep {sweep!r}: --sweep-points must be >= 2")
-    hint = typing.get_type_hints(attacks.REGISTRY.lookup(name, sweep).__init__).get(param)
+    declared = attacks.REGISTRY.lookup(name, sweep).declared().get(param)
     values = np.linspace(lo_v, hi_v, points).tolist()
-    if int in (typing.get_args(hint) or (hint,)):
+    if declared is not None and declared.kind is int:
         values = sorted({round(v) for v in values})
     out = []
     for v in values:

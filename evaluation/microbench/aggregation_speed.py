@@ -86,7 +86,7 @@ def our_method(spec: str, f: int, X: torch.Tensor, device: torch.device | str = 
     comps = parse(spec)
     entry = REGISTRY.entries.get(comps[0].name)
     if len(comps) == 1 and entry is not None and not entry.is_rule:
-        stage = entry.from_params(f, comps[0].params)
+        stage = entry(f, **comps[0].params)
         stage.check_n(X.shape[0])
         return lambda _: synced(rows.device, stage.transformed(rows).tensor())
     agg = aggregators.build(spec, f)

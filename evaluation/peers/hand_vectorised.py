@@ -67,7 +67,7 @@ def run_cell(cell: Cell, clock: Counter | None = None) -> float:
     x_test, y_test = data.x_test.flatten(1), data.y_test
     parts = partition(data.y_train, n, cfg["partition"], alpha=float(cfg.get("alpha", 1.0)), seed=cell.seed)
     attack = attacks.build(cell.attack, f)
-    if isinstance(attack, NodeAttack) and (attack.trains_alone or attack.remembers or attack.scale() != 1.0
+    if isinstance(attack, NodeAttack) and (attack.trains_alone or attack.remembers or attack.boost() != 1.0
                                            or type(attack).forge is not NodeAttack.forge):
         raise ValueError(f"the hand loop plays node-side attacks that only poison data (got {cell.attack})")
     byz = list(range(n - f, n)) if cell.attack != "none" else []

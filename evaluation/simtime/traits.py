@@ -23,8 +23,9 @@ spec:
   (:class:`evaluation.simtime.arrivals.Volunteers` says how the drivers use it).
 
 The traits take no ``f`` (they concern honest and Byzantine nodes alike); ``Component``'s is
-passed as 0. Random draws are hashes, ``derive(seed, purpose, node[, epoch])`` (:func:`draw`):
-a pure function of the seed and the node's identity, no generator state, no global RNG.
+passed as 0. Each declares its parameters as data (``robust.registry``). Random draws are
+hashes, ``derive(seed, purpose, node[, epoch])`` (:func:`draw`): a pure function of the seed
+and the node's identity, no generator state, no global RNG.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
+from robust.constraints import Interval, Param
 from robust.registry import Component, Registry
 from robust.seeds import derive
 from robust.spec import parse
@@ -58,8 +60,8 @@ def median_one(ids: list[str], seed: int, purpose: str, sigma: float) -> dict[st
 class Trait(Component):
     """A speed, link or churn kind, built from one spec component."""
 
-    def __init__(self, f: int = 0) -> None:
-        super().__init__(f)
+    def __init__(self, f: int = 0, **params: object) -> None:
+        super().__init__(f, **params)
 
 
 def _build(registry: Registry, spec: str) -> Trait:
@@ -67,7 +69,7 @@ def _build(registry: Registry, spec: str) -> Trait:
     if len(components) != 1:
         raise ValueError(f"a {registry.family} spec names one kind (got {spec!r}): drop the '+'")
     comp = components[0]
-    return registry.lookup(comp.name, spec).from_params(0, dict(comp.params))
+    return registry.lookup(comp.name, spec)(0, **comp.params)
 
 
 def build_speed(spec: str) -> Speed:
@@ -106,11 +108,10 @@ class Uniform(Speed):
 class Slow(Speed):
     name = "slow"
 
-    def __init__(self, f: int = 0, *, fraction: float = 0.2, factor: float = 10.0) -> None:
-        super().__init__(f)
-        self._check_param("fraction", fraction, 0 <= fraction <= 1, "in [0, 1]")
-        self._check_param("factor", factor, factor >= 1, ">= 1 (how many times slower)")
-        self.fraction, self.factor = fraction, factor
+    params = (
+        Param("fraction", Interval(float, 0, 1), 0.2, "the share of nodes that are slow"),
+        Param("factor", Interval(float, 1, None), 10.0, "how many times slower they are"),
+    )
 
     def slowness(self, ids: list[str], seed: int) -> dict[str, float]:
         # rank by a per-node hash: the choice depends on the set of ids, not on their order
@@ -123,10 +124,7 @@ class Slow(Speed):
 class Lognormal(Speed):
     name = "lognormal"
 
-    def __init__(self, f: int = 0, *, sigma: float = 1.0) -> None:
-        super().__init__(f)
-        self._check_param("sigma", sigma, sigma >= 0, ">= 0")
-        self.sigma = sigma
+    params = (Param("sigma", Interval(float, 0, None), 1.0, "the log-slowness's spread"),)
 
     def slowness(self, ids: list[str], seed: int) -> dict[str, float]:
         return median_one(ids, seed, "speed-lognormal", self.sigma)
@@ -141,18 +139,21 @@ class Link(Trait):
     up_mbps = down_mbps = math.inf
     latency_ms = sigma = 0.0
 
-    def _set(self, up_mbps: float, down_mbps: float, latency_ms: float, sigma: float) -> None:
-        self._check_param("up_mbps", up_mbps, up_mbps > 0, "> 0 (megabits per second)")
-        self._check_param("down_mbps", down_mbps, down_mbps > 0, "> 0 (megabits per second)")
-        self._check_param("latency_ms", latency_ms, latency_ms >= 0, ">= 0 (milliseconds)")
-        self._check_param("sigma", sigma, sigma >= 0, ">= 0")
-        self.up_mbps, self.down_mbps, self.latency_ms, self.sigma = up_mbps, down_mbps, latency_ms, sigma
-
     def of(self, ids: list[str], seed: int) -> dict[str, tuple[float, float, float]]:
         """``node -> (up bits/s, down bits/s, latency s)``."""
         spread = median_one(ids, seed, "link", self.sigma) if self.sigma else dict.fromkeys(ids, 1.0)
         return {node: (self.up_mbps * 1e6 * s, self.down_mbps * 1e6 * s, self.latency_ms / 1e3)
                 for node, s in spread.items()}
+
+
+def link_params(up_mbps: float, down_mbps: float, latency_ms: float) -> tuple[Param, ...]:
+    """A link kind's parameters, with its own defaults."""
+    return (
+        Param("up_mbps", Interval(float, 0, None, "neither"), up_mbps, "the median node's upload, megabits per second"),
+        Param("down_mbps", Interval(float, 0, None, "neither"), down_mbps, "its download, megabits per second"),
+        Param("latency_ms", Interval(float, 0, None), latency_ms, "its latency, milliseconds"),
+        Param("sigma", Interval(float, 0, None), 0.0, "the bandwidths' log spread across nodes"),
+    )
 
 
 @LINKS.register
@@ -164,20 +165,14 @@ class NoLink(Link):
 class Lan(Link):
     name = "lan"
 
-    def __init__(self, f: int = 0, *, up_mbps: float = 1000.0, down_mbps: float = 1000.0,
-                 latency_ms: float = 1.0, sigma: float = 0.0) -> None:
-        super().__init__(f)
-        self._set(up_mbps, down_mbps, latency_ms, sigma)
+    params = link_params(1000.0, 1000.0, 1.0)
 
 
 @LINKS.register
 class Home(Link):
     name = "home"
 
-    def __init__(self, f: int = 0, *, up_mbps: float = 10.0, down_mbps: float = 50.0,
-                 latency_ms: float = 40.0, sigma: float = 0.0) -> None:
-        super().__init__(f)
-        self._set(up_mbps, down_mbps, latency_ms, sigma)
+    params = link_params(10.0, 50.0, 40.0)
 
 
 # -- churn --------------------------------------------------------------------------------
@@ -202,9 +197,8 @@ class NoChurn(Churn):
 class Leave(Churn):
     name = "leave"
 
-    def __init__(self, f: int = 0, *, p: float = 0.02, back: float = 0.2, period: float = 60.0) -> None:
-        super().__init__(f)
-        self._check_param("p", p, 0 <= p <= 1, "in [0, 1] (the chance to leave per epoch)")
-        self._check_param("back", back, 0 <= back <= 1, "in [0, 1] (the chance to return per epoch)")
-        self._check_param("period", period, period > 0, "> 0 (simulated seconds per epoch, async runs)")
-        self.p, self.back, self.period = p, back, period
+    params = (
+        Param("p", Interval(float, 0, 1), 0.02, "the chance an online node leaves, per epoch"),
+        Param("back", Interval(float, 0, 1), 0.2, "the chance an offline node returns, per epoch"),
+        Param("period", Interval(float, 0, None, "neither"), 60.0, "simulated seconds per epoch (async runs)"),
+    )

@@ -35,7 +35,7 @@ from torch import nn
 from torch.func import functional_call, grad
 
 from attacks.base import Shaping
-from robust.constraints import Flag, Interval, Param, table, unknown
+from robust.constraints import Flag, Interval, Param, Relation, check_all, table
 from robust.spec import parse
 
 KINDS = ("delta", "momentum")
@@ -48,6 +48,8 @@ PARAMS = {  # each kind's spec parameters
     ),
     "momentum": {},
 }
+RELATIONS = (Relation("nesterov", "false while server_momentum is 0", "server_momentum",
+                      lambda v: not v["nesterov"] or v["server_momentum"] > 0),)
 
 Params = dict[str, torch.Tensor]
 
@@ -85,15 +87,8 @@ class Protocol:
         parts = parse(spec)
         if len(parts) != 1 or parts[0].name not in KINDS:
             raise ValueError(f"protocol {spec!r}: write momentum, or delta with its options, e.g. delta:steps=10")
-        kind, given = parts[0].name, parts[0].params
-        declared = PARAMS[kind]
-        unknown(given, declared, f"protocol {spec!r}")
-        try:
-            values = {key: p.check(given.get(key, p.default)) for key, p in declared.items()}
-        except ValueError as err:
-            raise ValueError(f"protocol {spec!r}: {err}") from None
-        if values.get("nesterov") and not values["server_momentum"]:
-            raise ValueError(f"protocol {spec!r}: nesterov=true needs server_momentum > 0")
+        kind = parts[0].name
+        values = check_all(kind, PARAMS[kind], parts[0].params, RELATIONS if kind == "delta" else ())
         return cls(kind, float(lr), float(momentum), int(batch_size), **values)
 
     @classmethod

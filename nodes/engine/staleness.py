@@ -19,9 +19,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from robust.constraints import Interval, Param, check_all, table
 from robust.spec import parse
 
 KINDS = ("constant", "sqrt", "poly")
+PARAMS = {  # each kind's spec parameters
+    "constant": {},
+    "sqrt": {},
+    "poly": table(Param("a", Interval(float, 0, 10), 0.5, "the exponent: s = (1 + tau)^-a")),
+}
 
 
 def weight_of(spec: str) -> Callable[[int], float]:
@@ -29,18 +35,14 @@ def weight_of(spec: str) -> Callable[[int], float]:
     parts = parse(spec)
     if len(parts) != 1 or parts[0].name not in KINDS:
         raise ValueError(f"staleness {spec!r}: write constant, sqrt or poly:a=0.5")
-    name, params = parts[0].name, dict(parts[0].params)
-    allowed = {"poly": {"a"}}.get(name, set())
-    if set(params) - allowed:
-        raise ValueError(f"staleness {spec!r}: {name} takes {', '.join(sorted(allowed)) or 'no parameters'}")
+    name = parts[0].name
+    values = check_all(name, PARAMS[name], parts[0].params)
     if name == "constant":
         return lambda tau: 1.0
     if name == "sqrt":
         return lambda tau: 1.0 / math.sqrt(1.0 + tau)
-    a = params.get("a", 0.5)
-    if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a <= 10:
-        raise ValueError(f"staleness {spec!r}: a must be a number in [0, 10] (got a={a!r})")
-    return lambda tau: (1.0 + tau) ** -float(a)
+    a = values["a"]
+    return lambda tau: (1.0 + tau) ** -a
 
 
 def stale_reason(tau: int, limit: int) -> str | None:

@@ -34,7 +34,7 @@ def build(spec: str) -> Codec:
     if len(components) != 1:
         raise ValueError(f"a codec spec names one codec (got {spec!r}): drop the '+'")
     comp = components[0]
-    return REGISTRY.lookup(comp.name, spec).from_params(0, comp.params)
+    return REGISTRY.lookup(comp.name, spec)(0, **comp.params)
 
 
 def names() -> list[str]:

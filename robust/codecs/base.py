@@ -20,6 +20,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from robust.constraints import Interval, Param
 from robust.registry import Component, Registry
 from robust.spec import Component as SpecComponent
 
@@ -45,13 +46,13 @@ class Codec(Component):
     biased: ClassVar[bool] = False
     keyed: ClassVar[bool] = False
 
-    def __init__(self, f: int = 0) -> None:
-        super().__init__(f)  # the registry's constructor signature; a codec does not use f
+    def __init__(self, f: int = 0, **params: object) -> None:
+        super().__init__(f, **params)  # the registry's constructor signature; a codec does not use f
 
     @property
     def spec(self) -> str:
         """The canonical spec text that builds this codec (e.g. ``"topk:k=0.01"``)."""
-        return str(SpecComponent(self.name, {k: getattr(self, k) for k in self.parameters()}))
+        return str(SpecComponent(self.name, {k: getattr(self, k) for k in self.declared()}))
 
     def __repr__(self) -> str:
         return f"codec {self.spec!r}"
@@ -145,16 +146,16 @@ def _listed(keys: list, limit: int = 4) -> str:
     return "[" + shown + (f", ... {len(keys) - limit} more" if len(keys) > limit else "") + "]"
 
 
+def block_param(default: int) -> Param:
+    """``block``, the coordinates that share one float32 scale, with a codec's own default."""
+    return Param("block", Interval(int, 1, None), default, "coordinates per float32 scale")
+
 
 class Blocked(Codec):
     """A codec with one float32 scale per block of ``block`` consecutive coordinates (the last
-    block may be shorter); a subclass gives ``block``'s default in its own signature."""
+    block may be shorter); a subclass declares ``block`` with its default (:func:`block_param`)."""
 
-    def __init__(self, f: int = 0, *, block: int) -> None:
-        super().__init__(f)
-        whole = isinstance(block, int) and not isinstance(block, bool)
-        self._check_param("block", block, whole and block >= 1, "a whole number >= 1: coordinates per scale")
-        self.block = block
+    block: int
 
     def blocks(self, d: int) -> int:
         """How many scales a ``(d,)`` row takes: ``ceil(d / block)``."""

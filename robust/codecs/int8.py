@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import FLOAT32, INT8, Blocked, Encoded, Layout, register
+from .base import FLOAT32, INT8, Blocked, Encoded, Layout, block_param, register
 
 # the largest float32 scale whose 127 multiple is finite: a row near float32's maximum still decodes
 SCALE_MAX = float(np.nextafter(np.float32(np.finfo(np.float32).max / 127), np.float32(0)))
@@ -32,8 +32,7 @@ SCALE_MAX = float(np.nextafter(np.float32(np.finfo(np.float32).max / 127), np.fl
 class Int8(Blocked):
     name = "int8"
 
-    def __init__(self, f: int = 0, *, block: int = 256) -> None:
-        super().__init__(f, block=block)
+    params = (block_param(256),)
 
     def layout(self, d: int) -> Layout:
         return {"q": (INT8, d), "scale": (FLOAT32, self.blocks(d))}

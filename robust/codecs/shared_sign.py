@@ -38,6 +38,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from robust.constraints import Interval, Param
+
 from . import support
 from .base import Encoded, Layout, register, share_of
 from .sign import Sign
@@ -48,10 +50,8 @@ class SharedSign(Sign):
     name = "shared-sign"
     keyed = True
 
-    def __init__(self, f: int = 0, *, share: float = 0.25, block: int = 128) -> None:
-        super().__init__(f, block=block)
-        self._check_param("share", share, 0 < share <= 1, "in (0, 1]: the fraction of coordinates a task's replies carry")
-        self.share = float(share)
+    params = (Param("share", Interval(float, 0, 1, "right"), 0.25,
+                    "the fraction of coordinates a task's replies carry"),)
 
     def layout(self, d: int) -> Layout:
         return {**super().layout(share_of(d, self.share)), support.CLAIM: (support.INT64, 1)}

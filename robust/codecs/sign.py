@@ -43,7 +43,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import FLOAT32, Blocked, Encoded, Layout, register
+from .base import FLOAT32, Blocked, Encoded, Layout, block_param, register
 
 UINT8 = np.dtype("u1")
 
@@ -53,8 +53,7 @@ class Sign(Blocked):
     name = "sign"
     biased = True
 
-    def __init__(self, f: int = 0, *, block: int = 128) -> None:
-        super().__init__(f, block=block)
+    params = (block_param(128),)
 
     def layout(self, d: int) -> Layout:
         return {"bits": (UINT8, -(-d // 8)), "scale": (FLOAT32, self.blocks(d))}

@@ -12,16 +12,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from robust.constraints import Interval, Param
+
 from .base import FLOAT32, INT32, Codec, Encoded, Layout, share_of
 
 MAX_D = 2**31 - 1  # int32 indices
 
 
 class SparseCodec(Codec):
-    def __init__(self, f: int = 0, *, k: float = 0.01) -> None:
-        super().__init__(f)
-        self._check_param("k", k, 0 < k <= 1, "in (0, 1]: the fraction of coordinates sent")
-        self.k = float(k)
+    params = (Param("k", Interval(float, 0, 1, "right"), 0.01, "the fraction of coordinates sent"),)
 
     def count(self, d: int) -> int:
         """``m``: how many coordinates of a ``(d,)`` row are sent."""
