@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import NoReturn
 
 from . import __version__
 
@@ -142,8 +143,15 @@ def _federation_parsers(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(run=_federation)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors in one line, as every other usage error (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="robust",
         description="Byzantine-robust training on untrusted volunteer machines.",
     )
@@ -241,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
     p = parser()
-    args = p.parse_args(argv)
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as done:  # --help, --version, or a usage error already said in one line
+        return done.code if isinstance(done.code, int) else 2
     if not getattr(args, "run", None):
         p.print_help()
         return 0

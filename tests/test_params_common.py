@@ -164,10 +164,14 @@ def test_a_bad_setting_is_one_line_naming_it(p, bad, tmp_path, capsys):
     if SCENARIO.get(p.key) is p:  # a run key the scenario shares
         path = scenario_file(tmp_path, p.key, bad)
         assert refusal(lambda: load_scenario(path)) == said("scenario", p, bad)
-    if type(bad) is p.kind:  # a typed option: argparse itself refuses a value of another type
+    if type(bad) is p.kind:
         line = cli(capsys, "coordinator", "init", str(tmp_path / "c"), f"--{p.key}", str(bad))
         assert line == f"robust coordinator: error: {said('settings', p, bad)}"
-        assert not (tmp_path / "c").exists()  # refused before anything is made
+    elif p.kind not in (str, bool):  # a command line value is text (a flag takes none): converted, or refused in one line
+        line = cli(capsys, "coordinator", "init", str(tmp_path / "c"), f"--{p.key}", str(bad))
+        assert (line.startswith(f"robust coordinator init: error: argument --{p.key}") and "--help" in line
+                or line.startswith(f"robust coordinator: error: settings: {p.key} must be ")), line
+    assert not (tmp_path / "c").exists()  # refused before anything is made
 
 
 SCENARIO_CASES = [(p, bad) for p in SCENARIO.values() if not isinstance(p.rule, Spec) for bad in bad_values(p)]
