@@ -140,8 +140,8 @@ def test_cuda_without_a_gpu_is_refused_up_front_and_auto_is_the_cpu(tmp_path, ca
     advice = "device = cuda but torch sees no GPU: use device = auto or cpu, or install a CUDA build of PyTorch"
     with pytest.raises(ValueError) as err:
         Settings(device="cuda")
-    assert str(err.value) == advice
-    with pytest.raises(ValueError, match=r"device = 'gpu': choose auto, cpu or cuda"):
+    assert str(err.value) == f"settings: {advice}"
+    with pytest.raises(ValueError, match=r"^settings: device = 'gpu': choose auto, cpu or cuda"):
         Settings(device="gpu")
     assert resolve_device("auto") == torch.device("cpu") == resolve_device("cpu")
     with pytest.raises(ValueError, match="--device cuda but torch sees no GPU: use --device auto or cpu"):
@@ -150,7 +150,7 @@ def test_cuda_without_a_gpu_is_refused_up_front_and_auto_is_the_cpu(tmp_path, ca
     folder, _ = make_federation(tmp_path, 3, SETTINGS)
     assert cli.main(["coordinator", "start", str(folder), "--device", "cuda"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"robust coordinator: error: {advice}" and "\n" not in err
+    assert err == f"robust coordinator: error: settings: {advice}" and "\n" not in err
     assert Settings.read(folder).device == "auto"  # nothing was written
 
 

@@ -87,7 +87,6 @@ from .verifier import Checkers
 
 log = logging.getLogger("robust.coordinator")
 POLL = 0.5  # seconds between pulls: Flower's own polling (3 s) dominates anyway
-LOOK_EVERY = 2.0  # seconds between looks at who is online (async): each is a call to the SuperLink
 
 app = ServerApp()
 
@@ -102,23 +101,20 @@ class FlowerTransport:
     def __init__(self, grid: Grid, coord: Coordinator, poll: float) -> None:
         self.grid, self.coord, self.poll = grid, coord, poll
         self.model: tuple[str, ArrayRecord] | None = None  # the model pushed last: (its SHA-256, its record)
-        self.last_look, self.known, self.unknown = -LOOK_EVERY, {}, []
+        self.unknown: list[int] = []
 
     def online(self) -> dict[int, str]:
-        """Who is online now with a usable key (at most every ``LOOK_EVERY`` seconds: each look
-        is a call); the others are :meth:`strangers`."""
-        if time.monotonic() - self.last_look < LOOK_EVERY:
-            return self.known
-        self.known, self.unknown = {}, []
+        """Who is online now with a usable key (a call to the SuperLink); the others are
+        :meth:`strangers`."""
+        known, self.unknown = {}, []
         for info in self.grid.get_nodes():
             if info.status != "online":
                 continue
             try:
-                self.known[info.node_id] = keys.fingerprint(load_pem_public_key(info.public_key))
+                known[info.node_id] = keys.fingerprint(load_pem_public_key(info.public_key))
             except (ValueError, TypeError):
                 self.unknown.append(info.node_id)
-        self.last_look = time.monotonic()
-        return self.known
+        return known
 
     def strangers(self) -> list[int]:
         return self.unknown

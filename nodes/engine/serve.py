@@ -40,6 +40,7 @@ from .clocks import Barrier, Clock
 from .ledger import INTRODUCE, TRAIN, TaskLedger, Ticket
 
 log = logging.getLogger("robust.coordinator")
+LOOK_EVERY = 2.0  # seconds between looks at who is online while buffers fill (live): each is a call
 
 
 @dataclass(frozen=True)
@@ -148,14 +149,18 @@ class Loop:
         self.seen: dict[object, str] = {}  # every address seen -> its fingerprint
         self.online: dict[object, str] = {}
         self.landed: dict[object, tuple[Landed, Ticket]] = {}  # handle -> its reply and task, pulled, not yet filed
-        self.alone_since = time.monotonic()
+        self.alone_since, self.last_look = time.monotonic(), -math.inf
         self.given: dict[str, float] = {}  # node -> when it was last given a task (the idlest go first)
         self.cap = desk.in_flight
         self.buffers = Buffers(desk.settings.buffer_size) if desk.settings.asynchronous else None  # async: each reply a one-node inbox
         self.started = time.monotonic()  # async: when the buffer being filled began
 
-    def look(self) -> dict[object, str]:
-        """Who is online now: the nodes with a known key, and those that introduced themselves."""
+    def look(self, every: float = 0.0) -> dict[object, str]:
+        """Who is online now: the nodes with a known key, and those that introduced themselves.
+        A live transport is asked at most once per ``every`` seconds (each look is a call)."""
+        if self.transport.live and time.monotonic() - self.last_look < every:
+            return self.online
+        self.last_look = time.monotonic()
         online, present = dict(self.transport.online()), self.transport.strangers()
         strangers = [a for a in present if a not in self.introduced]
         if strangers and self.introduce is not None:
@@ -342,7 +347,7 @@ class Loop:
         if valid is None:
             return []
         records = []
-        everyone = self.ledger.may_answer(desk.reachable(list(self.look().values())))
+        everyone = self.ledger.may_answer(desk.reachable(list(self.look(LOOK_EVERY).values())))
         for full in self.buffers.add(ticket.node, single, valid, everyone):
             if desk.done:
                 break
@@ -368,7 +373,7 @@ class Loop:
         process) no buffer can fill any more."""
         desk, s, ledger, live = self.desk, self.desk.settings, self.ledger, self.transport.live
         while not desk.done and (live or desk.may_fill(self.buffers.size)):
-            online, before = self.look(), self.clock.now()
+            online, before = self.look(LOOK_EVERY), self.clock.now()
             addresses = {fp: a for a, fp in online.items()}
             self.send(self.idlest(desk.free(list(addresses))), addresses)
             if len(ledger):
