@@ -187,9 +187,10 @@ def test_late_replies_carried_count_in_the_round_they_arrive_in_with_their_stale
 def test_an_async_buffer_leaves_once_every_node_that_can_still_answer_is_in_it():
     # three fast nodes leave for good at t = 0.15; the slow ones' replies are all too stale to
     # count (max-staleness 1), so no buffer can fill with valid replies: it leaves once every
-    # node still answering is in it, and the run ends instead of waiting for the gone ones
+    # node still answering is in it, and the run ends instead of waiting for the gone ones. A
+    # deadline of 1 s gives a gone node's task up at 31 s (the default's, 90 s: thrice the replies)
     cfg = {**BASE, "nodes": 6, "byzantine": 0, "rounds": 40, "round": "async", "buffer": 3,
-           "speed": "slow:fraction=0.5,factor=10", "max-staleness": 1}
+           "speed": "slow:fraction=0.5,factor=10", "max-staleness": 1, "deadline": 1.0}
     run = CellRun(Cell(cfg, "mean", "none", 0))
     v, line = run.timeline.volunteers, run.timeline
     fast = {n for n in run.ids if v.arrival(n, 0.0, line.steps, line.step_seconds, 0, 0) < 0.05}
