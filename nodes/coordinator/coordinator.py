@@ -48,7 +48,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -221,10 +221,6 @@ class Coordinator:
         """The model the tasks being issued carry (a spot check recomputes from it)."""
         return self.engine.task_model()[0]
 
-    @property
-    def quorum(self) -> int:
-        return self.engine.quorum
-
     def candidates(self) -> list[str]:
         """The admitted nodes (the list is re-read)."""
         self.keys = self._admitted()
@@ -239,9 +235,6 @@ class Coordinator:
         for t in tickets:
             log.warning("task %d: no reply from %s within %g s: given up", t.number, short(t.node),
                         ttl(self.settings.deadline))
-
-    def inbox(self, singles: Iterable[Inbox] = ()) -> Inbox:
-        return Inbox.of(singles)
 
     def free(self, online: list[str]) -> list[str]:
         """The online admitted nodes that may get a task now: not quarantined, not convicted, and

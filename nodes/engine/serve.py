@@ -31,12 +31,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol as Interface
 
 from .buffers import Buffers
 from .clocks import Barrier, Clock
+from .inbox import Inbox
 from .ledger import INTRODUCE, TRAIN, TaskLedger, Ticket
 
 log = logging.getLogger("robust.coordinator")
@@ -87,19 +87,13 @@ class Transport(Interface):
 
 
 class Desk(Interface):
-    """What makes tasks and reads replies (the coordinator; the bench's desk)."""
+    """What makes tasks and reads replies (the coordinator; the bench's desk), around its
+    round engine (``engine``: its round, whether the run is done, its quorum)."""
 
     ledger: TaskLedger
     settings: object
-
-    @property
-    def round(self) -> int: ...
-    @property
-    def done(self) -> bool: ...
-    @property
-    def quorum(self) -> int: ...
-    @property
-    def in_flight(self) -> int: ...
+    engine: object
+    in_flight: int
 
     def select(self, online: list[str]) -> list[str]:
         """The nodes to ask this round, from the ``online`` ones."""
@@ -113,13 +107,10 @@ class Desk(Interface):
     def model(self):
         """The model the tasks being issued carry (a spot check recomputes from it)."""
 
-    def inbox(self, singles: Collection = ()) -> object:
-        """A new inbox for a round's replies, holding the entries of ``singles`` (one-node inboxes)."""
-
-    def file(self, ticket: Ticket, content: object, error: str, inbox: object, waited: float) -> bool:
+    def file(self, ticket: Ticket, content: object, error: str, inbox: Inbox, waited: float) -> bool:
         """File the reply to ``ticket`` in ``inbox``; whether it is a valid update."""
 
-    def finish_round(self, asked: list[str], inbox: object, started: float, checkers=None,
+    def finish_round(self, asked: list[str], inbox: Inbox, started: float, checkers=None,
                      held: list[str] | None = None, missed: dict[str, str] | None = None) -> dict:
         """The engine's round on ``inbox``; its record."""
 
@@ -144,7 +135,7 @@ class Loop:
         # asks a stranger who it is (content, then the fingerprint its reply proves, or ValueError)
         self.introduce = introduce
         self.introduced: dict[object, str] = {}  # address -> the fingerprint it introduced itself with
-        self.nudging = transport.live and desk.round > 0  # resumed: nodes may hold the stopped run's replies
+        self.nudging = transport.live and desk.engine.round > 0  # resumed: nodes may hold the stopped run's replies
         self.nudged: set[object] = set()  # handles nudged
         self.seen: dict[object, str] = {}  # every address seen -> its fingerprint
         self.online: dict[object, str] = {}
@@ -191,7 +182,7 @@ class Loop:
                                      self.clock.life)
         keys = {}
         for key, handle in handles.items():
-            self.ledger.issue(asks[key][2], 0, self.desk.round, "", None, self.clock.now(), self.clock.life, handle, kind)
+            self.ledger.issue(asks[key][2], 0, self.desk.engine.round, "", None, self.clock.now(), self.clock.life, handle, kind)
             keys[handle] = key
         out, until = {}, time.monotonic() + wait
         while keys:
@@ -232,7 +223,7 @@ class Loop:
         for fp in fps:
             if fp in handles:
                 task = tasks[fp]
-                ticket = self.ledger.issue(fp, task.round, desk.round, task.base, model, clock.now(), clock.life,
+                ticket = self.ledger.issue(fp, task.round, desk.engine.round, task.base, model, clock.now(), clock.life,
                                            handles[fp])
                 clock.sent(ticket)
                 self.given[fp] = ticket.sent
@@ -291,11 +282,11 @@ class Loop:
             chosen = set(desk.select(list(online.values())))
             return {a: fp for a, fp in online.items() if fp in chosen}
         possible = len(desk.select(desk.candidates()))  # nodes with a task out (late = carry) are busy
-        if possible + len(self.ledger) < desk.quorum:
+        if possible + len(self.ledger) < desk.engine.quorum:
             log.warning("only %d admitted node(s) are not quarantined, the quorum is %d: this round cannot step; "
                         "admit nodes (robust coordinator admit) or lower the quorum", possible + len(self.ledger),
-                        desk.quorum)
-        needed = possible if everyone else min(desk.quorum, possible)
+                        desk.engine.quorum)
+        needed = possible if everyone else min(desk.engine.quorum, possible)
         until = time.monotonic() + desk.settings.wait_nodes
         while True:
             online = self.look()
@@ -311,12 +302,12 @@ class Loop:
         nodes = self.wait_for_nodes(first)
         if self.transport.live and not nodes and not len(ledger):
             raise RuntimeError(
-                f"round {desk.round + 1}: no admitted volunteer is online after waiting {desk.settings.wait_nodes:g} s "
+                f"round {desk.engine.round + 1}: no admitted volunteer is online after waiting {desk.settings.wait_nodes:g} s "
                 "(wait-nodes): start volunteers with `robust node join` (its output says why one cannot connect), "
                 "or admit more if all are quarantined; the run resumes from this round")
         started, start, addresses = time.monotonic(), clock.now(), {fp: a for a, fp in nodes.items()}
         sent, queue = self.release(sorted(nodes.values()), addresses)  # the rest as the window frees up
-        barrier, inbox, late = Barrier(desk.round + 1, start, bool(sent)), desk.inbox(), set()
+        barrier, inbox, late = Barrier(desk.engine.round + 1, start, bool(sent)), Inbox(), set()
         while True:
             self.pull()
             for handle in clock.count(ledger, barrier, self.landed):
@@ -342,16 +333,16 @@ class Loop:
         """Asynchronous rounds: file the reply landed as ``handle`` in the buffer being filled
         (or, if its node is already in it, hold it for the next); the records of the buffers it
         completed (the desk's rounds on them)."""
-        desk, single = self.desk, self.desk.inbox()
+        desk, single = self.desk, Inbox()
         ticket, valid = self.file(handle, single)
         if valid is None:
             return []
         records = []
         everyone = self.ledger.may_answer(desk.reachable(list(self.look(LOOK_EVERY).values())))
         for full in self.buffers.add(ticket.node, single, valid, everyone):
-            if desk.done:
+            if desk.engine.done:
                 break
-            inbox, started, self.started = desk.inbox(full.replies.values()), self.started, time.monotonic()
+            inbox, started, self.started = Inbox.of(full.replies.values()), self.started, time.monotonic()
             records.append(desk.finish_round(sorted(full.replies), inbox, started, held=full.held))
         return records
 
@@ -372,7 +363,7 @@ class Loop:
         a reply completes one or more buffers (their records); ``[]``: the run is done, or (in
         process) no buffer can fill any more."""
         desk, s, ledger, live = self.desk, self.desk.settings, self.ledger, self.transport.live
-        while not desk.done and (live or desk.may_fill(self.buffers.size)):
+        while not desk.engine.done and (live or desk.may_fill(self.buffers.size)):
             online, before = self.look(LOOK_EVERY), self.clock.now()
             addresses = {fp: a for a, fp in online.items()}
             self.send(self.idlest(desk.free(list(addresses))), addresses)
@@ -380,14 +371,14 @@ class Loop:
                 self.alone_since = time.monotonic()
             elif live and time.monotonic() - self.alone_since > s.wait_nodes:
                 raise RuntimeError(
-                    f"buffer {desk.round + 1}: no admitted volunteer is online after waiting {s.wait_nodes:g} s "
+                    f"buffer {desk.engine.round + 1}: no admitted volunteer is online after waiting {s.wait_nodes:g} s "
                     "(wait-nodes): start volunteers with `robust node join` (its output says why one cannot connect), "
                     "or admit more if all are quarantined; the run resumes from this buffer")
             self.pull()
             due, records = self.clock.due(ledger, self.landed), []
             for handle in due:
                 records += self.receive(handle)
-                if desk.done:
+                if desk.engine.done:
                     break
             self.tend()
             if records:

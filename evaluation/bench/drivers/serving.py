@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import sys
 import time
-from collections.abc import Iterable
 
 import torch
 
@@ -42,18 +41,6 @@ class BenchDesk:
         self.ledger = TaskLedger(self.settings.max_staleness, lambda node: node in flags.quarantined)
         self.sent = 0  # tasks sent so far (async: the next task's number)
 
-    @property
-    def round(self) -> int:
-        return self.engine.round
-
-    @property
-    def done(self) -> bool:
-        return self.engine.done
-
-    @property
-    def quorum(self) -> int:
-        return self.engine.quorum
-
     def select(self, online: list[str]) -> list[str]:
         return self.engine.select([fp for fp in online if not self.ledger.busy(fp)])
 
@@ -73,7 +60,7 @@ class BenchDesk:
     def tasks(self, nodes: list[str]) -> tuple[dict[str, Task], torch.Tensor]:
         w, base = self.engine.task_model()
         if not self.settings.asynchronous:
-            return dict.fromkeys(nodes, Task.of(self.settings, "bench", self.round + 1, base)), w
+            return dict.fromkeys(nodes, Task.of(self.settings, "bench", self.engine.round + 1, base)), w
         tasks = {}
         for fp in nodes:
             self.sent += 1
@@ -83,16 +70,13 @@ class BenchDesk:
     def model(self) -> torch.Tensor:
         return self.engine.task_model()[0]
 
-    def inbox(self, singles: Iterable[Inbox] = ()) -> Inbox:
-        return Inbox.of(singles)
-
     def file(self, ticket: Ticket, row: torch.Tensor, error: str, inbox: Inbox, waited: float) -> bool:
         """File ``row``, the reply to ``ticket``. Synchronous rounds leave its screen to the
         engine (one vectorised pass over the round's rows); an asynchronous buffer must know on
         arrival whether a reply counts: it is checked then, as the coordinator checks it."""
         if self.settings.asynchronous:
             reason = (rejection_reason(row, row.numel(), self.settings.max_norm)
-                      or ticket.refusal(ticket.number, ticket.base, self.round, self.settings.max_staleness))
+                      or ticket.refusal(ticket.number, ticket.base, self.engine.round, self.settings.max_staleness))
             if reason:
                 inbox.reject(ticket.node, reason)
                 return False
