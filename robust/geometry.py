@@ -38,8 +38,7 @@ def row_norms(X: torch.Tensor | Rows, center: torch.Tensor | None = None) -> tor
     rows = as_rows(X)
     sq = torch.zeros(rows.n, dtype=F64, device=rows.device)
     c = None if center is None else center.to(device=rows.device, dtype=F64)
-    for s, block in rows.blocks():
-        b = block.to(F64)  # the block is ours: shifting it in place is free
+    for s, b in rows.read(F64):  # a scratch block: shifting it in place is free
         if c is not None:
             b -= c[s : s + b.shape[1]]
         sq += b.square().sum(dim=1)
@@ -72,10 +71,9 @@ def sq_distances(X: torch.Tensor | Rows, exact: bool = True) -> torch.Tensor:
     rows = as_rows(X)
     if exact and MEMO in rows.memo:  # the round's rule or detectors measured these rows already
         return rows.memo[MEMO].clone()
-    dtype = F64 if exact else rows.dtype
     gram = torch.zeros(rows.n, rows.n, dtype=F64, device=rows.device)
-    for _, block in rows.blocks():
-        add_gram(gram, block.to(dtype))
+    for _, block in rows.read(F64 if exact else rows.dtype):
+        add_gram(gram, block)
     if not exact and not bool(torch.isfinite(gram).all()):
         return sq_distances(rows, exact=True)
     dist = distances(gram)
@@ -86,10 +84,12 @@ def sq_distances(X: torch.Tensor | Rows, exact: bool = True) -> torch.Tensor:
 
 def add_gram(gram: torch.Tensor, block: torch.Tensor) -> None:
     """Add to ``gram`` (float64 ``(n, n)``) the Gram matrix of a block of columns (``(n, b)``,
-    in the dtype the products are taken in, left unchanged), centred on its row of median
-    block norm: :func:`sq_distances`' step, which :func:`distances` finishes."""
-    b = block - block[_median_index(torch.linalg.vector_norm(block, dim=1, dtype=F64))]
-    gram += b @ b.T
+    contiguous, in the dtype the products are taken in), centred on its row of median block
+    norm (the norms taken in that dtype too: any row serves as the centre, and a float32
+    norm of a block costs a seventh of a float64 one): :func:`sq_distances`' step, which
+    :func:`distances` finishes. ``block`` is scratch: it is centred in place."""
+    block -= block[_median_index(torch.linalg.vector_norm(block, dim=1))].clone()
+    gram += block @ block.T
 
 
 def distances(gram: torch.Tensor) -> torch.Tensor:
@@ -102,14 +102,14 @@ def distances(gram: torch.Tensor) -> torch.Tensor:
     return dist
 
 
-def weighted_sum(X: torch.Tensor | Rows, w: torch.Tensor) -> torch.Tensor:
-    """``sum_i w_i x_i`` accumulated in float64 block by block, as a ``(d,)`` tensor in the
-    rows' dtype (one pass)."""
+def weighted_sum(X: torch.Tensor | Rows, w: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``sum_i w_i x_i`` accumulated in float64 block by block, as a ``(d,)`` tensor in
+    ``dtype`` (default the rows'; one pass)."""
     rows = as_rows(X)
     w = w.to(device=rows.device, dtype=F64)
-    out = torch.empty(rows.d, dtype=rows.dtype, device=rows.device)
-    for s, block in rows.blocks():
-        out[s : s + block.shape[1]] = w @ block.to(F64)
+    out = torch.empty(rows.d, dtype=rows.dtype if dtype is None else dtype, device=rows.device)
+    for s, block in rows.read(F64):
+        out[s : s + block.shape[1]] = w @ block
     return out
 
 

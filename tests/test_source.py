@@ -16,7 +16,8 @@ N = 13
 D = 3 * BLOCK + 123  # several blocks and a short last one
 CHAINS = [f"{p}+{r}" for p in aggregators.pre_aggregators() for r in ("trimmed-mean", "krum")]
 CHAINS += ["arc+nnm+krum", "bucketing:s=2+multi-krum", "clip:c=5+nnm+centered-clipping",
-           "arc+foolsgold", "clip:c=3+fldetector:base=mean"]
+           "arc+foolsgold", "clip:c=3+fldetector:base=mean",
+           "centered-clipping:iters=3"]  # 13 rows at iters=1 clip by passes, at iters=3 by the Gram matrix
 
 
 def rows(dtype=torch.float32, seed=0) -> torch.Tensor:

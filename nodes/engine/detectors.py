@@ -136,12 +136,11 @@ def measure(X: Rows) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, to
             med[s : s + width] = median_of_sorted(sorted_columns(block))
             med[s : s + width].add_(0.0)  # -0.0 -> +0.0, as reduce_sorted_columns does
         b, m = block.to(F64), med[s : s + width].to(F64)
-        if gram is not None:
-            add_gram(gram, b)
         sq += b.square().sum(dim=1)
         dots += b @ m
-        b -= m
-        to_med += b.square().sum(dim=1)
+        to_med += (b - m).square().sum(dim=1)
+        if gram is not None:
+            add_gram(gram, b)  # last: it centres b in place
     if sort:
         memo[MEDIAN] = med
     if gram is not None:
