@@ -26,11 +26,12 @@ from collections.abc import Callable
 import torch
 
 import aggregators
-from aggregators.base import REGISTRY
+from aggregators.base import REGISTRY, PreAggregator
 from robust.compute import device_name, profile, resolve_device, synced
 from robust.source import Memory, on_device
 from robust.spec import parse
 
+from evaluation.peers.baseline import Baseline
 from evaluation.peers.flower_aggregators import baselines
 from .peak_memory import peak_extra_bytes
 
@@ -78,21 +79,37 @@ def time_calls(
     return (times[1:] if len(times) > 1 else times), peak
 
 
-def our_method(spec: str, f: int, X: torch.Tensor, device: torch.device | str = "cpu") -> Callable[[object], object]:
-    """A call of ``spec`` on the rows ``X`` read on ``device`` block by block, as the round
-    engine reads them (finite rows, so not checked again); a lone pre-aggregator is timed on
-    its own. Each call returns once the device has finished."""
-    rows = on_device(Memory(X, validated=True), device)
+def our_method(spec: str, f: int, X: torch.Tensor, device: torch.device | str = "cpu") -> Baseline:
+    """``spec`` on the rows ``X`` read on ``device`` block by block, as the round engine reads
+    them (finite rows, so not checked again); a lone pre-aggregator is timed on its own. Each
+    call's ``prepare`` builds everything afresh: a clone of ``X``, its source, the aggregator and
+    the round's inputs, so no call reuses what an earlier one kept (a source's statistics,
+    ``Rows.memo``: the distances, the median; a rule's state: a center, histories). Each call
+    returns once the device has finished. A spec or a row count it cannot serve: ``ValueError``
+    now, before any timing."""
+    device = torch.device(device)
+    _built(spec, f, X.shape[0])
+
+    def prepare() -> Callable[[], torch.Tensor]:
+        x = X.clone()
+        rows = on_device(Memory(x, validated=True), device)
+        built = _built(spec, f, x.shape[0])
+        if isinstance(built, aggregators.Chain):
+            inputs = round_inputs(x).to(device)
+            return lambda: built(rows, inputs)
+        return lambda: built.transformed(rows).tensor()
+
+    return Baseline(spec, prepare, lambda call: synced(device, call()))
+
+
+def _built(spec: str, f: int, n: int) -> aggregators.Chain | PreAggregator:
+    """The chain ``spec`` (a lone pre-aggregator: that stage), checked for ``n`` rows."""
     comps = parse(spec)
     entry = REGISTRY.entries.get(comps[0].name)
-    if len(comps) == 1 and entry is not None and not entry.is_rule:
-        stage = entry(f, **comps[0].params)
-        stage.check_n(X.shape[0])
-        return lambda _: synced(rows.device, stage.transformed(rows).tensor())
-    agg = aggregators.build(spec, f)
-    agg.check_n(X.shape[0])
-    inputs = round_inputs(X).to(rows.device)
-    return lambda _: synced(rows.device, agg(rows, inputs))
+    lone = len(comps) == 1 and entry is not None and not entry.is_rule
+    built = entry(f, **comps[0].params) if lone else aggregators.build(spec, f)
+    built.check_n(n)
+    return built
 
 
 def round_inputs(X: torch.Tensor) -> aggregators.RoundInputs:
@@ -117,7 +134,7 @@ def bench_size(
             times, peak = time_calls(base.prepare, base.run, args.repeats, args.budget)
             rows.append(_record(base.name, spec, "flower", n, d, f, times, peak, size))
         try:
-            ours_call = our_method(spec, f, X, device)
+            ours_method = our_method(spec, f, X, device)
         except ValueError as err:  # e.g. mda's exact search at n=100
             print(f"{n:>4}x{d:<8} {spec:<44} skipped: {err}", flush=True)
             continue
@@ -125,7 +142,7 @@ def bench_size(
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         with profile(torch.get_num_threads(), device):  # on CUDA: deterministic algorithms, as a coordinator runs
-            times, peak = time_calls(lambda: None, ours_call, args.repeats, args.budget)
+            times, peak = time_calls(ours_method.prepare, ours_method.run, args.repeats, args.budget)
         ours = _record(spec, spec, "robust", n, d, f, times, peak, size)
         ours["device"] = device_name(device)
         if device.type == "cuda":
