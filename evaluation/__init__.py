@@ -8,8 +8,8 @@
 - ``reports``: ``summary.md``/``summary.html``, its sections, tables, plots and metrics;
 - ``microbench``: ``robust agg-bench`` (in memory and out of core), peak memory, GPU against CPU,
   the spot checks' tolerance;
-- ``peers``: the baselines the bench is measured against (Flower's rules and FedAvg, a
-  per-node loop, a hand-vectorised loop);
+- ``peers``: the baselines the bench is measured against (Flower's and ByzFL's rules,
+  Flower's FedAvg, a per-node loop, a hand-vectorised loop);
 - ``field``: a real deployment under load (``robust stress``, light nodes, ``robust
   deploy-bench``, a large model's and the SuperLink's memory).
 

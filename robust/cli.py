@@ -215,9 +215,10 @@ def parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "agg-bench",
-        help="time every aggregation rule against Flower's built-in ones",
+        help="time every aggregation rule against Flower's built-in ones (and ByzFL's: --peers)",
         description="Time every aggregation rule (median of repeats) and Flower's built-in "
-        "equivalents on the same inputs; print ms, speed-up over Flower and peak extra memory.",
+        "equivalents on the same inputs, in turns, each call on fresh inputs; print ms, speed-up over "
+        "Flower and peak extra memory.",
     )
     bench.add_argument("--quick", action="store_true", help="one small size (20x100000): about a minute")
     bench.add_argument(
@@ -226,8 +227,12 @@ def parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--rules", metavar="SPEC,...", help="specs to time (default: every rule, and the pre-aggregators before trimmed-mean)")
     bench.add_argument("--repeats", type=int, default=5, help="timed calls per method (median reported; default 5)")
-    bench.add_argument("--budget", type=float, default=60.0, metavar="S", help="stop repeating a method after S seconds (default 60)")
+    bench.add_argument("--budget", type=float, default=60.0, metavar="S", help="begin no more turns of calls once they "
+                       "have taken S seconds per method (default 60)")
     bench.add_argument("--no-flower", action="store_true", help="skip Flower's implementations")
+    bench.add_argument("--peers", action="store_true", help="time ByzFL's equivalents too (pip install --no-deps "
+                       "byzfl==0.0.11), in the same turns on the same input, and print per rule robust's, ByzFL's "
+                       "and Flower's median ms, the ratio fastest peer / robust and issue 41's target at 100x1000000")
     bench.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     bench.add_argument("--out-of-core", action="store_true", help="spool the rows to disk first (one file per row) "

@@ -9,11 +9,15 @@ each rule), bytes read from the spool, and seconds as a multiple of the one read
 runs there under the compute profile, the timer stops after ``torch.cuda.synchronize()``, and
 each row also gives the peak GPU memory the rule allocated.
 
-A rule that carries rows across rounds (foolsgold, fldetector) keeps them in a row store in
-the spool folder (``robust.rowstore``, as a spooled coordinator does) and plays ``WARM``
-rounds first (the model moving), so the round measured reads and writes its state: the
-histories, or the last rows and a pair. ``state_bytes``: what the store holds after that round
-(old and new rows, before the rows no state names are collected).
+Each rule runs on an aggregator of its own, and each of its rounds on a ``Spooled`` object of
+its own (the same files: a source keeps the statistics computed on it, ``Rows.memo``), so the
+round measured computes everything it uses, as a coordinator's round does. A rule that carries
+rows across rounds (foolsgold, fldetector) keeps them in a row store in the spool folder
+(``robust.rowstore``, as a spooled coordinator does) and plays ``WARM`` rounds first on its
+aggregator (the model moving), so the round measured reads and writes its state: the
+histories, or the last rows and a pair; that state is all it takes from the rounds before.
+``state_bytes``: what the store holds after that round (old and new rows, before the rows no
+state names are collected).
 """
 
 from __future__ import annotations
@@ -116,10 +120,10 @@ def bench_size(n: int, d: int, specs: list[str], args: argparse.Namespace, emit:
 
 def run_rule(agg: aggregators.Chain, paths: list[Path], inputs: Callable[[int], aggregators.RoundInputs],
              store: RowStore, read_seconds: float, device: torch.device) -> dict:
-    """One round of ``agg`` from the spool on ``device``, measured (after ``WARM`` rounds when it
-    carries rows, which it keeps in ``store``; the store is emptied after); ``inputs(t)``: round
-    ``t``'s. On CUDA the rule runs deterministic, as a coordinator runs it, and the timer stops
-    after a sync."""
+    """One round of ``agg`` (fresh: never called before) from the spool on ``device``, measured
+    (after ``WARM`` rounds when it carries rows, which it keeps in ``store``; the store is
+    emptied after); each round reads a new ``Spooled`` source; ``inputs(t)``: round ``t``'s. On
+    CUDA the rule runs deterministic, as a coordinator runs it, and the timer stops after a sync."""
     agg.spill(store)
     warm = WARM if agg.kept_rows(len(paths)) else 0
     with profile(torch.get_num_threads(), device):

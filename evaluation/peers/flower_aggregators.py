@@ -11,17 +11,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-
-@dataclass
-class Baseline:
-    name: str
-    prepare: Callable[[], object]
-    run: Callable[[object], object]
+from .baseline import Baseline
 
 
 def _replies(rows: np.ndarray) -> list:
