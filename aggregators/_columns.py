@@ -46,15 +46,17 @@ def reduce_sorted_columns(
 
     def work(item: tuple[int, torch.Tensor]) -> None:
         start, block = item
-        block = sorted_columns(block if rows is None else block[rows])
+        block = sort_rows(block)
         out[start : start + block.shape[0]] = reduce(block)
         if median is not None:
             median[start : start + block.shape[0]] = median_of_sorted(block)
 
     threads = 1 if source.device.type == "cuda" else torch.get_num_threads()
+    # each view transposed into a block of its own here, then sorted and reduced on a thread
+    transposed = ((s, columns(view if rows is None else view[rows])) for s, view in source.views())
     pool = None  # started at the first window of two blocks or more: a small matrix is one block, done here
     try:
-        for window in windows(source, threads):
+        for window in windows(transposed, threads):
             if len(window) == 1:
                 work(window[0])
                 continue
@@ -70,8 +72,18 @@ def reduce_sorted_columns(
 
 def sorted_columns(block: torch.Tensor) -> torch.Tensor:
     """A new ``(b, n)`` tensor: the columns of the ``(n, b)`` ``block``, each sorted (``block``
-    is left as it is: ``.T.contiguous()`` would alias a block of one row or column)."""
-    block = block.T.clone(memory_format=torch.contiguous_format)
+    is left as it is)."""
+    return sort_rows(columns(block))
+
+
+def columns(block: torch.Tensor) -> torch.Tensor:
+    """A new contiguous ``(b, n)`` tensor: the columns of the ``(n, b)`` ``block`` (a view
+    will do; ``.T.contiguous()`` would alias a block of one row or column)."""
+    return block.T.clone(memory_format=torch.contiguous_format)
+
+
+def sort_rows(block: torch.Tensor) -> torch.Tensor:
+    """``block`` (contiguous, ours) with each row sorted: in place on the CPU."""
     if block.is_cuda:
         return torch.sort(block, dim=1).values
     block.numpy().sort(axis=1)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .source import Rows, as_rows
+from .source import Rows, Scratch, as_rows
 
 F64 = torch.float64
 MEMO = "sq_distances"  # the exact distances, kept with the rows (``Rows.memo``)
@@ -72,8 +72,9 @@ def sq_distances(X: torch.Tensor | Rows, exact: bool = True) -> torch.Tensor:
     if exact and MEMO in rows.memo:  # the round's rule or detectors measured these rows already
         return rows.memo[MEMO].clone()
     gram = torch.zeros(rows.n, rows.n, dtype=F64, device=rows.device)
-    for _, block in rows.read(F64 if exact else rows.dtype):
-        add_gram(gram, block)
+    scratch = Scratch(F64 if exact else rows.dtype, rows.device)
+    for _, view in rows.views():
+        add_gram(gram, view, scratch)
     if not exact and not bool(torch.isfinite(gram).all()):
         return sq_distances(rows, exact=True)
     dist = distances(gram)
@@ -82,14 +83,16 @@ def sq_distances(X: torch.Tensor | Rows, exact: bool = True) -> torch.Tensor:
     return dist
 
 
-def add_gram(gram: torch.Tensor, block: torch.Tensor) -> None:
-    """Add to ``gram`` (float64 ``(n, n)``) the Gram matrix of a block of columns (``(n, b)``,
-    contiguous, in the dtype the products are taken in), centred on its row of median block
-    norm (the norms taken in that dtype too: any row serves as the centre, and a float32
-    norm of a block costs a seventh of a float64 one): :func:`sq_distances`' step, which
-    :func:`distances` finishes. ``block`` is scratch: it is centred in place."""
-    block -= block[_median_index(torch.linalg.vector_norm(block, dim=1))].clone()
-    gram += block @ block.T
+def add_gram(gram: torch.Tensor, block: torch.Tensor, scratch: Scratch) -> None:
+    """Add to ``gram`` (float64 ``(n, n)``) the Gram matrix of a block of columns (``(n, b)``
+    in the rows' dtype, only read: a view will do) centred on its row of median block norm,
+    the products taken in ``scratch``'s dtype: :func:`sq_distances`' step, which
+    :func:`distances` finishes. The norms are taken in the rows' dtype (any row serves as
+    the centre, and a float32 norm costs a seventh of a float64 one), and the block is
+    centred as it is copied into the scratch buffer: one write of the block, no other."""
+    centre = block[_median_index(torch.linalg.vector_norm(block, dim=1))].to(scratch.buffer.dtype)
+    centred = torch.sub(block, centre, out=scratch.empty(block.shape))  # in the scratch's dtype
+    gram += centred @ centred.T
 
 
 def distances(gram: torch.Tensor) -> torch.Tensor:

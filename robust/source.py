@@ -6,10 +6,13 @@ block. A tensor in memory (:class:`Memory`) and rows stored one file per row
 (:class:`Spooled`, the audit's ``updates/<sha256>.npy``) hand out the same blocks, value for
 value and in the same layout, so a computation written on blocks gives the same bits from
 either source. Memory stays ``n x BLOCK`` per block in flight plus the spool's read-ahead:
-a round no longer needs its ``(n, d)`` matrix in memory. A pass that only reads each block
-once, converted (a Gram matrix, norms, a weighted sum), uses :meth:`Rows.read` instead: the
-same values, each block converted into one reused scratch buffer while it is copied, so a
-pass over 400 MB of float32 rows writes 6.5 MB of float64 once rather than 1.2 GB anew.
+a round no longer needs its ``(n, d)`` matrix in memory.
+
+Two cheaper reads hand out the same values for a pass that uses each block once (a Gram
+matrix, norms, a weighted sum, a sort): :meth:`Rows.views`, read-only blocks valid until the
+next (in memory, strided views of the tensor: no copy at all), and :meth:`Rows.read`, each
+view converted into one reused scratch buffer while it is copied, so a float64 pass over
+400 MB of float32 rows writes 6.5 MB once rather than 1.2 GB anew.
 
 A pre-aggregator returns a lazy source (:class:`Transformed`): each of its blocks is computed
 from the input's block when read, so a chain holds no intermediate ``(n, d)`` matrix either.
@@ -24,7 +27,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
@@ -56,16 +59,22 @@ class Rows:
         contiguous ``(n, b)`` tensor of the columns ``[start, start + b)``."""
         raise NotImplementedError
 
+    def views(self) -> Iterator[tuple[int, torch.Tensor]]:
+        """The blocks of :meth:`blocks`, each *read-only* and valid only until the next is
+        asked for (it may be a strided view of memory the source reuses): the cheapest way
+        to read a block once. A source that computes its blocks hands out :meth:`blocks`."""
+        return self.blocks()
+
     def read(self, dtype: torch.dtype | None = None) -> Iterator[tuple[int, torch.Tensor]]:
         """The blocks of :meth:`blocks` converted to ``dtype`` (default the rows'), each a
         contiguous ``(n, b)`` *scratch* tensor: the caller may change it, but not keep it past
         the next block, whose values a source may write into the same memory (copy what you
-        keep). The values are those of ``blocks()``, converted exactly; a source in memory or
-        on disk converts while it copies, into one buffer, where ``blocks()`` then ``.to()``
-        would write every value twice into fresh memory."""
-        dtype = self.dtype if dtype is None else dtype
-        for s, block in self.blocks():
-            yield s, block.to(dtype)
+        keep). The values are those of ``blocks()``, converted exactly: each of
+        :meth:`views` is converted while it is copied into one buffer, where ``blocks()`` then
+        ``.to()`` would write every value twice into fresh memory."""
+        scratch = Scratch(self.dtype if dtype is None else dtype, self.device)
+        for s, view in self.views():
+            yield s, scratch.copy(view)
 
     def row(self, i: int) -> torch.Tensor:
         """Row ``i`` as a new ``(d,)`` tensor."""
@@ -110,10 +119,9 @@ class Memory(Rows):
         for s in range(0, self.d, BLOCK):
             yield s, _packed(self.X[:, s : s + BLOCK])
 
-    def read(self, dtype: torch.dtype | None = None) -> Iterator[tuple[int, torch.Tensor]]:
-        scratch = Scratch(self.dtype if dtype is None else dtype, self.device)
+    def views(self) -> Iterator[tuple[int, torch.Tensor]]:
         for s in range(0, self.d, BLOCK):
-            yield s, scratch.copy(self.X[:, s : s + BLOCK])
+            yield s, self.X[:, s : s + BLOCK]
 
     def row(self, i: int) -> torch.Tensor:
         return self.X[i].clone()
@@ -164,18 +172,13 @@ class Spooled(Rows):
         return super().sha256s() if self.shas is None else list(self.shas)
 
     def blocks(self) -> Iterator[tuple[int, torch.Tensor]]:
-        for s, view in self._views():
+        for s, view in self._chunk_views():
             yield s, _packed(view).to(self.device)
 
-    def read(self, dtype: torch.dtype | None = None) -> Iterator[tuple[int, torch.Tensor]]:
-        if self.device.type != "cpu":  # moved to the device first: it converts there
-            yield from super().read(dtype)
-            return
-        scratch = Scratch(self.dtype if dtype is None else dtype, self.device)
-        for s, view in self._views():
-            yield s, scratch.copy(view)
+    def views(self) -> Iterator[tuple[int, torch.Tensor]]:
+        return self._chunk_views() if self.device.type == "cpu" else self.blocks()
 
-    def _views(self) -> Iterator[tuple[int, torch.Tensor]]:
+    def _chunk_views(self) -> Iterator[tuple[int, torch.Tensor]]:
         """``(start, view)``: each block as a strided CPU view of the chunk read ahead, valid
         until the next block is asked for."""
         fds = [os.open(p, os.O_RDONLY) for p in self.paths]
@@ -244,6 +247,9 @@ class OnDevice(Rows):
     def blocks(self) -> Iterator[tuple[int, torch.Tensor]]:
         for s, block in self.source.blocks():
             yield s, block.to(self.device)
+
+    def views(self) -> Iterator[tuple[int, torch.Tensor]]:
+        return self.source.views() if self.device == self.source.device else self.blocks()
 
     def row(self, i: int) -> torch.Tensor:
         return self.source.row(i).to(self.device)
@@ -326,11 +332,11 @@ def as_rows(X: torch.Tensor | Rows) -> Rows:
     return X if isinstance(X, Rows) else Memory(X)
 
 
-def windows(rows: Rows, size: int) -> Iterator[list[tuple[int, torch.Tensor]]]:
-    """The blocks of ``rows`` in consecutive lists of at most ``size``: work for ``size``
-    threads that never holds more than ``size`` blocks at once."""
+def windows(items: Iterable[tuple[int, torch.Tensor]], size: int) -> Iterator[list[tuple[int, torch.Tensor]]]:
+    """``items`` (blocks each of its own: not views) in consecutive lists of at most ``size``:
+    work for ``size`` threads that never holds more than ``size`` blocks at once."""
     batch: list[tuple[int, torch.Tensor]] = []
-    for item in rows.blocks():
+    for item in items:
         batch.append(item)
         if len(batch) == size:
             yield batch
@@ -364,13 +370,16 @@ class Scratch:
     def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
         self.buffer = torch.empty(0, dtype=dtype, device=device)
 
+    def empty(self, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
+        """A contiguous tensor of ``shape`` over the buffer's first elements (values left)."""
+        size = int(np.prod(shape))
+        if size > self.buffer.numel():
+            self.buffer = torch.empty(size, dtype=self.buffer.dtype, device=self.buffer.device)
+        return self.buffer[:size].view(shape)
+
     def copy(self, view: torch.Tensor) -> torch.Tensor:
-        """``view``'s values converted to the buffer's dtype, as a contiguous tensor over the
-        buffer's first ``view.numel()`` elements."""
-        if view.numel() > self.buffer.numel():
-            self.buffer = torch.empty(view.numel(), dtype=self.buffer.dtype, device=self.buffer.device)
-        out = self.buffer[: view.numel()].view(view.shape)
-        return out.copy_(view)
+        """``view``'s values converted to the buffer's dtype, in :meth:`empty`'s tensor."""
+        return self.empty(view.shape).copy_(view)
 
 
 def _packed(block: torch.Tensor) -> torch.Tensor:

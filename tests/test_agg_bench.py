@@ -38,12 +38,13 @@ class Spy:
             return call(agg, X, inputs)
 
         monkeypatch.setattr(aggregators.Chain, "__call__", spied_call)
-        for kind in (Memory, Spooled):
-            monkeypatch.setattr(kind, "blocks", self.counted(kind.blocks))
+        for kind in (Memory, Spooled):  # either way a pass reads a source's blocks
+            for way in ("blocks", "views"):  # read() copies views
+                monkeypatch.setattr(kind, way, self.counted(getattr(kind, way)))
 
     def counted(self, blocks):
-        def spied_blocks(source):
-            for start, block in blocks(source):
+        def spied_blocks(source, *args):
+            for start, block in blocks(source, *args):
                 self.read.setdefault(source, []).append(start)
                 yield start, block
         return spied_blocks

@@ -317,13 +317,17 @@ def test_suspiciously_typical_rows_are_caught():
 
 
 class Counted(Memory):
-    """Rows in memory that count how often they are read."""
+    """Rows in memory that count how often they are read (as blocks, or as views)."""
 
     reads = 0
 
     def blocks(self):
         self.reads += 1
         yield from super().blocks()
+
+    def views(self):
+        self.reads += 1
+        yield from super().views()
 
 
 def separate(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ import torch
 
 import aggregators
 from aggregators.centered_clipping import GRAM_ROWS_PER_PASS, clip_by_gram, clip_by_passes
-from robust.source import BLOCK, Memory, Spooled, mixed, write_row
+from robust.source import BLOCK, Memory, Spooled, mixed, on_device, write_row
 
 D = 2 * BLOCK + 77  # two full blocks and a short one
 
@@ -54,7 +54,7 @@ def spooled(tmp_path, X: torch.Tensor) -> Spooled:
 def test_read_hands_out_the_blocks_converted(tmp_path, dtype):
     X = rows(7)
     M = torch.arange(14, dtype=torch.float32).reshape(2, 7) / 10
-    for source in (Memory(X), spooled(tmp_path, X), mixed(Memory(X), M)):
+    for source in (Memory(X), spooled(tmp_path, X), mixed(Memory(X), M), on_device(Memory(X), "cpu")):
         plain = [(s, b.to(dtype)) for s, b in source.blocks()]
         read = [(s, b.clone()) for s, b in source.read(dtype)]  # scratch: copied before the next
         assert [s for s, _ in read] == [s for s, _ in plain]
@@ -64,7 +64,7 @@ def test_read_hands_out_the_blocks_converted(tmp_path, dtype):
 
 def test_read_reuses_one_buffer_in_memory_and_on_disk(tmp_path):
     X = rows(7)
-    for source in (Memory(X), spooled(tmp_path, X)):
+    for source in (Memory(X), spooled(tmp_path, X), on_device(Memory(X), "cpu")):
         pointers = {b.data_ptr() for _, b in source.read(torch.float64)}
         assert len(pointers) == 1  # every block, the short last one too, in one buffer
     assert np.load(tmp_path / "r0.npy").shape == (D,)
