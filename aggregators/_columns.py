@@ -2,9 +2,10 @@
 
 Every coordinate-wise rule (median, trimmed mean, MeaMed, Bulyan's second stage) reads the
 sorted values of each column. The rows are read as a source (``robust.source.Rows``, in
-memory or on disk) in blocks of ``BLOCK`` columns, each sorted transposed, so the extra
-memory is O(n * BLOCK) per thread; the blocks of a window run on all of torch's threads (a
-window of one block, in the calling thread). The reduction of a sorted block is a function of
+memory or on disk) in blocks of ``BLOCK`` columns: each block's view (``Rows.views``: no
+copy in memory) is transposed into a block of its own in the calling thread, then sorted and
+reduced, the blocks of a window on all of torch's threads (a window of one block, in the
+calling thread), so the extra memory is O(n * BLOCK) per thread. The reduction of a sorted block is a function of
 the *sorted* values only, so the result is bitwise the same for any order of the rows, and
 for either kind of source.
 

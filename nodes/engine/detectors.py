@@ -50,7 +50,7 @@ from aggregators._columns import MEDIAN, median_of_sorted, sorted_columns
 from aggregators.base import check_updates
 from aggregators.krum import krum_scores
 from robust.geometry import MEMO as SQ_DISTANCES, add_gram, distances, row_norms
-from robust.source import Rows, Scratch, as_rows
+from robust.source import Rows, as_rows
 
 DETECTORS: tuple[str, ...] = (
     "norm",
@@ -127,7 +127,6 @@ def measure(X: Rows) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, to
     if sort:
         med = torch.empty(X.d, dtype=X.dtype, device=X.device)
     gram = None if SQ_DISTANCES in memo else torch.zeros(X.n, X.n, dtype=F64, device=X.device)
-    scratch = Scratch(F64, X.device)
     sq = torch.zeros(X.n, dtype=F64, device=X.device)
     to_med = torch.zeros_like(sq)
     dots = torch.zeros_like(sq)
@@ -136,13 +135,12 @@ def measure(X: Rows) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, to
         if sort:
             med[s : s + width] = median_of_sorted(sorted_columns(block))
             med[s : s + width].add_(0.0)  # -0.0 -> +0.0, as reduce_sorted_columns does
-        if gram is not None:
-            add_gram(gram, block, scratch)
         b, m = block.to(F64), med[s : s + width].to(F64)
         sq += b.square().sum(dim=1)
         dots += b @ m
-        b -= m
-        to_med += b.square().sum(dim=1)
+        to_med += (b - m).square().sum(dim=1)
+        if gram is not None:
+            add_gram(gram, b)  # last: it centres b in place
     if sort:
         memo[MEDIAN] = med
     if gram is not None:
