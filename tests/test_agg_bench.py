@@ -13,6 +13,7 @@ import aggregators
 from evaluation.microbench import peer_ratios
 from evaluation.microbench.aggregation_speed import round_inputs
 from evaluation.peers import byzfl_aggregators as byzfl
+from evaluation.peers import gram_pass
 from robust import cli
 from robust.source import BLOCK, Memory, OnDevice, Spooled
 
@@ -116,7 +117,7 @@ def test_peers_times_robust_and_its_peers_in_turns_on_the_same_input(peers):
         # a warm-up turn and two timed ones, every method once per turn, always in the same order
         assert row["order"] == [r["method"] for r in methods] * 3
         assert all(len(r["ms_all"]) == r["calls"] == 2 for r in methods)
-        peer_ms = [r["ms"] for r in methods[1:]]
+        peer_ms = [r["ms"] for r in methods[1:] if r["kind"] != "floor"]
         assert row["ratio"] == pytest.approx(min(peer_ms) / row["robust_ms"])
         assert "target_ratio" not in row  # the targets are set at 100x1000000 only
         assert f"  10x20000    {rule:<28}" in printed
@@ -131,7 +132,7 @@ def test_peers_without_byzfl_times_flower_and_says_how_to_install_it(monkeypatch
                      "--json", str(out)]) == 0
     assert f"ByzFL is not installed, so only Flower's rules are timed beside ours: {byzfl.INSTALL}" in capsys.readouterr().out
     results = json.loads(out.read_text())["results"]
-    assert [r["kind"] for r in results] == ["robust", "flower", "flower", "peers"]
+    assert [r["kind"] for r in results] == ["robust", "floor", "flower", "flower", "peers"]
     assert results[-1]["byzfl_ms"] is None and results[-1]["fastest_peer"].startswith("flwr ")
 
 
@@ -139,7 +140,7 @@ def test_peers_without_byzfl_times_flower_and_says_how_to_install_it(monkeypatch
 def test_peers_times_byzfl_beside_flower(peers):
     data, printed = peers
     kinds = {r.get("method"): r["kind"] for r in data["results"] if r["rule"] == "krum"}
-    assert sorted(kinds.values()) == ["byzfl", "flower", "flower", "peers", "robust"]
+    assert sorted(kinds.values()) == ["byzfl", "floor", "flower", "flower", "peers", "robust"]
     assert kinds["byzfl Krum(f=2)"] == "byzfl"
     assert data["machine"]["byzfl"] == "0.0.11"
     row = next(r for r in data["results"] if r["kind"] == "peers" and r["rule"] == "centered-clipping")
@@ -164,6 +165,21 @@ def test_peers_refuses_what_it_cannot_compare(capsys):
     for extra in (["--no-flower"], ["--out-of-core"]):
         assert cli.main(["agg-bench", "--sizes", "10x20000", "--rules", "krum", "--peers", *extra]) == 2
         assert "drop --out-of-core and --no-flower" in capsys.readouterr().err
+
+
+def test_a_distance_rule_is_timed_against_one_float64_gram_pass(peers):
+    data, printed = peers
+    krum = next(r for r in data["results"] if r["kind"] == "peers" and r["rule"] == "krum")
+    assert krum["x_gram"] == pytest.approx(krum["robust_ms"] / krum["gram_ms"])
+    assert "one float64 Gram pass" not in krum["fastest_peer"]  # the floor is no peer
+    assert "gram_ms" not in next(r for r in data["results"] if r["kind"] == "peers" and r["rule"] == "median")
+    assert "x one float64 Gram pass" in printed
+    blocks = gram_pass.baselines("krum", torch.ones(3, 5)), gram_pass.baselines("median", torch.ones(3, 5))
+    assert len(blocks[0]) == 1 and blocks[1] == []
+    g = torch.Generator().manual_seed(2)
+    X = torch.randn(4, BLOCK + 5, generator=g)
+    (floor,) = gram_pass.baselines("nnm+trimmed-mean", X)
+    torch.testing.assert_close(floor.run(floor.prepare()), X.double() @ X.double().T)
 
 
 def test_the_targets_are_ratios_to_the_fastest_peer_at_100x1000000():

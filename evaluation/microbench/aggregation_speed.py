@@ -39,6 +39,7 @@ from robust.spec import parse
 
 from evaluation.peers import byzfl_aggregators as byzfl
 from evaluation.peers import flower_aggregators as flower
+from evaluation.peers import gram_pass
 from evaluation.peers.baseline import Baseline
 from . import peer_ratios
 from .peak_memory import peak_extra_bytes
@@ -146,6 +147,7 @@ def bench_size(
             continue
         if args.peers:
             methods += [("byzfl", base) for base in byzfl.baselines(spec, X, f)]
+            methods += [("floor", base) for base in gram_pass.baselines(spec, X)]
         if not args.no_flower:
             methods += [("flower", base) for base in flower.baselines(spec, X, f)]
         print(f"  timing {spec} at {n}x{d} ({len(methods)} methods in turns) ...", file=sys.stderr, flush=True)
