@@ -3,8 +3,8 @@
 Every coordinate-wise rule (median, trimmed mean, MeaMed, Bulyan's second stage) reads the
 sorted values of each column. The rows are read as a source (``robust.source.Rows``, in
 memory or on disk) in blocks of ``BLOCK`` columns: each block's view (``Rows.views``: no
-copy in memory) is transposed into a block of its own in the calling thread, then sorted and
-reduced, the blocks of a window on all of torch's threads (a window of one block, in the
+copy in memory) is transposed into a block of its own in the calling thread while the blocks
+before it are sorted and reduced on torch's number of threads (a matrix of one block, in the
 calling thread), so the extra memory is O(n * BLOCK) per thread. The reduction of a sorted block is a function of
 the *sorted* values only, so the result is bitwise the same for any order of the rows, and
 for either kind of source.
@@ -19,12 +19,13 @@ On CPU the sort is NumPy's (vectorised AVX-512/AVX2 sort: 9x faster than ``torch
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from robust.source import Rows, as_rows, windows
+from robust.source import Rows, as_rows
 
 MEDIAN = "median"  # the coordinate-wise median, kept with the rows (``Rows.memo``)
 
@@ -53,16 +54,21 @@ def reduce_sorted_columns(
             median[start : start + block.shape[0]] = median_of_sorted(block)
 
     threads = 1 if source.device.type == "cuda" else torch.get_num_threads()
-    # each view transposed into a block of its own here, then sorted and reduced on a thread
-    transposed = ((s, columns(view if rows is None else view[rows])) for s, view in source.views())
-    pool = None  # started at the first window of two blocks or more: a small matrix is one block, done here
+    pool = None  # started at the second block: a small matrix is one block, done here
+    running: deque[Future] = deque()
     try:
-        for window in windows(transposed, threads):
-            if len(window) == 1:
-                work(window[0])
+        for start, view in source.views():
+            item = (start, columns(view if rows is None else view[rows]))  # ours: the view may go
+            if threads == 1 or (pool is None and start + view.shape[1] >= source.d):
+                work(item)
                 continue
+            # transposing the next block here while the pool sorts: at most threads + 1 in memory
             pool = pool or ThreadPoolExecutor(threads)
-            list(pool.map(work, window))
+            running.append(pool.submit(work, item))
+            if len(running) >= threads:
+                running.popleft().result()
+        while running:
+            running.popleft().result()
     finally:
         if pool is not None:
             pool.shutdown()

@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
@@ -330,19 +330,6 @@ def validated(X: Rows) -> Rows:
 def as_rows(X: torch.Tensor | Rows) -> Rows:
     """``X`` as a source: a :class:`Rows` is returned as it is, a tensor wrapped in :class:`Memory`."""
     return X if isinstance(X, Rows) else Memory(X)
-
-
-def windows(items: Iterable[tuple[int, torch.Tensor]], size: int) -> Iterator[list[tuple[int, torch.Tensor]]]:
-    """``items`` (blocks each of its own: not views) in consecutive lists of at most ``size``:
-    work for ``size`` threads that never holds more than ``size`` blocks at once."""
-    batch: list[tuple[int, torch.Tensor]] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
 
 
 def npy_header(path: str | Path) -> tuple[int, tuple[int, ...], np.dtype]:
