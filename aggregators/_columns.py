@@ -2,10 +2,9 @@
 
 Every coordinate-wise rule (median, trimmed mean, MeaMed, Bulyan's second stage) reads the
 sorted values of each column. The rows are read as a source (``robust.source.Rows``, in
-memory or on disk) in blocks of ``BLOCK`` columns: each block's view (``Rows.views``: no
-copy in memory) is transposed into a block of its own in the calling thread while the blocks
-before it are sorted and reduced on torch's number of threads (a matrix of one block, in the
-calling thread), so the extra memory is O(n * BLOCK) per thread. The reduction of a sorted block is a function of
+memory or on disk) in blocks of ``BLOCK`` columns, each sorted transposed, so the extra
+memory is O(n * BLOCK) per thread; the blocks of a window run on all of torch's threads (a
+window of one block, in the calling thread). The reduction of a sorted block is a function of
 the *sorted* values only, so the result is bitwise the same for any order of the rows, and
 for either kind of source.
 
@@ -19,13 +18,12 @@ On CPU the sort is NumPy's (vectorised AVX-512/AVX2 sort: 9x faster than ``torch
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from robust.source import Rows, as_rows
+from robust.source import Rows, as_rows, windows
 
 MEDIAN = "median"  # the coordinate-wise median, kept with the rows (``Rows.memo``)
 
@@ -48,27 +46,20 @@ def reduce_sorted_columns(
 
     def work(item: tuple[int, torch.Tensor]) -> None:
         start, block = item
-        block = sort_rows(block)
+        block = sorted_columns(block if rows is None else block[rows])
         out[start : start + block.shape[0]] = reduce(block)
         if median is not None:
             median[start : start + block.shape[0]] = median_of_sorted(block)
 
     threads = 1 if source.device.type == "cuda" else torch.get_num_threads()
-    pool = None  # started at the second block: a small matrix is one block, done here
-    running: deque[Future] = deque()
+    pool = None  # started at the first window of two blocks or more: a small matrix is one block, done here
     try:
-        for start, view in source.views():
-            item = (start, columns(view if rows is None else view[rows]))  # ours: the view may go
-            if threads == 1 or (pool is None and start + view.shape[1] >= source.d):
-                work(item)
+        for window in windows(source, threads):
+            if len(window) == 1:
+                work(window[0])
                 continue
-            # transposing the next block here while the pool sorts: at most threads + 1 in memory
             pool = pool or ThreadPoolExecutor(threads)
-            running.append(pool.submit(work, item))
-            if len(running) >= threads:
-                running.popleft().result()
-        while running:
-            running.popleft().result()
+            list(pool.map(work, window))
     finally:
         if pool is not None:
             pool.shutdown()
@@ -79,18 +70,8 @@ def reduce_sorted_columns(
 
 def sorted_columns(block: torch.Tensor) -> torch.Tensor:
     """A new ``(b, n)`` tensor: the columns of the ``(n, b)`` ``block``, each sorted (``block``
-    is left as it is)."""
-    return sort_rows(columns(block))
-
-
-def columns(block: torch.Tensor) -> torch.Tensor:
-    """A new contiguous ``(b, n)`` tensor: the columns of the ``(n, b)`` ``block`` (a view
-    will do; ``.T.contiguous()`` would alias a block of one row or column)."""
-    return block.T.clone(memory_format=torch.contiguous_format)
-
-
-def sort_rows(block: torch.Tensor) -> torch.Tensor:
-    """``block`` (contiguous, ours) with each row sorted: in place on the CPU."""
+    is left as it is: ``.T.contiguous()`` would alias a block of one row or column)."""
+    block = block.T.clone(memory_format=torch.contiguous_format)
     if block.is_cuda:
         return torch.sort(block, dim=1).values
     block.numpy().sort(axis=1)

@@ -332,6 +332,19 @@ def as_rows(X: torch.Tensor | Rows) -> Rows:
     return X if isinstance(X, Rows) else Memory(X)
 
 
+def windows(rows: Rows, size: int) -> Iterator[list[tuple[int, torch.Tensor]]]:
+    """The blocks of ``rows`` in consecutive lists of at most ``size``: work for ``size``
+    threads that never holds more than ``size`` blocks at once."""
+    batch: list[tuple[int, torch.Tensor]] = []
+    for item in rows.blocks():
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 def npy_header(path: str | Path) -> tuple[int, tuple[int, ...], np.dtype]:
     """``(data offset, shape, dtype)`` of a ``.npy`` file of a 1-D little-endian float array."""
     with open(path, "rb") as f:
