@@ -8,11 +8,11 @@ value and in the same layout, so a computation written on blocks gives the same 
 either source. Memory stays ``n x BLOCK`` per block in flight plus the spool's read-ahead:
 a round no longer needs its ``(n, d)`` matrix in memory.
 
-Two cheaper reads hand out the same values for a pass that uses each block once (a Gram
-matrix, norms, a weighted sum, a sort): :meth:`Rows.views`, read-only blocks valid until the
-next (in memory, strided views of the tensor: no copy at all), and :meth:`Rows.read`, each
-view converted into one reused scratch buffer while it is copied, so a float64 pass over
-400 MB of float32 rows writes 6.5 MB once rather than 1.2 GB anew.
+A pass that uses each block once, converted (a Gram matrix, norms, a weighted sum), reads
+:meth:`Rows.read` instead: the same values, each of the source's :meth:`Rows.views`
+(read-only blocks valid until the next: in memory, strided views of the tensor; on disk, the
+spool's read buffer) converted into one reused scratch buffer while it is copied, so a
+float64 pass over 400 MB of float32 rows writes 6.5 MB once rather than 1.2 GB anew.
 
 A pre-aggregator returns a lazy source (:class:`Transformed`): each of its blocks is computed
 from the input's block when read, so a chain holds no intermediate ``(n, d)`` matrix either.
@@ -370,16 +370,12 @@ class Scratch:
     def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
         self.buffer = torch.empty(0, dtype=dtype, device=device)
 
-    def empty(self, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
-        """A contiguous tensor of ``shape`` over the buffer's first elements (values left)."""
-        size = int(np.prod(shape))
-        if size > self.buffer.numel():
-            self.buffer = torch.empty(size, dtype=self.buffer.dtype, device=self.buffer.device)
-        return self.buffer[:size].view(shape)
-
     def copy(self, view: torch.Tensor) -> torch.Tensor:
-        """``view``'s values converted to the buffer's dtype, in :meth:`empty`'s tensor."""
-        return self.empty(view.shape).copy_(view)
+        """``view``'s values converted to the buffer's dtype, as a contiguous tensor over the
+        buffer's first ``view.numel()`` elements."""
+        if view.numel() > self.buffer.numel():
+            self.buffer = torch.empty(view.numel(), dtype=self.buffer.dtype, device=self.buffer.device)
+        return self.buffer[: view.numel()].view(view.shape).copy_(view)
 
 
 def _packed(block: torch.Tensor) -> torch.Tensor:
