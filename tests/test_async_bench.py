@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from evaluation.bench.cell import Cell
+from evaluation.bench.scenario import grid, load_scenario
 from evaluation.bench.drivers.inprocess import CellRun, run_cell
 from evaluation.reports.summary import Results
 from evaluation.reports.target_costs import bars, task
@@ -50,6 +51,20 @@ def test_the_engine_weighs_rows_by_staleness_and_rejects_the_stale():
     # mean of 1 and 1/sqrt(4), one momentum step of lr 0.05 from w
     assert torch.allclose(run.engine.w, w - 0.05 * 0.75)
     assert torch.equal(X, torch.ones(3, run.engine.w.numel()))  # the caller's rows untouched
+
+
+def test_per_node_links_are_one_scenario_and_a_round_waits_for_the_slowest_link():
+    one = "home:up_mbps=1,down_mbps=100,latency_ms=0"
+    scenario = load_scenario(None, ["nodes=4", "byzantine=1", f'link=["{one}", "lan"]'])
+    assert len(grid(scenario)) == 1 and scenario["link"] == [one, "lan"]
+    assert len(grid(load_scenario(None, ["nodes=4", "byzantine=1", f'link=[["{one}", "lan"], ["lan"]]']))) == 2
+    short = {**BASE, "rounds": 2}
+    mixed = run_cell(Cell({**short, "link": ["lan", one]}, "mean", "none", 0))
+    slow = run_cell(Cell({**short, "link": one}, "mean", "none", 0))
+    fast = run_cell(Cell({**short, "link": "lan"}, "mean", "none", 0))
+    assert mixed["times"] == pytest.approx(slow["times"], rel=1e-3)  # every round waits for a 1 Mbit/s uplink
+    assert fast["times"][-1] < mixed["times"][-1] / 5
+    assert mixed["model_sha256"] == slow["model_sha256"] == fast["model_sha256"]
 
 
 def test_synchronous_rounds_on_the_clock_wait_for_the_slowest_or_the_deadline():

@@ -165,6 +165,19 @@ def test_link_sigma_spreads_bandwidth_around_the_given_median() -> None:
     assert max(uploads) / min(uploads) > 4
 
 
+def test_a_list_of_links_goes_to_the_nodes_in_turn() -> None:
+    links = ["home:up_mbps=2,down_mbps=20,latency_ms=0", "home:up_mbps=20,down_mbps=100,latency_ms=0", "lan"]
+    v = Volunteers.of(list(reversed(IDS[:7])), 0, link=links)  # in sorted id order, whatever the ids' order
+    ups = [v.upload_seconds(node, 1_000_000) for node in IDS[:7]]
+    assert ups == pytest.approx([4.0, 0.4, 0.009, 4.0, 0.4, 0.009, 4.0])
+    assert v.download_seconds(IDS[1], 1_000_000) == pytest.approx(0.08)
+    spread = Volunteers.of(IDS[:6], 0, link=["home:up_mbps=8,latency_ms=0,sigma=1", "lan"])
+    assert len({spread.upload_seconds(node, 10**6) for node in IDS[0:6:2]}) == 3  # sigma among the nodes it serves
+    assert Volunteers.of(IDS[:2], 0, link=["lan", "home", "home"]).upload_seconds(IDS[1], 0) == 0.04  # extra links idle
+    with pytest.raises(ValueError, match="a list of links needs at least one"):
+        Volunteers.of(IDS[:2], 0, link=[])
+
+
 def test_arrival_is_the_sum_of_its_parts() -> None:
     v = Volunteers.of(IDS, 7, speed="lognormal:sigma=1", link="home")
     for node in IDS[:5]:

@@ -1,7 +1,10 @@
 """Scenario files: a TOML ``[scenario]`` table whose list values expand to a grid of cells.
 
 ``seeds``, ``aggregators`` and ``attacks`` are lists by nature; any other key given a list
-(``alpha = [0.1, 1.0]``) becomes one more axis of the grid. ``--set key=value`` overrides a
+(``alpha = [0.1, 1.0]``) becomes one more axis of the grid, but ``link``'s list of specs is
+given to the nodes in turn (``link = ["home:up_mbps=2", "lan"]``: the first node in sorted id
+order on the first, the second on the second, the third on the first again), and a list of
+such lists is its axis. ``--set key=value`` overrides a
 key from the command line (``value`` in TOML syntax: ``--set rounds=20``,
 ``--set 'attacks=["none","alie"]'``).
 
@@ -60,6 +63,9 @@ SCENARIO = {
     **CLOCK,
 }
 AXES = ("seeds", "aggregators", "attacks")
+# Keys whose value may be a list given to the nodes in turn (node i, in sorted id order, gets
+# item i mod its length): such a list is one value; a list of them is a grid axis.
+PER_NODE = ("link",)
 DEFAULTS = {k: p.default for k, p in SCENARIO.items()}
 
 
@@ -93,11 +99,12 @@ def validate(scenario: dict, engine: str = "local") -> None:
     """Refuse unknown keys and impossible values before any cell runs, in one line each."""
     unknown(scenario, SCENARIO, "scenario")
     for key, value in scenario.items():
-        values = value if isinstance(value, list) else [value]
+        axis = is_axis(key, value)
+        values = value if axis else [value]
         if not values:
             raise ValueError(f"{key} is an empty list: give at least one value")
-        checked = [check_all("scenario", {key: SCENARIO[key]}, {key: v})[key] for v in values]
-        scenario[key] = checked if isinstance(value, list) or key in AXES else checked[0]
+        checked = [checked_value(key, v) for v in values]
+        scenario[key] = checked if axis or key in AXES else checked[0]
     for config in grid(scenario):
         n, f = config["nodes"], config["byzantine"]
         if f >= n:
@@ -119,10 +126,27 @@ def validate(scenario: dict, engine: str = "local") -> None:
                              "omniscient (it needs every node's update); run it with --engine local or flower")
 
 
+def is_axis(key: str, value: object) -> bool:
+    """Whether ``value`` of ``key`` spans a grid axis: a list, but for a :data:`PER_NODE` key
+    only a list of lists (a list of specs is that key's one per-node value)."""
+    if key in PER_NODE:
+        return isinstance(value, list) and bool(value) and all(isinstance(v, list) for v in value)
+    return isinstance(value, list)
+
+
+def checked_value(key: str, value: object) -> object:
+    """One value of ``key`` checked against its declared rule (a per-node list item by item)."""
+    if key in PER_NODE and isinstance(value, list):
+        if not value:
+            raise ValueError(f"{key} is an empty list: give at least one spec, or a list of specs the nodes take in turn")
+        return [check_all("scenario", {key: SCENARIO[key]}, {key: v})[key] for v in value]
+    return check_all("scenario", {key: SCENARIO[key]}, {key: value})[key]
+
+
 def grid(scenario: dict) -> list[dict]:
-    """One config per combination of the list-valued non-axis keys."""
+    """One config per combination of the non-axis keys' grid values."""
     keys = [k for k in scenario if k not in AXES]
-    values = [v if isinstance(v, list) else [v] for v in (scenario[k] for k in keys)]
+    values = [v if is_axis(k, v) else [v] for k, v in ((k, scenario[k]) for k in keys)]
     return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
 
 

@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 from robust.constraints import Interval, Param, Spec, table
 
-from .traits import Churn, Link, Speed, build_churn, build_link, build_speed, draw
+from .traits import Churn, Link, Speed, build_churn, build_link, build_speed, draw, in_turn
 
 HORIZON = 1_000_000  # epochs back_at looks ahead before it calls a node gone for good
 
@@ -58,7 +58,7 @@ CLOCK = table(
 class Volunteers:
     """The simulated population's traits, built once per cell; every query is pure."""
 
-    def __init__(self, ids: Sequence[str], seed: int, speed: Speed, link: Link, churn: Churn) -> None:
+    def __init__(self, ids: Sequence[str], seed: int, speed: Speed, link: Link | Sequence[Link], churn: Churn) -> None:
         if isinstance(ids, str) or not ids or not all(isinstance(i, str) for i in ids):
             raise ValueError(f"ids must be a non-empty list of node ids (got {ids!r})")
         if len(set(ids)) != len(ids):
@@ -68,14 +68,16 @@ class Volunteers:
         self.ids, self.seed = sorted(ids), seed
         self.speed, self.link, self.churn = speed, link, churn
         self._slowness = speed.slowness(self.ids, seed)
-        self._link = link.of(self.ids, seed)
+        self._link = in_turn(link, self.ids, seed)
         self._chain: dict[str, list[bool]] = {}  # node -> its states from epoch 0, extended on demand
 
     @classmethod
-    def of(cls, ids: Sequence[str], seed: int, speed: str = "uniform", link: str = "none",
+    def of(cls, ids: Sequence[str], seed: int, speed: str = "uniform", link: str | Sequence[str] = "none",
            churn: str = "none") -> Volunteers:
-        """From specs, e.g. ``Volunteers.of(ids, 0, speed="slow:fraction=0.2,factor=10")``."""
-        return cls(ids, seed, build_speed(speed), build_link(link), build_churn(churn))
+        """From specs, e.g. ``Volunteers.of(ids, 0, speed="slow:fraction=0.2,factor=10")``; ``link``
+        may be a list of specs, given to the nodes in turn (:func:`in_turn`)."""
+        links = build_link(link) if isinstance(link, str) else [build_link(spec) for spec in link]
+        return cls(ids, seed, build_speed(speed), links, build_churn(churn))
 
     def slowness(self, node: str) -> float:
         """How many times ``step_seconds`` one of the node's steps takes."""

@@ -31,6 +31,7 @@ and the node's identity, no generator state, no global RNG.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from statistics import NormalDist
 
 from robust.constraints import Interval, Param
@@ -144,6 +145,21 @@ class Link(Trait):
         spread = median_one(ids, seed, "link", self.sigma) if self.sigma else dict.fromkeys(ids, 1.0)
         return {node: (self.up_mbps * 1e6 * s, self.down_mbps * 1e6 * s, self.latency_ms / 1e3)
                 for node, s in spread.items()}
+
+
+def in_turn(link: Link | Sequence[Link], ids: list[str], seed: int) -> dict[str, tuple[float, float, float]]:
+    """Each node's ``(up bits/s, down bits/s, latency s)``: from ``link``, or from a list of
+    links given to the sorted ``ids`` in turn (node ``i`` on ``link[i % len(link)]``; each
+    link's ``sigma`` spreads over the nodes it serves)."""
+    if isinstance(link, Link):
+        return link.of(ids, seed)
+    if not link:
+        raise ValueError("a list of links needs at least one: give each node's link spec in turn")
+    ordered = sorted(ids)
+    out: dict[str, tuple[float, float, float]] = {}
+    for k, kind in enumerate(link[: len(ordered)]):  # more links than nodes: the extra serve none
+        out.update(kind.of(ordered[k :: len(link)], seed))
+    return out
 
 
 def link_params(up_mbps: float, down_mbps: float, latency_ms: float) -> tuple[Param, ...]:
