@@ -123,9 +123,10 @@ RUN = table(
     Param("staleness", Spec(_staleness, "a staleness spec"), "sqrt",
           "async: a reply's weight by its staleness tau: constant, sqrt (1/sqrt(1+tau)) or poly:a=0.5"),
     Param("max-staleness", Interval(int, 0, None), 0, "async: replies staler than this are rejected (0: no limit)"),
-    Param("lookahead", Flag(), False,
+    Param("lookahead", Flag(), True,
           "async: send each task the model extrapolated by the expected staleness (DANA) instead of the current one "
-          "(no effect on sync rounds: their tasks are never stale)"),
+          "(no effect on sync rounds: their tasks are never stale; on by default: async reached its target 1.1-1.3x "
+          "an all-fast federation's time with it, 1.4-1.6x without)"),
     Param("downlink", OneOf(("none", "fp16")), "none",
           "how the model travels to volunteers: none (float32), fp16 (half the bytes: nodes train from the model "
           "rounded to half precision, whose SHA-256 each task names)"),
