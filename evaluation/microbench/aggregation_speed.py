@@ -222,7 +222,14 @@ def machine(device: torch.device) -> dict:
     installed)."""
     return {"cpu": profile_of(torch.device("cpu")), "torch_threads": torch.get_num_threads(),
             "device": device_name(device), "torch": torch.__version__,
-            "flwr": importlib.metadata.version("flwr"), "byzfl": byzfl.version()}
+            "flwr": _version("flwr"), "byzfl": byzfl.version()}
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:  # agg-bench --no-flower runs without it
+        return None
 
 
 def prepare(args: argparse.Namespace) -> tuple[list[str], Callable, Callable[[dict], None]]:
