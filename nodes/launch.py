@@ -75,13 +75,14 @@ def _die_with_parent() -> None:
         pass
 
 
-def spawn(args: list[str], home: Path, log: Path | int | None, own_group: bool = True, first: Path | None = None
-          ) -> subprocess.Popen:
+def spawn(args: list[str], home: Path, log: Path | int | None, own_group: bool = True, first: Path | None = None,
+          wrap: list[str] = ()) -> subprocess.Popen:
     """Start ``args``, dying with us, in its own process group (or in ours, so that whoever
     signals our group reaches every process Flower starts under it); output to the file
-    ``log``, or a pipe (``subprocess.PIPE``), or ours (``None``)."""
+    ``log``, or a pipe (``subprocess.PIPE``), or ours (``None``). ``wrap``: a prefix that runs
+    the command elsewhere (the field lab's network namespace and CPU group)."""
     out = open(log, "ab") if isinstance(log, Path) else log  # noqa: SIM115 - the child keeps it open
-    return subprocess.Popen(args, env=flwr_env(home, first), stdout=out,
+    return subprocess.Popen([*wrap, *args], env=flwr_env(home, first), stdout=out,
                             stderr=None if out is None else subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=own_group, preexec_fn=_die_with_parent)
 
@@ -277,7 +278,7 @@ def check_certificate(coordinator: str, ca: Path) -> str | None:
         return f"{type(err).__name__}: {err}"
 
 def start_supernode(folder: Path, coordinator: str, ca: Path, log: Path | int | None = None,
-                    own_group: bool = True) -> subprocess.Popen:
+                    own_group: bool = True, wrap: list[str] = ()) -> subprocess.Popen:
     """A SuperNode for the volunteer whose folder (key, ``node.json``) is ``folder``; its
     ClientApps start through the volunteer's code gate (``nodes.codetrust``). ``log``: as
     :func:`spawn`'s."""
@@ -288,22 +289,25 @@ def start_supernode(folder: Path, coordinator: str, ca: Path, log: Path | int | 
         _bin("flower-supernode"), "--superlink", coordinator, "--root-certificates", str(ca),
         "--auth-supernode-private-key", str(folder / "node.key"), "--node-config", config,
         "--port", str(free_port()),
-    ], home, log, own_group, install_gate(folder))
+    ], home, log, own_group, install_gate(folder), wrap)
 
 
-def start_trainer(folder: Path, log: Path | None = None, own_group: bool = True, setup: dict | None = None
-                  ) -> subprocess.Popen:
+def start_trainer(folder: Path, log: Path | None = None, own_group: bool = True, setup: dict | None = None,
+                  wrap: list[str] = ()) -> subprocess.Popen:
     """The warm trainer of the volunteer whose folder (key, ``node.json``) is ``folder``: its
     SuperNode's ClientApps hand it their tasks. With ``setup`` (``robust node join``'s
     choices) it first checks them and prepares the node's data and ``node.json``."""
     args = [sys.executable, "-m", "nodes.volunteer.trainer", str(folder)]
-    return spawn(args + (["--setup", json.dumps(setup)] if setup else []), folder / FLWR_HOME, log, own_group)
+    return spawn(args + (["--setup", json.dumps(setup)] if setup else []), folder / FLWR_HOME, log, own_group, wrap=wrap)
 
 
-def start_node(folder: Path, coordinator: str, ca: Path) -> list[subprocess.Popen]:
+def start_node(folder: Path, coordinator: str, ca: Path, wrap: list[str] = (), trainer_wrap: list[str] = ()
+               ) -> list[subprocess.Popen]:
     """A prepared volunteer's (``node.json`` written) warm trainer and SuperNode, logging to
     ``trainer.log`` and ``supernode.log`` in its folder: a bench's volunteer, without the
-    supervisor that ``robust node join`` adds."""
+    supervisor that ``robust node join`` adds; both under ``wrap``, the trainer under
+    ``trainer_wrap`` first (:func:`spawn`: ``ip netns exec`` mounts a sysfs of its own, so a
+    CPU group is joined before it)."""
     folder = folder.resolve()
-    return [start_trainer(folder, folder / "trainer.log"),
-            start_supernode(folder, coordinator, ca.resolve(), folder / "supernode.log")]
+    return [start_trainer(folder, folder / "trainer.log", wrap=[*trainer_wrap, *wrap]),
+            start_supernode(folder, coordinator, ca.resolve(), folder / "supernode.log", wrap=wrap)]

@@ -44,6 +44,12 @@ def _stress(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _field(args: argparse.Namespace) -> int:
+    from evaluation.field.lab.play import main
+
+    return main(args)
+
+
 def _federation(args: argparse.Namespace) -> int:
     from nodes.cli import run
 
@@ -212,6 +218,16 @@ def parser() -> argparse.ArgumentParser:
     stress.add_argument("--keep", metavar="DIR", help="work in DIR and keep it")
     stress.add_argument("--json", action="store_true", help="end with one JSON line: every round's counts")
     stress.set_defaults(run=_stress)
+
+    field = sub.add_parser("field", help="the field lab: a scenario deployed for real on this machine, each volunteer "
+                           "in its own network namespace behind a shaped link (root)")
+    field.add_argument("--config", metavar="FILE", help="scenario TOML (the bench's); it needs target-accuracy")
+    field.add_argument("--out", metavar="DIR", required=True, help="results folder (DIR/results.jsonl)")
+    field.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a scenario key (repeatable)")
+    field.add_argument("--cpu", type=float, default=1.0, metavar="SHARE", help="each volunteer's trainer's share of "
+                       "one CPU at speed 1 (a node k times slower gets SHARE/k; default 1)")
+    field.add_argument("--json", action="store_true", help="end with one JSON line per cell")
+    field.set_defaults(run=_field)
 
     bench = sub.add_parser(
         "agg-bench",

@@ -83,6 +83,10 @@ class Volunteers:
         """How many times ``step_seconds`` one of the node's steps takes."""
         return self._slowness[self._known(node)]
 
+    def rates(self, node: str) -> tuple[float, float, float]:
+        """The node's ``(up bits/s, down bits/s, latency s)``."""
+        return self._link[self._known(node)]
+
     def compute_seconds(self, node: str, steps: int, step_seconds: float) -> float:
         _count("steps", steps)
         _seconds("step_seconds", step_seconds)
@@ -90,12 +94,12 @@ class Volunteers:
 
     def download_seconds(self, node: str, bytes_down: int) -> float:
         _count("bytes_down", bytes_down)
-        _, down, latency = self._link[self._known(node)]
+        _, down, latency = self.rates(node)
         return latency + 8 * bytes_down / down
 
     def upload_seconds(self, node: str, bytes_up: int) -> float:
         _count("bytes_up", bytes_up)
-        up, _, latency = self._link[self._known(node)]
+        up, _, latency = self.rates(node)
         return latency + 8 * bytes_up / up
 
     def transfer_seconds(self, node: str, bytes_up: int, bytes_down: int) -> float:

@@ -1,0 +1,203 @@
+"""One bench cell played as a real deployment in the field lab.
+
+The cell's federation is the deploy driver's (``evaluation.bench.drivers.federation``: the same
+keys, data parts and settings, so the bits can be compared), but each process runs where the
+field would put it: ``robust coordinator start`` (SuperLink, ServerApp) in the coordinator's
+namespace, listening on its ends of the pairs; each volunteer's trainer and SuperNode in the
+volunteer's namespace, the SuperNode reaching the coordinator through the volunteer's latency
+relay and its shaped pair (``netns``, ``shaping``, ``relay``), the trainer in its CPU group
+holding ``cpu / slowness`` of a CPU (``cpu``: the scenario's ``speed``).
+
+Churn follows the scenario's chain (``evaluation.simtime.arrivals.Volunteers.online``): a
+synchronous run's epoch is its round, an asynchronous run's ``floor(t / period)`` of wall
+seconds since the run was submitted; a volunteer offline in an epoch is stopped (its processes
+SIGTERMed, as a laptop closing), and started again with its folder (keys, work log) when back.
+A coordinator that exits without a result is a crash: counted and started again (it resumes
+from its checkpoint).
+
+What is measured, per round (or buffer): its end in wall seconds since the run was submitted,
+read as its record appears, and the bytes the volunteers had sent the coordinator by then (the
+pairs' counters: every byte on the wire, TLS and gRPC included).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from nodes import checkpoint, launch
+from nodes.coordinator.coordinator import RUN_ID
+from robust import tls
+
+from evaluation.bench.cell import Cell, CellSetup, cell_record
+from evaluation.bench.drivers import federation
+from evaluation.reports.target_costs import first_reached
+from evaluation.simtime.arrivals import Volunteers
+
+from . import netns, shaping
+from .cpu import Group
+from .lab_node import Volunteer
+
+POLL = 0.05  # seconds between looks at the round log
+DEADLINE = 600.0  # a synchronous round's deadline unless the scenario gives one: only a broken node is late
+MAX_CRASHES = 3
+PORT = 9190  # the SuperLink's, in the coordinator's namespace (each namespace has its own ports)
+STOP_GRACE = 5.0  # a reply handed on this close to its node's stop may not have left: not counted lost
+
+
+def people(cell: Cell, setup: CellSetup) -> Volunteers:
+    """The cell's simulated volunteers (speed, link, churn), as the bench's clock sees them."""
+    cfg = cell.config
+    return Volunteers.of(setup.ids, cell.seed, cfg.get("speed", "uniform"), cfg.get("link", "none"),
+                         cfg.get("churn", "none"))
+
+
+def refusal(cell: Cell, cpu: float) -> str | None:
+    """Why the lab cannot play ``cell`` as its scenario says (``None``: it can), in one line."""
+    if not cell.config.get("target-accuracy"):
+        return ("the lab measures the time to reach target-accuracy: give one in the scenario "
+                "(e.g. target-accuracy = 0.85)")
+    setup = CellSetup(cell)
+    crowd = people(cell, setup)
+    for node in setup.ids:
+        up, down, _ = crowd.rates(node)
+        reason = shaping.refusal(up / 1e6, "an upload of") or shaping.refusal(down / 1e6, "a download of")
+        if reason:
+            return reason
+        if cpu / crowd.slowness(node) < 0.01:
+            return (f"a node {crowd.slowness(node):g}x slower on a cpu share of {cpu:g} gets less than 1% of a CPU: "
+                    "raise --cpu or lower the speed's factor")
+    return None
+
+
+def run_cell(cell: Cell, root: Path, cpu: float = 1.0) -> dict:
+    """The cell's record (the bench's fields, ``engine = "field"``) and what the lab measured."""
+    reason = refusal(cell, cpu)
+    if reason:
+        raise ValueError(reason)
+    setup = CellSetup(cell)
+    crowd = people(cell, setup)
+    folder = root.resolve() / federation.run_id(setup)
+    shutil.rmtree(folder, ignore_errors=True)  # a killed run's
+    deployment = {"bind": "0.0.0.0", "port": PORT, "wait_nodes": DEADLINE,
+                  **({} if cell.config.get("deadline") else {"deadline": DEADLINE})}
+    coord, folders = federation.build(setup, folder, **deployment)
+    net = netns.Network(setup.n)
+    groups: list[Group] = []
+    volunteers: list[Volunteer] = []
+    try:
+        for pair, node_folder, fp in zip(net.pairs, folders, setup.by_index):
+            up, down, latency = crowd.rates(fp)
+            shaping.shape(pair.namespace, pair.volunteer_dev, up / 1e6)
+            shaping.shape(net.coordinator, pair.coordinator_dev, down / 1e6)
+            groups.append(Group(pair.namespace, cpu / crowd.slowness(fp)))
+            volunteers.append(Volunteer(node_folder.resolve(), fp, pair, latency * 1e3, groups[-1]))
+        run = Run(cell, coord, net, volunteers, crowd)
+        measured = run.play()
+        shaped = {"up": {v.fp: shaping.counters(v.pair.namespace, v.pair.volunteer_dev) for v in volunteers},
+                  "down": {v.fp: shaping.counters(net.coordinator, v.pair.coordinator_dev) for v in volunteers}}
+    finally:
+        for v in volunteers:
+            v.stop()
+        net.remove()
+        for group in groups:
+            group.remove()
+    rounds, w = federation.rounds_and_model(coord)
+    record = cell_record(setup, rounds, w, None, measured["wall"], None, "field")
+    record.update(field_costs(rounds, measured, cell.config["target-accuracy"]),
+                  lost=run.lost(rounds), crashes=run.crashes, shaping=shaped,
+                  links={v.fp[:12]: [round(x, 6) for x in crowd.rates(v.fp)] for v in volunteers},
+                  cpu_share={v.fp[:12]: v.group.share for v in volunteers})
+    shutil.rmtree(folder, ignore_errors=True)
+    return record
+
+
+def field_costs(rounds: list[dict], measured: dict, bar: float) -> dict:
+    """Time, rounds and uplink bytes to the first round at ``bar``, and per round."""
+    at = first_reached([r["accuracy"] for r in rounds], bar)
+    times, sent = measured["times"], measured["bytes"]
+    return {"times": times, "bytes": sent, "target_accuracy": bar,
+            "rounds_to_target": None if at is None else at + 1,
+            "time_to_target": None if at is None else times[at],
+            "bytes_up_to_target": None if at is None else sent[at]}
+
+
+class Run:
+    """The processes of one cell's deployment, watched until the coordinator has its result."""
+
+    def __init__(self, cell: Cell, coord: Path, net: netns.Network, volunteers: list[Volunteer], crowd: Volunteers) -> None:
+        self.cell, self.coord, self.net, self.volunteers, self.crowd = cell, coord, net, volunteers, crowd
+        self.asynchronous = cell.config.get("round") == "async"
+        self.crashes = 0
+        self.run_id = (coord / RUN_ID).read_text().strip()
+        self.ca = coord / "tls" / tls.CA_CERT
+        self.t0 = math.nan
+        self.ended: list[float] = []  # wall time of each round's end
+        self.sent: list[int] = []  # uplink bytes by then
+
+    def start_coordinator(self):
+        """``robust coordinator start`` in its namespace, returned once it has submitted the run."""
+        log = self.coord / "start.log"
+        seen = log.stat().st_size if log.exists() else 0
+        proc = launch.spawn([sys.executable, "-m", "robust.cli", "coordinator", "start", str(self.coord)],
+                            self.coord / launch.FLWR_HOME, log, wrap=self.net.exec_prefix(self.net.coordinator))
+        until = time.monotonic() + 300
+        while b" submitted" not in log.read_bytes()[seen:]:
+            if proc.poll() is not None or time.monotonic() > until:
+                launch.stop(proc)
+                raise RuntimeError(f"the lab's coordinator did not start: see {log}")
+            time.sleep(POLL)
+        return proc
+
+    def play(self) -> dict:
+        coordinator = self.start_coordinator()
+        self.t0 = time.time()
+        try:
+            self._churn(0)
+            while True:
+                self._note_rounds()
+                self._churn(len(self.ended) if not self.asynchronous else self.crowd.epoch_at(time.time() - self.t0))
+                if coordinator.poll() is not None:
+                    if (self.coord / checkpoint.RESULT).exists():
+                        self._note_rounds()
+                        break
+                    self.crashes += 1
+                    if self.crashes > MAX_CRASHES:
+                        raise RuntimeError(f"the coordinator crashed {self.crashes} times: see {self.coord / 'start.log'}")
+                    coordinator = self.start_coordinator()
+                time.sleep(POLL)
+        finally:
+            launch.stop(coordinator)
+        return {"wall": time.time() - self.t0, "times": [round(t, 3) for t in self.ended], "bytes": self.sent}
+
+    def _note_rounds(self) -> None:
+        path = self.coord / checkpoint.ROUNDS
+        done = path.read_bytes().count(b"\n") if path.exists() else 0
+        if done > len(self.ended):
+            now, total = time.time() - self.t0, sum(self.net.bytes_received().values())
+            self.ended += [now] * (done - len(self.ended))
+            self.sent += [total] * (done - len(self.sent))
+
+    def _churn(self, epoch: int) -> None:
+        for v in self.volunteers:
+            if self.crowd.online(v.fp, epoch) and not v.running:
+                v.start(PORT, self.ca)
+            elif not self.crowd.online(v.fp, epoch) and v.running:
+                v.stop(churned=True)
+
+    def lost(self, rounds: list[dict]) -> int:
+        """Finished replies that never counted: handed to a volunteer's SuperNode while the run
+        went on, not just before churn stopped the volunteer, and never read by the coordinator
+        (accepted, rejected, or failed for a reason of its own)."""
+        end = self.t0 + (self.ended[-1] if self.ended else 0.0)
+        out = 0
+        for v in self.volunteers:
+            handed = [e for e in v.replies(self.run_id)
+                      if e["time"] <= end and not any(0 <= stop - e["time"] <= STOP_GRACE for stop in v.stopped_at)]
+            read = sum(v.fp in r["ids"] or v.fp in r["rejected"]
+                       or (v.fp in r["failed"] and not r["failed"][v.fp].startswith("node error")) for r in rounds)
+            out += max(0, len(handed) - read)
+        return out

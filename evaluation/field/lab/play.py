@@ -1,0 +1,88 @@
+"""``robust field --config FILE --out DIR``: every cell of a scenario played in the field lab.
+
+Before anything starts it refuses, in one line, a machine that cannot hold the lab (no root, no
+namespaces) and a cell it cannot play as its scenario says; it removes what a killed lab left
+behind (``robust-field-*`` namespaces and CPU groups whose lab is gone). Each cell's record goes
+to ``DIR/results.jsonl`` as it ends (a re-run skips the cells already there); a table follows,
+or with ``--json`` one JSON line per cell: ``time_to_target``, ``predicted_time_to_target``,
+``rounds_to_target``, ``bytes_up_to_target``, ``final_accuracy``, ``lost``, ``crashes``.
+Ctrl-C and SIGTERM stop the cell in play and remove its namespaces and groups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from nodes import launch
+
+from evaluation.bench.scenario import cell_id, cells, load_scenario
+from evaluation.reports.summary import read_results
+
+from . import cpu, netns
+from .lab import refusal, run_cell
+
+LINE = ("aggregator", "attack", "seed", "time_to_target", "predicted_time_to_target", "rounds_to_target",
+        "bytes_up_to_target", "final_accuracy", "lost", "crashes")
+
+
+def main(args: argparse.Namespace) -> int:
+    launch.stop_on_sigterm()
+    if args.cpu <= 0:
+        raise ValueError(f"--cpu must be above 0 (got {args.cpu:g}): a volunteer's share of one CPU")
+    reason = netns.refusal()
+    if reason:
+        raise ValueError(reason)
+    stale = netns.remove_stale()  # first: a scenario refused below still clears what a killed lab left
+    cpu.remove_groups(netns.is_stale)
+    if stale:
+        print(f"removed {len(stale)} namespace(s) a stopped lab left behind: {', '.join(stale)}", file=sys.stderr)
+    scenario = load_scenario(args.config, args.set or [], "deploy")
+    todo = cells(scenario)
+    for cell in todo:
+        if (why := refusal(cell, args.cpu)) is not None:
+            raise ValueError(why)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.jsonl"
+    done = {r["cell"]: r for r in read_results(results)} if results.exists() else {}
+    records = []
+    for k, cell in enumerate(todo, start=1):
+        key = f"field-{cell_id(cell)}"
+        if key in done:
+            records.append(done[key])
+            continue
+        print(f"cell {k}/{len(todo)}: {cell.aggregator} vs {cell.attack}, seed {cell.seed}, "
+              f"{cell.config['nodes']} volunteers in their namespaces ...", file=sys.stderr, flush=True)
+        record = {"cell": key, **run_cell(cell, out / "federations", args.cpu), "predicted_time_to_target": None}
+        with results.open("a") as sink:
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
+            os.fsync(sink.fileno())
+        records.append(record)
+    if args.json:
+        for r in records:
+            print(json.dumps({k: r.get(k) for k in LINE}))
+    else:
+        print_table(records)
+    return 0
+
+
+def print_table(records: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="robust field: time to target on shaped links")
+    for head in ("defence", "attack", "seed", "rounds", "time (s)", "predicted (s)", "MB up", "final acc", "lost", "crashes"):
+        table.add_column(head, justify="left" if head in ("defence", "attack") else "right")
+    for r in records:
+        def num(v: float | None, fmt: str) -> str:
+            return "-" if v is None else format(v, fmt)
+        table.add_row(r["aggregator"], r["attack"], str(r["seed"]), num(r["rounds_to_target"], "d"),
+                      num(r["time_to_target"], ".1f"), num(r.get("predicted_time_to_target"), ".1f"),
+                      num(None if r["bytes_up_to_target"] is None else r["bytes_up_to_target"] / 1e6, ".2f"),
+                      f"{100 * r['final_accuracy']:.1f}%", str(r["lost"]), str(r["crashes"]))
+    Console().print(table)
