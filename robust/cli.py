@@ -227,6 +227,8 @@ def parser() -> argparse.ArgumentParser:
     field.add_argument("--cpu", type=float, default=1.0, metavar="SHARE", help="each volunteer's trainer's share of "
                        "one CPU at speed 1 (a node k times slower gets SHARE/k; default 1)")
     field.add_argument("--json", action="store_true", help="end with one JSON line per cell")
+    field.add_argument("--calibrate", metavar="FILE", help="write what Flower and the coordinator add to the clock, "
+                       "measured on this (synchronous, unshaped) scenario; a scenario's calibration key then names FILE")
     field.set_defaults(run=_field)
 
     bench = sub.add_parser(

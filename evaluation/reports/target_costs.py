@@ -35,7 +35,7 @@ CLEAN = "none"
 # How a cell's updates travel and when: the keys whose values the report sets side by side.
 KEYS = ("protocol", "round", "buffer", "staleness", "lookahead", "late", "compression", "downlink", "speed", "link",
         "churn", "deadline")
-HOW = frozenset(KEYS + ("rounds", "step-seconds", "target", "target-of", "target-accuracy"))
+HOW = frozenset(KEYS + ("rounds", "step-seconds", "calibration", "target", "target-of", "target-accuracy"))
 BASELINE = {"protocol": "momentum", "compression": "none", "downlink": "none"}  # the way the others are compared with
 OF = ("best", "baseline")  # what ``target`` multiplies: the best clean accuracy of a task, or its baseline's
 FIELDS = ("round_to_target", "time_to_target", "bytes_up_to_target", "bytes_down_to_target")

@@ -39,6 +39,7 @@ from typing import NamedTuple
 
 from robust.constraints import Interval, Param, Spec, table
 
+from .calibration import load as load_calibration
 from .traits import Churn, Link, Speed, build_churn, build_link, build_speed, draw, in_turn
 
 HORIZON = 1_000_000  # epochs back_at looks ahead before it calls a node gone for good
@@ -52,6 +53,8 @@ CLOCK = table(
           "none", "nodes leaving and coming back"),
     Param("step-seconds", Interval(float, 0, None), 0.0,
           "simulated seconds of one local step (0: measured once per model)"),
+    Param("calibration", Spec(load_calibration, "a calibration file made by robust field --calibrate FILE"), "",
+          "what a real deployment adds to each reply and round, measured in the field lab (empty: nothing)"),
 )
 
 

@@ -27,6 +27,7 @@ from nodes.wire import DOWNLINK_BYTES
 from robust import codecs
 
 from .arrivals import Traffic, Volunteers, measure_step_seconds
+from .calibration import load
 
 F32 = 4  # bytes per float32 coordinate
 MEASURED: dict[tuple, float] = {}  # seconds of one local step, by kind of task, measured in this process
@@ -43,7 +44,9 @@ class Timeline:
         self.step_seconds = float(config.get("step-seconds", 0.0))
         self.residual: dict[str, torch.Tensor | None] = {}
         self.traffic = Traffic()
-        self.now = 0.0
+        self.calibration = load(config.get("calibration", ""))
+        self.tasks: dict[str, int] = {}  # tasks sent to each node so far
+        self.now = self.calibration.start_seconds if self.calibration else 0.0
 
     @property
     def up(self) -> int:
@@ -104,9 +107,16 @@ class Timeline:
         return out
 
     def arrival(self, node: str, start: float, up: int) -> float:
-        """When ``node``'s reply of ``up`` bytes to a task sent at ``start`` arrives."""
+        """When ``node``'s reply of ``up`` bytes to a task sent at ``start`` arrives (with a
+        calibration, later by what the deployment adds, its transfers as many bytes as the wire
+        carries: ``evaluation.simtime.calibration``)."""
         self.traffic.add(node, up=up, down=self.down)
-        return self.volunteers.arrival(node, start, self.steps, self.step_seconds, up, self.down)
+        cal = self.calibration
+        if cal is None:
+            return self.volunteers.arrival(node, start, self.steps, self.step_seconds, up, self.down)
+        self.tasks[node] = count = self.tasks.get(node, 0) + 1
+        return cal.delay(self.seed, node, count) + self.volunteers.arrival(
+            node, start, self.steps, self.step_seconds, round(up * cal.wire_up), round(self.down * cal.wire_down))
 
     def record(self) -> dict:
         return {"sim_seconds": self.now, "step_seconds": self.step_seconds, **self.traffic.record()}

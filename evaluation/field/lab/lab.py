@@ -40,6 +40,7 @@ from evaluation.simtime.arrivals import Volunteers
 from . import netns, shaping
 from .cpu import Group
 from .lab_node import Volunteer
+from .observe import observe
 
 POLL = 0.05  # seconds between looks at the round log
 DEADLINE = 600.0  # a synchronous round's deadline unless the scenario gives one: only a broken node is late
@@ -80,6 +81,7 @@ def run_cell(cell: Cell, root: Path, cpu: float = 1.0) -> dict:
         raise ValueError(reason)
     setup = CellSetup(cell)
     crowd = people(cell, setup)
+    predicted = predict(cell)  # before the run, from the scenario and its calibration alone
     folder = root.resolve() / federation.run_id(setup)
     shutil.rmtree(folder, ignore_errors=True)  # a killed run's
     deployment = {"bind": "0.0.0.0", "port": PORT, "wait_nodes": DEADLINE,
@@ -99,6 +101,8 @@ def run_cell(cell: Cell, root: Path, cpu: float = 1.0) -> dict:
         measured = run.play()
         shaped = {"up": {v.fp: shaping.counters(v.pair.namespace, v.pair.volunteer_dev) for v in volunteers},
                   "down": {v.fp: shaping.counters(net.coordinator, v.pair.coordinator_dev) for v in volunteers}}
+        on_wire = net.traffic()
+        wire = {v.fp: on_wire[v.pair.index] for v in volunteers}
     finally:
         for v in volunteers:
             v.stop()
@@ -107,7 +111,9 @@ def run_cell(cell: Cell, root: Path, cpu: float = 1.0) -> dict:
             group.remove()
     rounds, w = federation.rounds_and_model(coord)
     record = cell_record(setup, rounds, w, None, measured["wall"], None, "field")
-    record.update(field_costs(rounds, measured, cell.config["target-accuracy"]),
+    seen = observe({v.fp: v.replies(run.run_id) for v in volunteers}, rounds, run.t0, measured["times"], crowd,
+                   sum(p.numel() for p in setup.model().parameters()), setup.settings.downlink, wire)
+    record.update(field_costs(rounds, measured, cell.config["target-accuracy"], predicted), observed=seen,
                   lost=run.lost(rounds), crashes=run.crashes, shaping=shaped,
                   links={v.fp[:12]: [round(x, 6) for x in crowd.rates(v.fp)] for v in volunteers},
                   cpu_share={v.fp[:12]: v.group.share for v in volunteers})
@@ -115,13 +121,25 @@ def run_cell(cell: Cell, root: Path, cpu: float = 1.0) -> dict:
     return record
 
 
-def field_costs(rounds: list[dict], measured: dict, bar: float) -> dict:
-    """Time, rounds and uplink bytes to the first round at ``bar``, and per round."""
+def predict(cell: Cell) -> list[float] | None:
+    """The simulated clock's time of each round's end, with the cell's ``calibration`` (``None``
+    without one): its per-node local driver run, in this process."""
+    if not cell.config.get("calibration"):
+        return None
+    from evaluation.bench.drivers.inprocess import run_cell as simulate
+
+    return [round(t, 3) for t in simulate(cell, vectorize=False)["times"]]
+
+
+def field_costs(rounds: list[dict], measured: dict, bar: float, predicted: list[float] | None) -> dict:
+    """Time, rounds and uplink bytes to the first round at ``bar``, and per round; the predicted
+    time of that same round (or buffer) count."""
     at = first_reached([r["accuracy"] for r in rounds], bar)
     times, sent = measured["times"], measured["bytes"]
-    return {"times": times, "bytes": sent, "target_accuracy": bar,
+    return {"times": times, "bytes": sent, "target_accuracy": bar, "predicted_times": predicted,
             "rounds_to_target": None if at is None else at + 1,
             "time_to_target": None if at is None else times[at],
+            "predicted_time_to_target": None if at is None or predicted is None or at >= len(predicted) else predicted[at],
             "bytes_up_to_target": None if at is None else sent[at]}
 
 
@@ -177,7 +195,7 @@ class Run:
         path = self.coord / checkpoint.ROUNDS
         done = path.read_bytes().count(b"\n") if path.exists() else 0
         if done > len(self.ended):
-            now, total = time.time() - self.t0, sum(self.net.bytes_received().values())
+            now, total = time.time() - self.t0, sum(up for up, _ in self.net.traffic().values())
             self.ended += [now] * (done - len(self.ended))
             self.sent += [total] * (done - len(self.sent))
 

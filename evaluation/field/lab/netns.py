@@ -126,11 +126,13 @@ class Network:
         """What runs a command inside ``namespace``."""
         return ["ip", "netns", "exec", namespace]
 
-    def bytes_received(self) -> dict[int, int]:
-        """Bytes each volunteer has sent the coordinator so far (its pair's receive counter)."""
+    def traffic(self) -> dict[int, tuple[int, int]]:
+        """Each volunteer's ``(bytes up, bytes down)`` on the wire so far (its pair's counters
+        on the coordinator's end)."""
         links = json.loads(ip("-n", self.coordinator, "-j", "-s", "link", "show").stdout)
-        rx = {link["ifname"]: link["stats64"]["rx"]["bytes"] for link in links}
-        return {p.index: rx[p.coordinator_dev] for p in self.pairs}
+        stats = {link["ifname"]: link["stats64"] for link in links}
+        return {p.index: (stats[p.coordinator_dev]["rx"]["bytes"], stats[p.coordinator_dev]["tx"]["bytes"])
+                for p in self.pairs}
 
     def remove(self) -> None:
         """Delete every namespace made (their veth pairs go with them)."""

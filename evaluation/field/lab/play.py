@@ -5,7 +5,10 @@ namespaces) and a cell it cannot play as its scenario says; it removes what a ki
 behind (``robust-field-*`` namespaces and CPU groups whose lab is gone). Each cell's record goes
 to ``DIR/results.jsonl`` as it ends (a re-run skips the cells already there); a table follows,
 or with ``--json`` one JSON line per cell: ``time_to_target``, ``predicted_time_to_target``,
-``rounds_to_target``, ``bytes_up_to_target``, ``final_accuracy``, ``lost``, ``crashes``.
+``rounds_to_target``, ``bytes_up_to_target``, ``final_accuracy``, ``lost``, ``crashes`` and the
+``calibration`` the prediction used (the scenario's key: ``--set calibration='"FILE"'``).
+``--calibrate FILE`` writes a calibration from the cells' observations
+(``evaluation.simtime.calibration``: a synchronous scenario with unshaped links).
 Ctrl-C and SIGTERM stop the cell in play and remove its namespaces and groups.
 """
 
@@ -14,19 +17,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import statistics
 import sys
+import time
 from pathlib import Path
 
 from nodes import launch
 
 from evaluation.bench.scenario import cell_id, cells, load_scenario
 from evaluation.reports.summary import read_results
+from evaluation.simtime.calibration import measure
 
 from . import cpu, netns
 from .lab import refusal, run_cell
 
 LINE = ("aggregator", "attack", "seed", "time_to_target", "predicted_time_to_target", "rounds_to_target",
-        "bytes_up_to_target", "final_accuracy", "lost", "crashes")
+        "bytes_up_to_target", "final_accuracy", "lost", "crashes", "calibration")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -45,6 +52,9 @@ def main(args: argparse.Namespace) -> int:
     for cell in todo:
         if (why := refusal(cell, args.cpu)) is not None:
             raise ValueError(why)
+        if args.calibrate and (cell.config.get("link") != "none" or cell.config.get("round") == "async"):
+            raise ValueError("--calibrate measures what Flower and the coordinator add: give it a synchronous "
+                             "scenario with unshaped links (link = \"none\", round = \"sync\")")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
@@ -57,15 +67,23 @@ def main(args: argparse.Namespace) -> int:
             continue
         print(f"cell {k}/{len(todo)}: {cell.aggregator} vs {cell.attack}, seed {cell.seed}, "
               f"{cell.config['nodes']} volunteers in their namespaces ...", file=sys.stderr, flush=True)
-        record = {"cell": key, **run_cell(cell, out / "federations", args.cpu), "predicted_time_to_target": None}
+        record = {"cell": key, **run_cell(cell, out / "federations", args.cpu)}
         with results.open("a") as sink:
             sink.write(json.dumps(record) + "\n")
             sink.flush()
             os.fsync(sink.fileno())
         records.append(record)
+    if args.calibrate:
+        calibration = measure([r["observed"] for r in records], f"robust field --config {args.config}: "
+                              f"{len(records)} cell(s), {platform.node()}, {time.strftime('%Y-%m-%d')}")
+        calibration.save(Path(args.calibrate))
+        print(f"calibration written to {args.calibrate}: a task adds {statistics.median(calibration.task_seconds):.2f} s "
+              f"(median of {len(calibration.task_seconds)}), a round {calibration.collect_seconds + calibration.between_seconds:.2f} s, "
+              f"the start {calibration.start_seconds:.2f} s; the wire carries {calibration.wire_up:.3f}x the bytes up, "
+              f"{calibration.wire_down:.3f}x down", file=sys.stderr)
     if args.json:
         for r in records:
-            print(json.dumps({k: r.get(k) for k in LINE}))
+            print(json.dumps({**{k: r.get(k) for k in LINE}, "calibration": r["config"].get("calibration") or None}))
     else:
         print_table(records)
     return 0
