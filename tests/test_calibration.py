@@ -67,3 +67,27 @@ def test_the_clock_adds_what_the_field_adds(tmp_path):
         assert all(any(a == pytest.approx(s) for s in cal.task_seconds) for a in added), added
     assert len({round(t, 6) for t in got[0]}) > 1  # the tasks' overheads are drawn, not one constant
     assert statistics.mean(got[0]) > plain.arrival(IDS[0], 10.0, 4_000_000)
+
+
+def test_a_lab_runs_observations_are_read_from_its_logs():
+    from evaluation.field.lab.observe import observe
+    from evaluation.simtime.arrivals import Volunteers
+
+    crowd = Volunteers.of(IDS[:2], 0, link="home:up_mbps=8,down_mbps=80,latency_ms=100")
+    t0 = 1000.0
+
+    def reply(r, made, handed, trained):
+        return {"run": "x", "round": r, "kind": "training", "time": t0 + handed, "task_made": t0 + made,
+                "seconds": trained, "bytes": 400}
+
+    replies = {IDS[0]: [reply(1, 5.0, 8.0, 1.0), reply(2, 12.0, 14.0, 1.0)],
+               IDS[1]: [reply(1, 5.0, 9.0, 0.5), reply(2, 12.0, 15.5, 0.5)]}
+    rounds = [{"round": 1, "ids": IDS[:2], "rejected": {}}, {"round": 2, "ids": [IDS[0]], "rejected": {IDS[1]: "why"}}]
+    got = observe(replies, rounds, t0, [10.0, 17.0], crowd, 100, "none", {IDS[0]: (500, 900), IDS[1]: (450, 800)})
+    download = 0.1 + 8 * 400 / 80e6  # each task's model, 100 float32 values, on its link
+    assert got["task_seconds"] == pytest.approx([8.0 - 5 - 1 - download, 9 - 5 - 0.5 - download,
+                                                 14 - 12 - 1 - download, 15.5 - 12 - 0.5 - download], abs=1e-4)
+    assert got["collect_seconds"] == [1.0, 1.5]  # the last counted reply to the record (a rejection counts)
+    assert got["between_seconds"] == [2.0]  # the record to the next round's first task
+    assert got["first_task_seconds"] == 5.0
+    assert (got["up_bytes"], got["wire_up_bytes"], got["down_bytes"], got["wire_down_bytes"]) == (1600, 950, 1600, 1700)

@@ -103,4 +103,7 @@ def print_table(records: list[dict]) -> None:
                       num(r["time_to_target"], ".1f"), num(r.get("predicted_time_to_target"), ".1f"),
                       num(None if r["bytes_up_to_target"] is None else r["bytes_up_to_target"] / 1e6, ".2f"),
                       f"{100 * r['final_accuracy']:.1f}%", str(r["lost"]), str(r["crashes"]))
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # a log or a pipe: wide enough for every column
+        console = Console(width=140)
+    console.print(table)
