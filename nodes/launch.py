@@ -301,13 +301,10 @@ def start_trainer(folder: Path, log: Path | None = None, own_group: bool = True,
     return spawn(args + (["--setup", json.dumps(setup)] if setup else []), folder / FLWR_HOME, log, own_group, wrap=wrap)
 
 
-def start_node(folder: Path, coordinator: str, ca: Path, wrap: list[str] = (), trainer_wrap: list[str] = ()
-               ) -> list[subprocess.Popen]:
+def start_node(folder: Path, coordinator: str, ca: Path) -> list[subprocess.Popen]:
     """A prepared volunteer's (``node.json`` written) warm trainer and SuperNode, logging to
     ``trainer.log`` and ``supernode.log`` in its folder: a bench's volunteer, without the
-    supervisor that ``robust node join`` adds; both under ``wrap``, the trainer under
-    ``trainer_wrap`` first (:func:`spawn`: ``ip netns exec`` mounts a sysfs of its own, so a
-    CPU group is joined before it)."""
+    supervisor that ``robust node join`` adds."""
     folder = folder.resolve()
-    return [start_trainer(folder, folder / "trainer.log", wrap=[*trainer_wrap, *wrap]),
-            start_supernode(folder, coordinator, ca.resolve(), folder / "supernode.log", wrap=wrap)]
+    return [start_trainer(folder, folder / "trainer.log"),
+            start_supernode(folder, coordinator, ca.resolve(), folder / "supernode.log")]

@@ -1,6 +1,7 @@
 """The field lab for real: a coordinator and 3 volunteers in their own network namespaces behind
-shaped links (``robust field``), and what it leaves behind when stopped or killed: nothing. Needs
-root and network namespaces (skipped without them, with the reason); each round takes seconds."""
+shaped links (``robust field``), one of them losing its link mid-round, and what the lab leaves
+behind when stopped or killed: nothing. Needs root and network namespaces (skipped without them,
+with the reason); each round takes seconds."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ aggregators = ["mean"]
 attacks = ["none"]
 link = ["home:up_mbps={UP_MBPS},down_mbps=1,latency_ms=20", "lan"]
 target-accuracy = 0.05
+faults = "link-down:node=2,after=4,seconds=6"
 """
 
 
@@ -66,13 +68,16 @@ def test_a_shaped_field_trains_the_per_node_drivers_bits_and_cleans_up(tmp_path)
     out, err = lab.communicate(timeout=600)
     assert lab.returncode == 0, err[-3000:]
     line = json.loads(out.strip().splitlines()[-1])
-    assert line["crashes"] == 0 and line["lost"] == 0 and line["rounds_to_target"] is not None
+    assert line["crashes"] == 0 and line["lost"] == 0 and line["rounds_to_target"] is not None  # the link came back
     assert line["time_to_target"] > 0 and line["bytes_up_to_target"] > 0
     record = json.loads((tmp_path / "out" / "results.jsonl").read_text().splitlines()[-1])
     assert leftovers(lab.pid) == []
+    (down,) = record["faults"]
+    assert down["fault"] == "link-down:node=2,after=4,seconds=6" and down["ended"] - down["began"] >= 6
 
-    # the deployment's bits are the per-node local driver's: the lab changes when, not what
-    (cell,) = cells(load_scenario(str(config)))
+    # the deployment's bits are the per-node local driver's (every reply counted, the cut-off one
+    # too): the lab changes when, not what
+    (cell,) = cells(load_scenario(str(config), engine="field"))
     assert record["model_sha256"] == run_cell(Cell(cell.config, cell.aggregator, cell.attack, cell.seed), False)["model_sha256"]
 
     # the slow links were shaped: their qdisc held packets back, and the time the rounds took is

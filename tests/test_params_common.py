@@ -25,6 +25,7 @@ import pytest
 
 import aggregators
 import attacks
+from evaluation.field.lab import faults
 from evaluation.simtime import traits
 from evaluation.bench.scenario import SCENARIO, load_scenario
 from nodes.engine import protocol, staleness
@@ -55,7 +56,7 @@ class Family:
 
 
 REGISTRIES = (aggregators.REGISTRY, attacks.REGISTRY, codecs.REGISTRY,
-              traits.SPEEDS, traits.LINKS, traits.CHURNS)
+              traits.SPEEDS, traits.LINKS, traits.CHURNS, faults.FAULTS)
 
 
 def of(registry: Registry) -> dict[str, dict[str, Param]]:
@@ -70,6 +71,7 @@ FAMILIES = [
     Family("speed", of(traits.SPEEDS), traits.build_speed, "speed"),
     Family("link", of(traits.LINKS), traits.build_link, "link"),
     Family("churn", of(traits.CHURNS), traits.build_churn, "churn"),
+    Family("fault", of(faults.FAULTS), faults.build_faults, "faults"),
     Family("protocol", protocol.PARAMS,
            lambda spec: protocol.Protocol.parse(spec, lr=0.1, momentum=0.0, batch_size=1), "protocol"),
     Family("staleness", staleness.PARAMS, staleness.weight_of, "staleness"),
@@ -267,7 +269,7 @@ def test_the_reference_describes_every_declared_parameter():
 
     ref = {(e["family"], e["name"]): e for e in describe()}
     for fam, name, p in CASES:
-        if fam.family not in ("speed", "link", "churn"):  # the bench's: its own Registry.describe()
+        if fam.family not in ("speed", "link", "churn", "fault"):  # the bench's: its own Registry.describe()
             assert {"key": p.key, "allowed": p.rule.describe(), "default": p.default, "help": p.help} \
                 in ref[fam.family, name]["params"]
     assert [q["key"] for q in ref["settings", "coordinator"]["params"]] == list(SETTINGS)

@@ -33,6 +33,7 @@ from robust.partition import KINDS
 from robust.spec import Component, format_spec, parse
 
 from .cell import SHARED, Cell, cell_settings
+from evaluation.field.lab.faults import build_faults
 from evaluation.simtime.arrivals import CLOCK
 from evaluation.reports.target_costs import OF
 
@@ -48,6 +49,9 @@ SCENARIO = {
               "aggregator specs (a grid axis)"),
         Param("attacks", Spec(lambda spec: attacks.build(spec, 1), "an attack spec"), ["none"],
               "attack specs (a grid axis)"),
+        Param("faults", Spec(build_faults, "a fault spec: none, link-down:node=1,after=30,seconds=20, "
+                             "slow-link:node=1,after=30,seconds=60,factor=0.01, restart:node=1,after=30"), "none",
+              "faults on volunteers' real links, joined by + (robust field only: evaluation.field.lab.faults)"),
         Param("deadline", Interval(float, 0, None), 0.0,
               "simulated seconds a synchronous round waits for replies (0: for every node asked)"),
         Param("target", Interval(float, 0, 1, "right"), 0.95,
@@ -71,7 +75,8 @@ DEFAULTS = {k: p.default for k, p in SCENARIO.items()}
 
 def load_scenario(path: str | None, overrides: list[str] = (), engine: str = "local") -> dict:
     """Defaults, then the file's ``[scenario]`` table, then ``--set`` overrides; validated
-    (for ``engine``: ``deploy`` plays node-side attacks only)."""
+    (for ``engine``: ``deploy`` and ``field`` play node-side attacks only; only ``field`` plays
+    ``faults``)."""
     scenario = dict(DEFAULTS)
     if path:
         try:
@@ -114,6 +119,9 @@ def validate(scenario: dict, engine: str = "local") -> None:
             raise ValueError("--engine flower plays a schedule (round=async or a deadline) on the local driver's "
                              "simulated clock: give step-seconds (e.g. step-seconds=0.01) and no churn, or run "
                              "--engine local")
+        if engine != "field" and config.get("faults", "none") != "none":
+            raise ValueError(f"faults = {config['faults']!r} are played on real links by robust field: "
+                             "drop them here (faults = \"none\")")
         if config["quorum"] > n:
             raise ValueError(f"quorum={config['quorum']} is above nodes={n}: no round could step; lower quorum")
         for spec in scenario["aggregators"]:
@@ -121,8 +129,9 @@ def validate(scenario: dict, engine: str = "local") -> None:
             cell_settings(Cell(config, spec, "none", scenario["seeds"][0]))
     for spec in scenario["attacks"]:
         attack = attacks.build(spec, 1)
-        if engine == "deploy" and isinstance(attack, OmniscientAttack) and attack.name != "none":
-            raise ValueError(f"--engine deploy plays node-side attacks only (label-flip, backdoor): {spec!r} is "
+        if engine in ("deploy", "field") and isinstance(attack, OmniscientAttack) and attack.name != "none":
+            raise ValueError(f"{'--engine deploy' if engine == 'deploy' else 'robust field'} plays node-side attacks "
+                             f"only (label-flip, backdoor): {spec!r} is "
                              "omniscient (it needs every node's update); run it with --engine local or flower")
 
 

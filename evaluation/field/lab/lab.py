@@ -39,6 +39,7 @@ from evaluation.simtime.arrivals import Volunteers
 
 from . import netns, shaping
 from .cpu import Group
+from .faults import Fault, build_faults
 from .lab_node import Volunteer
 from .observe import observe
 
@@ -71,6 +72,16 @@ def refusal(cell: Cell, cpu: float) -> str | None:
         if cpu / crowd.slowness(node) < 0.01:
             return (f"a node {crowd.slowness(node):g}x slower on a cpu share of {cpu:g} gets less than 1% of a CPU: "
                     "raise --cpu or lower the speed's factor")
+    ordered = sorted(setup.ids)
+    for fault in build_faults(cell.config.get("faults", "none")):
+        if fault.node > len(ordered):
+            return f"{fault.name}'s node={fault.node} is not among the {len(ordered)} volunteers: lower it"
+        up, down, _ = crowd.rates(ordered[fault.node - 1])
+        if fault.name == "slow-link" and (math.isinf(up) or math.isinf(down)):
+            return (f"slow-link slows a shaped link: node {fault.node}'s is unshaped (none); give it a rate, "
+                    "or play link-down")
+        if fault.name == "slow-link" and min(up, down) * fault.factor / 1e6 < shaping.MIN_MBPS:
+            return f"slow-link's factor={fault.factor:g} takes node {fault.node}'s link under {shaping.MIN_MBPS:g} Mbit/s"
     return None
 
 
@@ -114,7 +125,7 @@ def run_cell(cell: Cell, root: Path, cpu: float = 1.0) -> dict:
     seen = observe({v.fp: v.replies(run.run_id) for v in volunteers}, rounds, run.t0, measured["times"], crowd,
                    sum(p.numel() for p in setup.model().parameters()), setup.settings.downlink, wire)
     record.update(field_costs(rounds, measured, cell.config["target-accuracy"], predicted), observed=seen,
-                  lost=run.lost(rounds), crashes=run.crashes, shaping=shaped,
+                  lost=run.lost(rounds), crashes=run.crashes, shaping=shaped, faults=run.played,
                   links={v.fp[:12]: [round(x, 6) for x in crowd.rates(v.fp)] for v in volunteers},
                   cpu_share={v.fp[:12]: v.group.share for v in volunteers})
     shutil.rmtree(folder, ignore_errors=True)
@@ -155,6 +166,9 @@ class Run:
         self.t0 = math.nan
         self.ended: list[float] = []  # wall time of each round's end
         self.sent: list[int] = []  # uplink bytes by then
+        ordered = sorted(volunteers, key=lambda v: v.fp)  # faults name nodes as links do: in sorted id order
+        self.faults = [(fault, ordered[fault.node - 1]) for fault in build_faults(cell.config.get("faults", "none"))]
+        self.played: list[dict] = []  # each fault: what, whom, when it began and ended (wall seconds)
 
     def start_coordinator(self):
         """``robust coordinator start`` in its namespace, returned once it has submitted the run."""
@@ -171,6 +185,9 @@ class Run:
         return proc
 
     def play(self) -> dict:
+        for v in self.volunteers:
+            if self.crowd.online(v.fp, 0):
+                v.warm()
         coordinator = self.start_coordinator()
         self.t0 = time.time()
         try:
@@ -178,6 +195,7 @@ class Run:
             while True:
                 self._note_rounds()
                 self._churn(len(self.ended) if not self.asynchronous else self.crowd.epoch_at(time.time() - self.t0))
+                self._faults(time.time() - self.t0)
                 if coordinator.poll() is not None:
                     if (self.coord / checkpoint.RESULT).exists():
                         self._note_rounds()
@@ -205,6 +223,32 @@ class Run:
                 v.start(PORT, self.ca)
             elif not self.crowd.online(v.fp, epoch) and v.running:
                 v.stop(churned=True)
+
+    def _faults(self, now: float) -> None:
+        """Begin the faults due by ``now`` and end those whose time is up."""
+        for k, (fault, v) in enumerate(self.faults):
+            if k == len(self.played) and now >= fault.after:
+                self.played.append({"fault": fault.spec, "node": v.fp[:12], "began": round(now, 3), "ended": None})
+                self._fault(fault, v, begin=True)
+                if not fault.seconds:
+                    self.played[k]["ended"] = self.played[k]["began"]
+            elif k < len(self.played) and self.played[k]["ended"] is None and now >= fault.after + fault.seconds:
+                self._fault(fault, v, begin=False)
+                self.played[k]["ended"] = round(now, 3)
+
+    def _fault(self, fault: Fault, v: Volunteer, begin: bool) -> None:
+        pair, coordinator = v.pair, self.net.coordinator
+        if fault.name == "link-down":
+            for namespace, dev in ((coordinator, pair.coordinator_dev), (pair.namespace, pair.volunteer_dev)):
+                netns.ip("-n", namespace, "link", "set", dev, "down" if begin else "up")
+        elif fault.name == "slow-link":
+            up, down, _ = self.crowd.rates(v.fp)
+            share = fault.factor if begin else 1.0
+            shaping.reshape(pair.namespace, pair.volunteer_dev, up * share / 1e6)
+            shaping.reshape(coordinator, pair.coordinator_dev, down * share / 1e6)
+        elif fault.name == "restart" and v.running:
+            v.stop(churned=True)
+            v.start(PORT, self.ca)
 
     def lost(self, rounds: list[dict]) -> int:
         """Finished replies that never counted: handed to a volunteer's SuperNode while the run

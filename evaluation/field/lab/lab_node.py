@@ -26,25 +26,38 @@ class Volunteer:
     pair: Pair
     latency_ms: float
     group: Group
-    procs: list[Popen] = field(default_factory=list)
+    procs: list[Popen] = field(default_factory=list)  # its relay and SuperNode
+    trainer: Popen | None = None
     stopped_at: list[float] = field(default_factory=list)  # wall times churn stopped it
 
     @property
     def running(self) -> bool:
         return bool(self.procs)
 
+    @property
+    def wrap(self) -> list[str]:
+        return ["ip", "netns", "exec", self.pair.namespace]
+
+    def warm(self) -> None:
+        """Start its warm trainer (in its CPU group, then its namespace: ``ip netns exec`` mounts a
+        sysfs of its own), as a volunteer's machine has it running before a run begins."""
+        if self.trainer is None:
+            self.trainer = launch.start_trainer(self.folder, self.folder / "trainer.log",
+                                                wrap=[*self.group.join_prefix(), *self.wrap])
+
     def start(self, coordinator_port: int, ca: Path) -> None:
-        wrap = ["ip", "netns", "exec", self.pair.namespace]
+        """Its trainer (if not warm yet), its relay, and its SuperNode, which connects through it."""
+        self.warm()
         relay = [sys.executable, "-m", "evaluation.field.lab.relay", str(RELAY_PORT),
                  f"{self.pair.coordinator_ip}:{coordinator_port}", f"{self.latency_ms:g}"]
-        self.procs = [launch.spawn(relay, self.folder / launch.FLWR_HOME, self.folder / "relay.log", wrap=wrap),
-                      *launch.start_node(self.folder, f"127.0.0.1:{RELAY_PORT}", ca, wrap=wrap,
-                                         trainer_wrap=self.group.join_prefix())]
+        self.procs = [launch.spawn(relay, self.folder / launch.FLWR_HOME, self.folder / "relay.log", wrap=self.wrap),
+                      launch.start_supernode(self.folder, f"127.0.0.1:{RELAY_PORT}", ca.resolve(),
+                                             self.folder / "supernode.log", wrap=self.wrap)]
 
     def stop(self, churned: bool = False) -> None:
-        for proc in reversed(self.procs):
+        for proc in [*reversed(self.procs), *([self.trainer] if self.trainer else [])]:
             launch.stop(proc, grace=5.0)
-        self.procs = []
+        self.procs, self.trainer = [], None
         if churned:
             self.stopped_at.append(time.time())
 

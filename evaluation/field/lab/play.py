@@ -47,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
     cpu.remove_groups(netns.is_stale)
     if stale:
         print(f"removed {len(stale)} namespace(s) a stopped lab left behind: {', '.join(stale)}", file=sys.stderr)
-    scenario = load_scenario(args.config, args.set or [], "deploy")
+    scenario = load_scenario(args.config, args.set or [], "field")
     todo = cells(scenario)
     for cell in todo:
         if (why := refusal(cell, args.cpu)) is not None:

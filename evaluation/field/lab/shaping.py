@@ -47,17 +47,27 @@ def shape(namespace: str, dev: str, mbps: float) -> None:
     reason = refusal(mbps, "a rate of")
     if reason:
         raise ValueError(reason)
+    tc(namespace, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "20")
+    _classes(namespace, dev, mbps, "add")
+    tc(namespace, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+       "match", "u16", "0x0000", SMALL, "at", "2", "flowid", "1:10")
+
+
+def reshape(namespace: str, dev: str, mbps: float) -> None:
+    """Change the rate of a direction :func:`shape` shaped (a slow-link fault, and its end)."""
+    _classes(namespace, dev, mbps, "change")
+
+
+def _classes(namespace: str, dev: str, mbps: float, verb: str) -> None:
+    """The root class at the rate; under it the small packets' class, then the rest's."""
     rate = f"{mbps * 1e6:.0f}bit"
     small_bps = max(mbps * 1e6 / 20, 8e3)
     small, bulk = f"{small_bps:.0f}bit", f"{max(mbps * 1e6 - small_bps, 8e3):.0f}bit"
-    tc(namespace, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "20")
-    tc(namespace, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
+    tc(namespace, "class", verb, "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
        "quantum", "1514")
     for classid, guaranteed, prio in (("1:10", small, "0"), ("1:20", bulk, "1")):
-        tc(namespace, "class", "add", "dev", dev, "parent", "1:1", "classid", classid, "htb", "rate", guaranteed,
+        tc(namespace, "class", verb, "dev", dev, "parent", "1:1", "classid", classid, "htb", "rate", guaranteed,
            "ceil", rate, "prio", prio, "quantum", "1514")
-    tc(namespace, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-       "match", "u16", "0x0000", SMALL, "at", "2", "flowid", "1:10")
 
 
 def counters(namespace: str, dev: str) -> dict:
