@@ -72,8 +72,9 @@ def test_a_shaped_field_trains_the_per_node_drivers_bits_and_cleans_up(tmp_path)
     assert line["time_to_target"] > 0 and line["bytes_up_to_target"] > 0
     record = json.loads((tmp_path / "out" / "results.jsonl").read_text().splitlines()[-1])
     assert leftovers(lab.pid) == []
+    assert record["revived"] == 0  # no volunteer process died of the lost link
     (down,) = record["faults"]
-    assert down["fault"] == "link-down:node=2,after=4,seconds=6" and down["ended"] - down["began"] >= 6
+    assert down["fault"] == "link-down:node=2,after=4,seconds=6" and down["began"] >= 4 and down["ended"] >= 10
 
     # the deployment's bits are the per-node local driver's (every reply counted, the cut-off one
     # too): the lab changes when, not what

@@ -53,10 +53,10 @@ from nodes.volunteer.worklog import WORK_LOG
 from nodes.volunteer.volunteer import check_attack
 from robust import keys, tls
 
+from .coordinator_process import Supervised
 from .light_nodes import LightNode, fleet, precompute
 
 POLL = 0.5
-MAX_RESTARTS = 3
 # seconds into a round before its planned kills: early enough to fall within any round (a
 # task reaches a volunteer at its SuperNode's next poll, every 3 s, and a warm trainer answers
 # in tens of ms), so every round has its kills
@@ -233,21 +233,9 @@ class Stress:
         self.crashes, self.ended = 0, {}  # round -> when its record appeared
         self.peak_mb = {"coordinator": 0.0, "superlink": 0.0}
 
-    def start_coordinator(self) -> subprocess.Popen:
-        """``robust coordinator start``, returned once it has registered the keys and submitted the run."""
-        log = self.coord / "start.log"
-        seen = log.stat().st_size if log.exists() else 0
-        proc = robust_cli(["coordinator", "start", str(self.coord)], self.coord, log)
-        until = time.monotonic() + 300
-        while b" submitted" not in log.read_bytes()[seen:]:
-            if proc.poll() is not None or time.monotonic() > until:
-                raise RuntimeError(f"the coordinator did not start: see {log}")
-            time.sleep(POLL)
-        return proc
-
     def run(self) -> dict:
         started = time.monotonic()
-        coordinator = self.start_coordinator()
+        coordinator = Supervised(self.coord)
         for v in self.volunteers:
             v.start(self.coord, self.settings.port)
         round_started, plan = time.monotonic(), self._plan_kills()
@@ -261,15 +249,10 @@ class Stress:
                         v.restart(self.coord, self.settings.port)
                         v.killed.append(done + 1)
                     plan = []
-                self.sample(coordinator.pid)
-                if coordinator.poll() is not None:
-                    if (self.coord / checkpoint.RESULT).exists():
-                        self._note_ended(len(read_rounds(self.coord)))  # its record came as the coordinator finished
-                        break
-                    self.crashes += 1
-                    if self.crashes > MAX_RESTARTS:
-                        raise RuntimeError(f"the coordinator crashed {self.crashes} times: see {self.coord / 'start.log'}")
-                    coordinator = self.start_coordinator()
+                self.sample(coordinator.proc.pid)
+                if coordinator.finished():
+                    self._note_ended(len(read_rounds(self.coord)))  # its record came as the coordinator finished
+                    break
                 time.sleep(POLL)
         finally:
             for v in self.volunteers:
@@ -277,7 +260,8 @@ class Stress:
                     v.node.close(wait=False)  # every light node at once; joined below
             for v in self.volunteers:
                 v.stop()
-            launch.stop(coordinator)
+            coordinator.stop()
+            self.crashes = coordinator.crashes
         return self._report(time.monotonic() - started)
 
     def _note_ended(self, done: int) -> bool:

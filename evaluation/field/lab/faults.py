@@ -19,13 +19,15 @@ Only ``robust field`` plays them: the bench's clock has no word for them, and re
 from __future__ import annotations
 
 from robust.constraints import Interval, Param
-from robust.registry import Component, Registry
+from robust.registry import Registry
 from robust.spec import parse
+
+from evaluation.simtime.traits import Trait
 
 FAULTS: Registry[Fault] = Registry("fault")
 
 
-class Fault(Component):
+class Fault(Trait):
     """A fault of one volunteer, from ``after`` seconds into the run."""
 
     params = (
@@ -34,9 +36,6 @@ class Fault(Component):
     )
     seconds = 0.0  # how long it lasts (0: an event)
     spec = ""
-
-    def __init__(self, f: int = 0, **params: object) -> None:
-        super().__init__(f, **params)
 
 
 @FAULTS.register

@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import math
 import shutil
-import sys
 import time
 from pathlib import Path
 
-from nodes import checkpoint, launch
+from nodes import checkpoint
 from nodes.coordinator.coordinator import RUN_ID
 from robust import tls
 
@@ -38,6 +37,8 @@ from evaluation.reports.target_costs import first_reached
 from evaluation.simtime.arrivals import Volunteers
 
 from . import netns, shaping
+from evaluation.field.coordinator_process import Supervised
+
 from .cpu import Group
 from .faults import Fault, build_faults
 from .lab_node import Volunteer
@@ -45,7 +46,6 @@ from .observe import observe
 
 POLL = 0.05  # seconds between looks at the round log
 DEADLINE = 600.0  # a synchronous round's deadline unless the scenario gives one: only a broken node is late
-MAX_CRASHES = 3
 PORT = 9190  # the SuperLink's, in the coordinator's namespace (each namespace has its own ports)
 STOP_GRACE = 5.0  # a reply handed on this close to its node's stop may not have left: not counted lost
 
@@ -125,7 +125,7 @@ def run_cell(cell: Cell, root: Path, cpu: float = 1.0) -> dict:
     seen = observe({v.fp: v.replies(run.run_id) for v in volunteers}, rounds, run.t0, measured["times"], crowd,
                    sum(p.numel() for p in setup.model().parameters()), setup.settings.downlink, wire)
     record.update(field_costs(rounds, measured, cell.config["target-accuracy"], predicted), observed=seen,
-                  lost=run.lost(rounds), crashes=run.crashes, shaping=shaped, faults=run.played,
+                  lost=run.lost(rounds), crashes=run.crashes, revived=run.revived, shaping=shaped, faults=run.played,
                   links={v.fp[:12]: [round(x, 6) for x in crowd.rates(v.fp)] for v in volunteers},
                   cpu_share={v.fp[:12]: v.group.share for v in volunteers})
     shutil.rmtree(folder, ignore_errors=True)
@@ -160,7 +160,7 @@ class Run:
     def __init__(self, cell: Cell, coord: Path, net: netns.Network, volunteers: list[Volunteer], crowd: Volunteers) -> None:
         self.cell, self.coord, self.net, self.volunteers, self.crowd = cell, coord, net, volunteers, crowd
         self.asynchronous = cell.config.get("round") == "async"
-        self.crashes = 0
+        self.crashes = self.revived = 0
         self.run_id = (coord / RUN_ID).read_text().strip()
         self.ca = coord / "tls" / tls.CA_CERT
         self.t0 = math.nan
@@ -170,25 +170,11 @@ class Run:
         self.faults = [(fault, ordered[fault.node - 1]) for fault in build_faults(cell.config.get("faults", "none"))]
         self.played: list[dict] = []  # each fault: what, whom, when it began and ended (wall seconds)
 
-    def start_coordinator(self):
-        """``robust coordinator start`` in its namespace, returned once it has submitted the run."""
-        log = self.coord / "start.log"
-        seen = log.stat().st_size if log.exists() else 0
-        proc = launch.spawn([sys.executable, "-m", "robust.cli", "coordinator", "start", str(self.coord)],
-                            self.coord / launch.FLWR_HOME, log, wrap=self.net.exec_prefix(self.net.coordinator))
-        until = time.monotonic() + 300
-        while b" submitted" not in log.read_bytes()[seen:]:
-            if proc.poll() is not None or time.monotonic() > until:
-                launch.stop(proc)
-                raise RuntimeError(f"the lab's coordinator did not start: see {log}")
-            time.sleep(POLL)
-        return proc
-
     def play(self) -> dict:
         for v in self.volunteers:
             if self.crowd.online(v.fp, 0):
                 v.warm()
-        coordinator = self.start_coordinator()
+        coordinator = Supervised(self.coord, self.net.exec_prefix(self.net.coordinator))
         self.t0 = time.time()
         try:
             self._churn(0)
@@ -196,17 +182,13 @@ class Run:
                 self._note_rounds()
                 self._churn(len(self.ended) if not self.asynchronous else self.crowd.epoch_at(time.time() - self.t0))
                 self._faults(time.time() - self.t0)
-                if coordinator.poll() is not None:
-                    if (self.coord / checkpoint.RESULT).exists():
-                        self._note_rounds()
-                        break
-                    self.crashes += 1
-                    if self.crashes > MAX_CRASHES:
-                        raise RuntimeError(f"the coordinator crashed {self.crashes} times: see {self.coord / 'start.log'}")
-                    coordinator = self.start_coordinator()
+                if coordinator.finished():
+                    self._note_rounds()
+                    break
                 time.sleep(POLL)
         finally:
-            launch.stop(coordinator)
+            coordinator.stop()
+            self.crashes = coordinator.crashes
         return {"wall": time.time() - self.t0, "times": [round(t, 3) for t in self.ended], "bytes": self.sent}
 
     def _note_rounds(self) -> None:
@@ -218,10 +200,16 @@ class Run:
             self.sent += [total] * (done - len(self.sent))
 
     def _churn(self, epoch: int) -> None:
+        """Start the volunteers online in ``epoch``, stop the others; start again one whose
+        process exited (``robust node join``'s supervisor does that for a volunteer)."""
         for v in self.volunteers:
-            if self.crowd.online(v.fp, epoch) and not v.running:
+            online = self.crowd.online(v.fp, epoch)
+            if online and v.running and v.exited():
+                v.stop()
+                self.revived += 1
+            if online and not v.running:
                 v.start(PORT, self.ca)
-            elif not self.crowd.online(v.fp, epoch) and v.running:
+            elif not online and v.running:
                 v.stop(churned=True)
 
     def _faults(self, now: float) -> None:
@@ -252,9 +240,12 @@ class Run:
 
     def lost(self, rounds: list[dict]) -> int:
         """Finished replies that never counted: handed to a volunteer's SuperNode while the run
-        went on, not just before churn stopped the volunteer, and never read by the coordinator
-        (accepted, rejected, or failed for a reason of its own)."""
-        end = self.t0 + (self.ended[-1] if self.ended else 0.0)
+        went on, not just before churn or a fault stopped the volunteer, and never read by the
+        coordinator (accepted, rejected, or failed for a reason of its own). An asynchronous
+        run's last buffer closes with other replies in flight: those handed after the buffer
+        before it are moot, not lost."""
+        last = self.ended[-2] if self.asynchronous and len(self.ended) > 1 else self.ended[-1] if self.ended else 0.0
+        end = self.t0 + last
         out = 0
         for v in self.volunteers:
             handed = [e for e in v.replies(self.run_id)

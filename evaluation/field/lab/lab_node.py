@@ -38,6 +38,10 @@ class Volunteer:
     def wrap(self) -> list[str]:
         return ["ip", "netns", "exec", self.pair.namespace]
 
+    def exited(self) -> bool:
+        """Whether one of its processes has exited (a SuperNode gives up on a TLS error, say)."""
+        return any(p.poll() is not None for p in [*self.procs, *([self.trainer] if self.trainer else [])])
+
     def warm(self) -> None:
         """Start its warm trainer (in its CPU group, then its namespace: ``ip netns exec`` mounts a
         sysfs of its own), as a volunteer's machine has it running before a run begins."""

@@ -30,6 +30,7 @@ from evaluation.reports.summary import read_results
 from evaluation.simtime.calibration import measure
 
 from . import cpu, netns
+from .figure import plot
 from .lab import refusal, run_cell
 
 LINE = ("aggregator", "attack", "seed", "time_to_target", "predicted_time_to_target", "rounds_to_target",
@@ -81,6 +82,9 @@ def main(args: argparse.Namespace) -> int:
               f"(median of {len(calibration.task_seconds)}), a round {calibration.collect_seconds + calibration.between_seconds:.2f} s, "
               f"the start {calibration.start_seconds:.2f} s; the wire carries {calibration.wire_up:.3f}x the bytes up, "
               f"{calibration.wire_down:.3f}x down", file=sys.stderr)
+    picture = plot(records, out / "field.png")
+    if picture:
+        print(f"picture: {picture}", file=sys.stderr)
     if args.json:
         for r in records:
             print(json.dumps({**{k: r.get(k) for k in LINE}, "calibration": r["config"].get("calibration") or None}))

@@ -17,6 +17,7 @@ import time
 
 CHUNK = 65536
 WINDOW = 64  # chunks in flight per direction
+PATIENCE = 120.0  # seconds a new connection waits for a link that is down (Linux's connect gives up after ~127)
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
@@ -43,13 +44,28 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
     await asyncio.gather(read(), write())
 
 
+async def _upstream(host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+    """A connection to ``host:port``, tried again while the link is down (as the kernel resends a
+    connection's first packet), for up to ``PATIENCE`` seconds; ``None`` if it never came."""
+    until = time.monotonic() + PATIENCE
+    while True:
+        try:
+            return await asyncio.open_connection(host, port)
+        except OSError:
+            if time.monotonic() > until:
+                return None
+            await asyncio.sleep(0.25)
+
+
 async def _serve(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter, host: str, port: int,
                  delay: float) -> None:
-    try:
-        server_reader, server_writer = await asyncio.open_connection(host, port)
-    except OSError:
+    # the client's connection is already accepted: a refused upstream would look to it like a
+    # broken TLS handshake (which Flower's SuperNode takes as fatal), not like a dead link
+    upstream = await _upstream(host, port)
+    if upstream is None:
         client_writer.close()
         return
+    server_reader, server_writer = upstream
     try:
         await asyncio.gather(_pump(client_reader, server_writer, delay), _pump(server_reader, client_writer, delay))
     except (OSError, asyncio.IncompleteReadError):
