@@ -25,7 +25,7 @@ import pytest
 
 import aggregators
 import attacks
-from evaluation.field.lab import faults
+from evaluation.field.lab import wire_faults as faults
 from evaluation.simtime import traits
 from evaluation.bench.scenario import SCENARIO, load_scenario
 from nodes.engine import protocol, staleness

@@ -33,7 +33,7 @@ from robust.partition import KINDS
 from robust.spec import Component, format_spec, parse
 
 from .cell import SHARED, Cell, cell_settings
-from evaluation.field.lab.faults import build_faults
+from evaluation.field.lab.wire_faults import build_faults
 from evaluation.simtime.arrivals import CLOCK
 from evaluation.reports.target_costs import OF
 
@@ -51,7 +51,7 @@ SCENARIO = {
               "attack specs (a grid axis)"),
         Param("faults", Spec(build_faults, "a fault spec: none, link-down:node=1,after=30,seconds=20, "
                              "slow-link:node=1,after=30,seconds=60,factor=0.01, restart:node=1,after=30"), "none",
-              "faults on volunteers' real links, joined by + (robust field only: evaluation.field.lab.faults)"),
+              "faults on volunteers' real links, joined by + (robust field only: evaluation.field.lab.wire_faults)"),
         Param("deadline", Interval(float, 0, None), 0.0,
               "simulated seconds a synchronous round waits for replies (0: for every node asked)"),
         Param("target", Interval(float, 0, 1, "right"), 0.95,

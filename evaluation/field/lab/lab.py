@@ -40,7 +40,7 @@ from . import netns, shaping
 from evaluation.field.coordinator_process import Supervised
 
 from .cpu import Group
-from .faults import Fault, build_faults
+from .wire_faults import Fault, build_faults
 from .lab_node import Volunteer
 from .observe import observe
 
