@@ -31,9 +31,9 @@ INSTALL = {  # CI runs these itself, on a clean clone: each part -> what .ci/run
     "pip install torch==2.13.0": "pip install torch==2.13.0",
     "pip install -e .": "pip install -e '.[docs]'",  # the package, with the docs extra
 }
-# covered by tests/test_warm_trainer.py, which runs `robust demo --rounds 2 --seed 3 --json --keep DIR`
-# (about a minute of real processes; not run twice): each argument the page gives must be in its argv
-DEMO_TEST = ("test_warm_trainer.py", "test_robust_demo_gives_the_in_process_bits_and_each_rounds_seconds")
+# covered by tests/test_dashboard.py, which runs `robust demo --rounds 4 --seed 3 --json --keep DIR --dashboard
+# 127.0.0.1:0` (about a minute of real processes; not run twice): each argument the page gives must be in its argv
+DEMO_TEST = ("test_dashboard.py", "test_demo_shows_the_run_live_in_a_browser_and_ends_with_the_in_process_bits")
 # run here, with these arguments added (a later --set, --out or --jobs wins): 4 cells of 2 rounds, in
 # this process's child alone (--jobs 2's worker processes cost 35 s of start-up on a busy machine;
 # tests/test_bench.py runs --jobs 2 and checks it gives --jobs 1's records)

@@ -15,7 +15,9 @@ from pathlib import Path
 BASE = ["rounds=2", "nodes=3", "byzantine=1", "dataset=digits", "model=mlp", "protocol=momentum", "quarantine-after=1"]
 GRID = BASE + ["seeds=[0, 1]", 'aggregators=["trimmed-mean", "bucketing:s=2+centered-clipping:tau=10,iters=3"]',
                'attacks=["none", "alie:z=1", "label-flip", "inf", "neurotoxin:k=5"]']
-NODE_SIDE = BASE + ["seeds=[0]", 'aggregators=["trimmed-mean"]', 'attacks=["none", "label-flip"]']
+# one deployed cell (each starts its own SuperLink, SuperNodes and trainers: half a minute): its
+# honest nodes train as in a clean cell, and its Byzantine node flips its labels on its side
+NODE_SIDE = BASE + ["seeds=[0]", 'aggregators=["trimmed-mean"]', 'attacks=["label-flip"]']
 
 
 def bench(out, scenario, *extra, home, env=None, command=(sys.executable, "-m", "robust.cli")):
@@ -59,8 +61,8 @@ def test_per_node_flower_and_deploy_give_the_same_bits(tmp_path):
                    env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"})
     assert deploy.returncode == 0, deploy.stderr[-3000:]
     got, rows = shas(tmp_path / "deploy")
-    assert got == {k: v for k, v in want.items() if k[0] == "trimmed-mean" and k[2] == 0 and k[1] in ("none", "label-flip")}
-    assert all(r["engine"] == "deploy" and r["kappa"] is None for r in rows)
+    assert got == {k: v for k, v in want.items() if k[0] == "trimmed-mean" and k[2] == 0 and k[1] == "label-flip"}
+    assert len(rows) == 1 and rows[0]["engine"] == "deploy" and rows[0]["kappa"] is None
 
 
 # a schedule: one node of 4 three times slower (a task takes 0.01 s, 0.03 s on it). Async:
@@ -70,26 +72,49 @@ TIMED = ["rounds=3", "nodes=4", "byzantine=1", "dataset=digits", "model=mlp", "p
          "step-seconds=0.01", "speed=\"slow:fraction=0.25,factor=3\"", 'aggregators=["trimmed-mean"]']
 SCHEDULES = {"async": ["round=async"], "carry": ["late=carry", "deadline=0.02"]}
 
+# `robust bench --engine flower`'s driver (the CLI around it is test_per_node_flower_and_deploy_give_the_same_bits'),
+# given the cells of several scenarios: those with the same number of nodes share one simulation
+# (one Ray start-up). One JSON line per cell: its scenario's index, attack and model_sha256.
+FLOWER_CELLS = """\
+import json, sys
+from pathlib import Path
+from evaluation.bench.drivers.flower_sim import run_cells
+from evaluation.bench.scenario import cell_id, cells, load_scenario
+todo = {cell_id(c): (i, c) for i, s in enumerate(json.loads(sys.argv[1])) for c in cells(load_scenario(None, s, "flower"))}
+with open(sys.argv[2], "w") as out:
+    run_cells([c for _, c in todo.values()], Path(sys.argv[3]), lambda c, r: print(json.dumps(
+        [todo[cell_id(c)][0], r["attack"], r["model_sha256"], r["engine"]]), file=out, flush=True))
+"""
+
 
 def test_async_and_carried_cells_give_the_same_bits_through_flower_and_run_deployed(tmp_path):
-    from evaluation.bench.cell import Cell
     from evaluation.bench.drivers.inprocess import CellRun
-    from evaluation.bench.scenario import grid, load_scenario
+    from evaluation.bench.scenario import cells, load_scenario
 
     home = tmp_path / "home"
-    for name, schedule in SCHEDULES.items():
-        scenario = TIMED + schedule + ['attacks=["none", "alie:z=1", "label-flip"]']
-        per_node = bench(tmp_path / f"{name}-per-node", scenario, "--no-vectorize", home=home)
-        assert per_node.returncode == 0, per_node.stderr[-3000:]
-        want, _ = shas(tmp_path / f"{name}-per-node")
-        assert len(set(want.values())) == 3
-        run, staleness = CellRun(Cell(grid(load_scenario(None, scenario))[0], "trimmed-mean", "none", 0), False), []
-        while (record := run.play_round()) is not None:
-            staleness += record["staleness"].values()
-        assert max(staleness) >= 1, name  # the slow node's rows came stale: the schedule matters
-        flower = bench(tmp_path / f"{name}-flower", scenario, "--engine", "flower", home=home)
-        assert flower.returncode == 0, flower.stderr[-3000:]
-        assert shas(tmp_path / f"{name}-flower")[0] == want, name  # the same loop, on the local driver's clock
+    scenarios = {name: TIMED + schedule + ['attacks=["none", "alie:z=1", "label-flip"]']
+                 for name, schedule in SCHEDULES.items()}
+    want = {}
+    for name, scenario in scenarios.items():
+        for cell in cells(load_scenario(None, scenario)):  # the per-node local driver, in this process
+            run, staleness = CellRun(cell, False), []
+            while (record := run.play_round()) is not None:
+                staleness += record["staleness"].values()
+            want[name, cell.attack] = run.record(0.0)["model_sha256"]
+            if cell.attack == "none":
+                assert max(staleness) >= 1, name  # the slow node's rows came stale: the schedule matters
+        assert len({want[name, a] for a in ("none", "alie:z=1", "label-flip")}) == 3, name
+    flower = subprocess.run([sys.executable, "-c", FLOWER_CELLS, json.dumps(list(scenarios.values())),
+                             str(tmp_path / "flower.jsonl"), str(tmp_path / "federations")],
+                            capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
+                                 "FLWR_DISABLE_UPDATE_CHECK": "1"})
+    assert flower.returncode == 0, flower.stderr[-3000:]
+    names = list(scenarios)
+    rows = [json.loads(line) for line in (tmp_path / "flower.jsonl").read_text().splitlines()]
+    assert all(engine == "flower" for *_, engine in rows)
+    # the same loop, on the local driver's clock
+    assert {(names[i], attack): sha for i, attack, sha, _ in rows} == want and len(rows) == len(want)
 
     # real processes run on the wall: their buffers follow real arrival times (see the README)
     deploy = bench(tmp_path / "deploy", TIMED + ["round=async", "rounds=1", 'attacks=["none"]'], "--engine", "deploy",
@@ -99,8 +124,13 @@ def test_async_and_carried_cells_give_the_same_bits_through_flower_and_run_deplo
     assert rows[0]["engine"] == "deploy" and len(rows[0]["accuracy"]) == 2  # two buffers of 3 of the 4 nodes
 
 
-def test_drivers_refuse_what_they_cannot_run(tmp_path):
+def test_drivers_refuse_what_they_cannot_run(tmp_path, capsys):
+    from robust.cli import main
+
     for engine, extra, words in [("flower", ["--jobs", "2"], "drop --jobs"), ("deploy", [], "node-side attacks only"),
                                  ("flower", ["--no-vectorize"], "--no-vectorize is a mode of --engine local")]:
-        run = bench(tmp_path / engine, GRID, "--engine", engine, *extra, home=tmp_path / "home")
-        assert run.returncode == 2 and words in run.stderr and "Traceback" not in run.stderr, run.stderr
+        code = main(["bench", "--out", str(tmp_path / engine), *(f for item in GRID for f in ("--set", item)),
+                     "--engine", engine, *extra])  # in this process: it refuses before anything runs
+        err = capsys.readouterr().err
+        assert code == 2 and words in err and "Traceback" not in err, err
+        assert not (tmp_path / engine / "results.jsonl").exists()

@@ -71,7 +71,9 @@ def procs():
 
 def test_tls_auth_bad_replies_and_a_node_killed_mid_round(tmp_path, procs):
     port = launch.free_port()
-    settings = Settings(rounds=3, aggregator="median", tolerate=0, quorum=1, deadline=45.0, port=port)
+    # a round waits out its deadline for the killed node (twice: in round 2, and in round 3 should its
+    # reply to round 2 have left before the kill); live nodes answer in seconds (under 20 on a busy machine)
+    settings = Settings(rounds=3, aggregator="median", tolerate=0, quorum=1, deadline=30.0, port=port)
     coord, nodes = make_federation(tmp_path, 3, settings)
     stranger = tmp_path / "stranger"
     commands.node_keygen(stranger, seed="not admitted")
@@ -104,7 +106,7 @@ def test_tls_auth_bad_replies_and_a_node_killed_mid_round(tmp_path, procs):
 
 def test_killed_coordinator_resumes_and_slow_nodes_give_the_same_bits(tmp_path, procs):
     port = launch.free_port()
-    settings = Settings(rounds=4, aggregator="trimmed-mean", tolerate=1, quorum=3, deadline=90.0, port=port,
+    settings = Settings(rounds=3, aggregator="trimmed-mean", tolerate=1, quorum=3, deadline=90.0, port=port,
                         protocol="momentum",  # volunteers keep their momentum in their folders across the kill
                         compression="int8",  # encodings cross real Flower messages
                         bind="0.0.0.0")  # as for volunteers on other machines
@@ -113,16 +115,16 @@ def test_killed_coordinator_resumes_and_slow_nodes_give_the_same_bits(tmp_path, 
     procs.append(start())
     logs = [tmp_path / "coordinator.log", coord / "logs" / "superlink.log", *(n / "join.log" for n in nodes)]
     wait_until(lambda: "submitted" in (tmp_path / "coordinator.log").read_text(), 120, "the run", logs)
-    procs.extend(join(node, coord, port, "--slow", "4") for node in nodes)  # replies in random order
-    wait_until(lambda: len(rounds_done(coord)) >= 2, 240, "round 2", logs)
-    kill(procs[0])
+    procs.extend(join(node, coord, port, "--slow", "2") for node in nodes)  # replies in random order
+    wait_until(lambda: len(rounds_done(coord)) >= 1, 240, "round 1", logs)
+    kill(procs[0])  # during round 2: it resumes after round 1 and plays rounds 2 and 3
     procs[0] = start()
     wait_until(lambda: (coord / checkpoint.RESULT).exists(), 300, "the resumed run to finish", logs)
     assert "resuming after round" in (tmp_path / "coordinator.log").read_text()
     # the reference: the same federation in-process, uninterrupted, every reply in order
     deployed = json.loads((coord / checkpoint.RESULT).read_text())
     assert deployed["model_sha256"] == reference_sha256(tmp_path / "reference", 3, settings)
-    assert [r["round"] for r in rounds_done(coord)][-1] == 4
+    assert [r["round"] for r in rounds_done(coord)][-1] == 3
     assert all(3.5 < r["bytes_down"] / r["bytes_up"] < 4 for r in rounds_done(coord) if r["bytes_up"])
 
 
