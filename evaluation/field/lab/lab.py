@@ -174,7 +174,7 @@ class Run:
         for v in self.volunteers:
             if self.crowd.online(v.fp, 0):
                 v.warm()
-        coordinator = Supervised(self.coord, self.net.exec_prefix(self.net.coordinator))
+        coordinator = Supervised(self.coord, netns.inside(self.net.coordinator))
         self.t0 = time.time()
         try:
             self._churn(0)

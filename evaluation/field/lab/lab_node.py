@@ -14,7 +14,7 @@ from nodes import launch
 from nodes.volunteer import worklog
 
 from .cpu import Group
-from .netns import Pair
+from .netns import Pair, inside
 
 RELAY_PORT = 9190  # each namespace has its own loopback: every relay listens on the same port
 
@@ -34,10 +34,6 @@ class Volunteer:
     def running(self) -> bool:
         return bool(self.procs)
 
-    @property
-    def wrap(self) -> list[str]:
-        return ["ip", "netns", "exec", self.pair.namespace]
-
     def exited(self) -> bool:
         """Whether one of its processes has exited (a SuperNode gives up on a TLS error, say)."""
         return any(p.poll() is not None for p in [*self.procs, *([self.trainer] if self.trainer else [])])
@@ -47,16 +43,17 @@ class Volunteer:
         sysfs of its own), as a volunteer's machine has it running before a run begins."""
         if self.trainer is None:
             self.trainer = launch.start_trainer(self.folder, self.folder / "trainer.log",
-                                                wrap=[*self.group.join_prefix(), *self.wrap])
+                                                wrap=[*self.group.join_prefix(), *inside(self.pair.namespace)])
 
     def start(self, coordinator_port: int, ca: Path) -> None:
         """Its trainer (if not warm yet), its relay, and its SuperNode, which connects through it."""
         self.warm()
         relay = [sys.executable, "-m", "evaluation.field.lab.relay", str(RELAY_PORT),
                  f"{self.pair.coordinator_ip}:{coordinator_port}", f"{self.latency_ms:g}"]
-        self.procs = [launch.spawn(relay, self.folder / launch.FLWR_HOME, self.folder / "relay.log", wrap=self.wrap),
+        here = inside(self.pair.namespace)
+        self.procs = [launch.spawn(relay, self.folder / launch.FLWR_HOME, self.folder / "relay.log", wrap=here),
                       launch.start_supernode(self.folder, f"127.0.0.1:{RELAY_PORT}", ca.resolve(),
-                                             self.folder / "supernode.log", wrap=self.wrap)]
+                                             self.folder / "supernode.log", wrap=here)]
 
     def stop(self, churned: bool = False) -> None:
         for proc in [*reversed(self.procs), *([self.trainer] if self.trainer else [])]:

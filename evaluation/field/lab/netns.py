@@ -29,6 +29,11 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
+def inside(namespace: str) -> list[str]:
+    """The prefix that runs a command inside ``namespace``."""
+    return ["ip", "netns", "exec", namespace]
+
+
 def refusal() -> str | None:
     """Why this machine cannot hold the lab (``None``: it can)."""
     if os.geteuid() != 0:
@@ -121,10 +126,6 @@ class Network:
             ip("-n", p.namespace, "addr", "add", f"{p.volunteer_ip}/24", "dev", p.volunteer_dev)
             ip("-n", self.coordinator, "link", "set", p.coordinator_dev, "up")
             ip("-n", p.namespace, "link", "set", p.volunteer_dev, "up")
-
-    def exec_prefix(self, namespace: str) -> list[str]:
-        """What runs a command inside ``namespace``."""
-        return ["ip", "netns", "exec", namespace]
 
     def traffic(self) -> dict[int, tuple[int, int]]:
         """Each volunteer's ``(bytes up, bytes down)`` on the wire so far (its pair's counters
