@@ -158,7 +158,7 @@ class Run:
     """The processes of one cell's deployment, watched until the coordinator has its result."""
 
     def __init__(self, cell: Cell, coord: Path, net: netns.Network, volunteers: list[Volunteer], crowd: Volunteers) -> None:
-        self.cell, self.coord, self.net, self.volunteers, self.crowd = cell, coord, net, volunteers, crowd
+        self.coord, self.net, self.volunteers, self.crowd = coord, net, volunteers, crowd
         self.asynchronous = cell.config.get("round") == "async"
         self.crashes = self.revived = 0
         self.run_id = (coord / RUN_ID).read_text().strip()
