@@ -186,6 +186,7 @@ def _follow(folder: Path, run_id: str, settings: Settings, superlink) -> int:
                     print(f"error: the run ended ({status}): {details}\n" + launch.run_log(folder, run_id)[-3000:])
                     return 1
             time.sleep(0.5)
+            launch.raise_if_terminated()
 
 
 def rounds_file_size(folder: Path) -> int:

@@ -110,13 +110,28 @@ def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
             continue
 
 
+_terminated = False  # set by SIGTERM, for the waits that outlive a swallowed KeyboardInterrupt
+
+
 def _interrupt(signum: int, frame: object) -> None:
+    global _terminated
+    _terminated = True
     raise KeyboardInterrupt
 
 
 def stop_on_sigterm() -> None:
-    """`kill`, systemd, docker stop: stop this process as Ctrl-C does (a ``KeyboardInterrupt``)."""
+    """`kill`, systemd, docker stop: stop this process as Ctrl-C does (a ``KeyboardInterrupt``).
+
+    Python ignores an exception raised while a finaliser runs ("Exception ignored in ..."), and a
+    signal can arrive just then: a loop that waits calls :func:`raise_if_terminated` each turn, so
+    a swallowed SIGTERM still stops it (found by CI: a field lab that went on after SIGTERM)."""
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+def raise_if_terminated() -> None:
+    """Raise ``KeyboardInterrupt`` if this process was sent SIGTERM (see :func:`stop_on_sigterm`)."""
+    if _terminated:
+        raise KeyboardInterrupt
 
 
 def free_port() -> int:

@@ -28,6 +28,7 @@ def start(coord: Path, wrap: list[str] = ()) -> subprocess.Popen:
             launch.stop(proc)
             raise RuntimeError(f"the coordinator did not start: see {log}")
         time.sleep(POLL)
+        launch.raise_if_terminated()
     return proc
 
 

@@ -189,7 +189,8 @@ def wait_for_interrupt() -> None:
     launch.stop_on_sigterm()
     try:
         while True:
-            time.sleep(3600)
+            time.sleep(1.0)
+            launch.raise_if_terminated()
     except KeyboardInterrupt:
         pass
 

@@ -27,7 +27,7 @@ import shutil
 import time
 from pathlib import Path
 
-from nodes import checkpoint
+from nodes import checkpoint, launch
 from nodes.coordinator.coordinator import RUN_ID
 from robust import tls
 
@@ -186,6 +186,7 @@ class Run:
                     self._note_rounds()
                     break
                 time.sleep(POLL)
+                launch.raise_if_terminated()
         finally:
             coordinator.stop()
             self.crashes = coordinator.crashes
