@@ -22,6 +22,7 @@ from . import (  # noqa: F401  (registration)
     alie, alie_local, backdoor, cc_orthogonal, drift, evade, fang, forge, gaussian, inf, ipm, label_flip, lazy, mimic,
     min_max, min_sum, none, optimal, poisoned_fl, sign_flip,
 )
+from . import bad_dispute, fewer_steps, other_data, replay_row  # noqa: F401  (registration: cheats recomputation convicts)
 from . import constrain_scale, neurotoxin  # noqa: F401  (registration: backdoors that shape training)
 from .base import REGISTRY, Attack, Context, Memory, NodeAttack, OmniscientAttack, Shaping
 

@@ -115,6 +115,7 @@ class Memory:
     round: int
     w: torch.Tensor  # the global model it was sent, flat
     row: torch.Tensor  # the update it computed, before :meth:`NodeAttack.forge`
+    states: list[torch.Tensor] | None = None  # the trajectory it committed to, where it commits to one
 
 
 @dataclass(frozen=True)
@@ -124,11 +125,14 @@ class Shaping:
 
     - ``loss(ce, local, start)``: the loss the node descends instead of its class loss ``ce``,
       from its local parameters and those the round started from (parameter dicts);
-    - ``grad(g)``: the flat ``(d,)`` gradient the step applies instead of ``g``.
+    - ``grad(g)``: the flat ``(d,)`` gradient the step applies instead of ``g``;
+    - ``fraction``: the share of the protocol's local steps the node takes (the first
+      ``floor(fraction * K)``; it then stands still), ``None``: all of them.
     """
 
     loss: Callable[[torch.Tensor, Params, Params], torch.Tensor] | None = None
     grad: Callable[[torch.Tensor], torch.Tensor] | None = None
+    fraction: float | None = None
 
 
 class NodeAttack(Attack):
@@ -179,3 +183,16 @@ class NodeAttack(Attack):
         its data (``nodes.engine.training.estimates``): its view of what honest nodes send)."""
         boost = self.boost()
         return row * boost if boost != 1.0 else row
+
+    def commit(self, states: list[torch.Tensor], last: Memory | None) -> list[torch.Tensor] | None:
+        """The trajectory the node commits to (``nodes.engine.trajectory``), from the states
+        ``[local_i, v_i]`` it computed (``states[0] = [w, 0]``) and ``last`` (for an attack that
+        :attr:`remembers`). ``None`` (the default): what it computed, and it sends
+        :meth:`forge`'s row. A list: it claims those states and sends the row its last one gives,
+        ``local_K - w``, as an honest node does."""
+        return None
+
+    def answer(self, committed: list[torch.Tensor], computed: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The states the node answers a dispute with (``nodes.engine.dispute``), from those it
+        ``committed`` to and those it ``computed``: the committed ones (the default)."""
+        return committed

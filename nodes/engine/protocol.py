@@ -102,30 +102,48 @@ class Protocol:
         """Whether a node carries state (its worker momentum) from one round to the next."""
         return self.kind == "momentum"
 
+    def gradient(self, model: nn.Module, params: Params, shaping: Shaping | None = None):
+        """``g(p, x, y)``: the parameter dict of the (possibly shaped) loss's gradient at ``p``."""
+        if shaping is None or shaping.loss is None:
+            return grad(lambda p, x, y: loss_fn(model, p, x, y))
+        return grad(lambda p, x, y: shaping.loss(loss_fn(model, p, x, y), p, params))
+
+    def local_step(self, g_of, local: Params, v: Params, x: torch.Tensor, y: torch.Tensor,
+                   bend=None) -> tuple[Params, Params]:
+        """One local SGD step of ``delta`` on the batch ``(x, y)``: ``v <- beta v + g``,
+        ``local <- local - lr v``; the new ``(local, v)``. ``bend``: an attacker's gradient hook."""
+        g = g_of(local, x, y)
+        if bend is not None:  # before the local momentum: every step's update stays bent
+            g = _like(bend(_flat(g)), g)
+        v = {k: self.momentum * v[k] + g[k] for k in v}
+        return {k: local[k] - self.lr * v[k] for k in local}, v
+
     def node_update(self, model: nn.Module, params: Params, xs: torch.Tensor, ys: torch.Tensor,
-                    m: torch.Tensor, shaping: Shaping | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    m: torch.Tensor, shaping: Shaping | None = None, on_state=None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(row, the node's new momentum)`` from the global parameters (``unflatten(w)``),
         one batch ``xs[s], ys[s]`` per local step, and the node's momentum ``m`` (``(d,)``;
         zeros in its first round; unused by ``delta``). Written with ``torch.func`` so the
         harness can ``vmap`` it; gradients stay a parameter dict until the row is flattened.
-        ``shaping``: a node-side attacker's hook (its loss, its per-step gradient transform)."""
-        if shaping is None or shaping.loss is None:
-            g_of = grad(lambda p, x, y: loss_fn(model, p, x, y))
-        else:
-            g_of = grad(lambda p, x, y: shaping.loss(loss_fn(model, p, x, y), p, params))
+        ``shaping``: a node-side attacker's hook (its loss, its per-step gradient transform).
+        ``on_state(s, local, v)``: called with ``delta``'s state before the first step (``s = 0``)
+        and after each step ``s`` (``nodes.engine.trajectory``: the trajectory a node commits to)."""
+        g_of = self.gradient(model, params, shaping)
         bend = None if shaping is None else shaping.grad
+        taken = self.steps if shaping is None or shaping.fraction is None else int(self.steps * shaping.fraction)
         if self.kind == "momentum":
-            g = _flat(g_of(params, xs[0], ys[0]))
+            g = _flat(g_of(params, xs[0], ys[0])) if taken else torch.zeros_like(m)
             m = self.momentum * m + (g if bend is None else bend(g))
             return m, m
         v = {k: torch.zeros_like(p) for k, p in params.items()}
         local = params
+        if on_state is not None:
+            on_state(0, local, v)
         for s in range(self.steps):
-            g = g_of(local, xs[s], ys[s])
-            if bend is not None:  # before the local momentum: every step's update stays bent
-                g = _like(bend(_flat(g)), g)
-            v = {k: self.momentum * v[k] + g[k] for k in v}
-            local = {k: local[k] - self.lr * v[k] for k in local}
+            if s < taken:  # a node that skips steps (``fewer-steps``) stands still for the rest
+                local, v = self.local_step(g_of, local, v, xs[s], ys[s], bend)
+            if on_state is not None:
+                on_state(s + 1, local, v)
         return _flat(local) - _flat(params), m
 
     def apply(self, w: torch.Tensor, aggregate: torch.Tensor, buffer: torch.Tensor | None

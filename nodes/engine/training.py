@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,8 +34,11 @@ from robust.partition import partition
 from robust.seeds import derive, generator
 
 from ..checkpoint import write_atomic
-from ..wire import Task
+from . import trajectory
 from .protocol import Protocol
+
+if TYPE_CHECKING:  # a task's fields are all it reads: the referee's tools run without Flower
+    from ..wire import Task
 
 
 @dataclass
@@ -84,28 +88,57 @@ def playing(attack: str, round: int) -> NodeAttack | None:
 
 def compute(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,
             device: torch.device, attack: str = "", m: torch.Tensor | None = None,
-            last: Memory | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            last: Memory | None = None, on_state=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(row, new worker momentum)``, both CPU float32, of node ``node`` (its fingerprint)
     for ``task`` from the global model ``w``, on its data ``x, y``, with its momentum ``m``
     (zeros if ``None``). A node-side ``attack`` poisons the data first and may bend the
     training (its :meth:`~attacks.base.NodeAttack.shaping`, from ``last``: what the node
     remembers of its previous round); what the node then sends is :func:`~nodes.volunteer.volunteer.forge`'s.
+    ``on_state``: ``delta``'s per-step hook (``nodes.engine.trajectory.Recorder``).
     ``ValueError`` if ``w`` does not fit the model or the task is malformed."""
     protocol = Protocol.of(task)
     played = playing(attack, task.round)
     # a model that draws random numbers as it trains (dropout) draws them from its own stream
     with profile(task.threads, device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(derive(task.seed, node, task.round, "model"))
-        model = build_model(task.model, tuple(x.shape[1:]), classes, task.seed).to(device)  # frozen parameters as the coordinator has them
-        params = unflatten(w.to(device), model)
+        model, params = _model(task, w, x, classes, node, device)
         shaping = None
         if played is not None:
             x, y = played.poison(x, y, classes, generator(task.seed, node, "poison"))
             shaping = played.shaping(task.round, w.to(device), last)
-        idx = draw_batches([len(y)], protocol.batch_size, [node_key(task.seed, node)], task.round, protocol.steps)[0]
+        idx = _batches(task, protocol, y, node)
         m = torch.zeros_like(w) if m is None else m
-        row, m = protocol.node_update(model, params, x[idx].to(device), y[idx].to(device), m.to(device), shaping)
+        row, m = protocol.node_update(model, params, x[idx].to(device), y[idx].to(device), m.to(device), shaping,
+                                      on_state)
     return row.detach().to("cpu", torch.float32), m.detach().to("cpu", torch.float32)
+
+
+def _model(task: Task, w: torch.Tensor, x: torch.Tensor, classes: int, node: str, device: torch.device):
+    """The task's model on ``device`` and the parameter dict of ``w`` (the caller holds the RNG)."""
+    torch.manual_seed(derive(task.seed, node, task.round, "model"))
+    model = build_model(task.model, tuple(x.shape[1:]), classes, task.seed).to(device)  # frozen parameters as the coordinator has them
+    return model, unflatten(w.to(device), model)
+
+
+def _batches(task: Task, protocol: Protocol, y: torch.Tensor, node: str) -> torch.Tensor:
+    """The node's ``(steps, batch)`` sample indices for the task's round."""
+    return draw_batches([len(y)], protocol.batch_size, [node_key(task.seed, node)], task.round, protocol.steps)[0]
+
+
+def redo_step(task: Task, before: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,
+              step: int, device: torch.device) -> torch.Tensor:
+    """State ``step`` (``nodes.engine.trajectory``) recomputed from the claimed state ``step - 1``
+    ``before``, on node ``node``'s batch of that step: a dispute's one-step recomputation.
+    Honest training only (a referee recomputes what the task asked)."""
+    protocol = Protocol.of(task)
+    d = before.numel() // 2
+    with profile(task.threads, device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        model, local = _model(task, before[:d], x, classes, node, device)
+        v = {k: t.view_as(p) for (k, p), t in zip(local.items(), torch.split(before[d:].to(device),
+                                                                              [p.numel() for p in local.values()]))}
+        batch = _batches(task, protocol, y, node)[step - 1]
+        local, v = protocol.local_step(protocol.gradient(model, local), local, v, x[batch].to(device),
+                                       y[batch].to(device))
+        return trajectory.state(local, v)
 
 
 def estimates(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,

@@ -1,0 +1,114 @@
+"""One compute profile (``robust.profiles``) in a process of its own: a machine of the crowd.
+
+PyTorch reads ``ATEN_CPU_CAPABILITY`` and ``DNNL_MAX_CPU_ISA`` once, when it starts, so each
+profile gets a process started with them (``spawn``: a fresh interpreter). The process holds
+digits and its nodes' memories and answers requests over a pipe, arrays as numpy (pickled by
+value): ``author`` (a node's committed work, ``nodes.engine.committed``), ``answer`` (its
+answer to a dispute: the same work again, bit for bit), ``recompute`` (an honest recomputation
+of a task, as a referee or verifier does) and ``settle`` (a referee's ruling,
+``nodes.engine.dispute``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from types import SimpleNamespace
+
+import numpy as np
+
+from robust.profiles import Profile
+
+
+class Worker:
+    """The parent's handle on a profile's process."""
+
+    def __init__(self, spec: str) -> None:
+        self.profile = Profile.parse(spec)
+        reason = self.profile.refusal()
+        if reason:
+            raise ValueError(reason)
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        saved = dict(os.environ)
+        os.environ.update(self.profile.env())  # the child's environment is copied at its start
+        try:
+            self.proc = context.Process(target=serve, args=(child, self.profile.spec), daemon=True)
+            self.proc.start()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        self._effective: str | None = None
+
+    @property
+    def effective(self) -> str:
+        """The level PyTorch runs at in the child (its GPU's name for ``cuda``), once it started."""
+        if self._effective is None:
+            self._effective = self.get()
+        return self._effective
+
+    def send(self, *request) -> None:
+        self.conn.send(request)
+
+    def get(self):
+        answer = self.conn.recv()
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+def serve(conn, spec: str) -> None:
+    import torch
+
+    from nodes.engine.committed import author
+    from nodes.engine.dispute import Claim, settle
+    from nodes.engine.training import compute, part_of
+    from robust.data import load
+    from robust.profiles import effective
+
+    profile = Profile.parse(spec)
+    device = torch.device("cuda" if profile.kind == "cuda" else "cpu")
+    data = load("digits", seed=0)
+    parts: dict[str, object] = {}
+    memory: dict[str, object] = {}  # node -> what it kept of its last task (before this round's)
+    kept: dict[str, object] = {}
+
+    def part(name):
+        if name not in parts:
+            parts[name] = part_of(data, name)
+        return parts[name]
+
+    def tensor(a):
+        return torch.from_numpy(np.asarray(a).copy())
+
+    conn.send(effective() if profile.kind == "cpu" else torch.cuda.get_device_name(device))
+    while (request := conn.recv()) is not None:
+        kind, fields, w, node, name = request[:5]
+        task = SimpleNamespace(**{**fields, "threads": profile.threads})  # a task's fields (nodes.wire.Task needs Flower)
+        w, p = tensor(w), part(name)
+        try:
+            if kind in ("author", "answer"):
+                attack = request[5]
+                last = memory.get(node) if kind == "answer" else kept.get(node)
+                done, row = author(task, w, p.x, p.y, p.classes, node, device, attack, None, last)
+                if kind == "author":
+                    memory[node] = kept.get(node)
+                    kept[node] = done.memory(task.round, w, row)
+                    conn.send((done.row.numpy(), done.root))
+                else:
+                    claim = done.claim()
+                    conn.send((claim.hashes, {i: s.numpy() for i, s in claim.states.items()}))
+            elif kind == "recompute":
+                conn.send(compute(task, w, p.x, p.y, p.classes, node, device)[0].numpy())
+            elif kind == "settle":
+                row, root, claim = request[5:8]
+                claim = None if claim is None else Claim(claim[0], {i: tensor(s) for i, s in claim[1].items()})
+                conn.send(settle(task, w, p.x, p.y, p.classes, node, tensor(row), root, claim, device).record())
+        except Exception as err:  # noqa: BLE001 - the parent reports it
+            conn.send(RuntimeError(f"{kind} of {node} on {spec}: {type(err).__name__}: {err}"))

@@ -1,0 +1,119 @@
+"""Refereed disputes: a check that disagrees is settled on single steps, not on one number.
+
+A spot check compares a whole update with a recomputation (``nodes.engine.spotcheck``): bit
+for bit on the same compute profile, within a relative ``TOLERANCE`` across profiles. Across
+profiles that number is not enough: a ReLU or max-pool tie that a 1e-7 rounding difference
+flips moves a whole gradient, and local steps amplify it (an honest GPU update was once 6.7e-3
+from its CPU recomputation), while a forged update scaled by 0.999 is only 1e-3 away. So a
+disagreement does not convict; it opens a dispute (Verde, Arun et al., Gensyn 2025, settles a
+training job on one disputed step):
+
+1. The author answers with its claimed states ``s_0 .. s_K`` and their hashes
+   (``nodes.engine.trajectory``; it recomputes them on its own hardware from the task).
+2. The referee checks that the hashes give the root the author signed with its reply, that
+   each state hashes to its entry, that ``s_0`` is the task's start ``[w, 0]`` and that the last
+   state gives the signed row (``row == transmitted(local_K - w)``, bitwise: both are the
+   author's own arithmetic).
+3. For every step ``i`` the referee recomputes ``r_i`` from the author's own claimed
+   ``s_{i-1}`` (:func:`~nodes.engine.training.redo_step`) and measures the step's gap
+
+       gap_i = ||s_i - r_i|| / ||r_i - s_{i-1}||
+
+   (float64): how far the claimed step lands from the recomputed one, relative to the step's
+   length. One step from one state leaves hardware nothing to amplify, so an honest gap is
+   rounding (measured by ``python -m evaluation.disputes``; see ``docs/disputes.md``), while a
+   step that did not follow the task (fewer steps, other data, a scaled trajectory) is off by
+   its whole error. Every step is checked: comparing states across a span of steps would let
+   honest differences grow, and checking a sample would let a single bad step hide.
+
+The author is convicted when any step's gap exceeds :data:`STEP_TOLERANCE`, when a state
+does not match its commitment, when the trajectory does not start at the base or end at the
+row, or when it does not answer; otherwise it is cleared and the clearance is the record
+(largest step gap, steps checked, bytes, seconds).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from robust.params import sha256
+
+from . import trajectory
+from .training import redo_step
+
+STEP_TOLERANCE = 1e-5  # relative gap of one step from one state, between honest compute profiles
+
+
+@dataclass
+class Claim:
+    """What an author answers a dispute with: the hashes ``h_0 .. h_K`` and the states."""
+
+    hashes: list[str]
+    states: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> int:
+        return 32 * len(self.hashes) + sum(4 * s.numel() for s in self.states.values())
+
+
+@dataclass
+class Ruling:
+    """A dispute's outcome: convicted or cleared, why, and what it cost."""
+
+    guilty: bool
+    reason: str
+    step: int | None = None  # the step convicted on
+    gap: float | None = None  # that step's gap, or (cleared) the largest
+    steps_checked: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    def record(self) -> dict:
+        return {"guilty": self.guilty, "reason": self.reason, "step": self.step, "gap": self.gap,
+                "steps_checked": self.steps_checked, "bytes": self.bytes, "seconds": round(self.seconds, 4)}
+
+
+def step_gap(before: torch.Tensor, claimed: torch.Tensor, recomputed: torch.Tensor) -> float:
+    """``||claimed - recomputed|| / ||recomputed - before||`` in float64."""
+    a, r, b = (t.to(torch.float64) for t in (claimed, recomputed, before))
+    return float(torch.linalg.vector_norm(a - r) / torch.linalg.vector_norm(r - b).clamp_min(1e-30))
+
+
+def settle(task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, author: str,
+           row: torch.Tensor, root: str, claim: Claim | None, device: torch.device,
+           sent=lambda raw: raw) -> Ruling:
+    """The referee's ruling on ``author``'s ``row`` for ``task`` (base ``w``, the author's data
+    ``x, y``), which it committed to with ``root``, from its answer ``claim`` (``None``: it did
+    not answer in time). ``sent(raw)``: what an honest row ``raw`` travels as (a codec's
+    round trip; the row itself without compression)."""
+    began = time.perf_counter()
+
+    def ruling(guilty: bool, reason: str, step: int | None = None, gap: float | None = None, checked: int = 0):
+        return Ruling(guilty, reason, step, gap, checked, claim.bytes if claim else 0, time.perf_counter() - began)
+
+    if claim is None:
+        return ruling(True, "did not answer the dispute before its deadline")
+    steps = len(claim.hashes) - 1
+    if trajectory.root(claim.hashes) != root:
+        return ruling(True, "its state hashes do not give the root it signed")
+    if sorted(claim.states) != list(range(steps + 1)) or steps < 1:
+        return ruling(True, f"answered {len(claim.states)} states for a trajectory of {steps} steps")
+    d = w.numel()
+    for i, s in sorted(claim.states.items()):
+        if s.dtype != torch.float32 or s.shape != (2 * d,) or sha256(s) != claim.hashes[i]:
+            return ruling(True, f"state {i} does not match its commitment", i)
+    if not torch.equal(claim.states[0], trajectory.start(w)):
+        return ruling(True, "its trajectory does not start at the task's base model", 0)
+    if not torch.equal(sent(claim.states[steps][:d] - claim.states[0][:d]), row):
+        return ruling(True, "its last state does not give the row it signed", steps)
+    worst = 0.0
+    for i in range(1, steps + 1):
+        redone = redo_step(task, claim.states[i - 1], x, y, classes, author, i, device)
+        gap = step_gap(claim.states[i - 1], claim.states[i], redone)
+        if not gap <= STEP_TOLERANCE:  # a NaN gap convicts too
+            return ruling(True, f"step {i} is not the task's step (gap {gap:.2e} > {STEP_TOLERANCE:g})", i, gap, i)
+        worst = max(worst, gap)
+    return ruling(False, f"cleared: hardware rounding (largest step gap {worst:.2e})", None, worst, steps)
