@@ -57,7 +57,8 @@ def task_fields(round: int, base: str, model: str, steps: int) -> dict:
 
 
 def measure(rounds: int, nodes: int, profiles: list[str], cheats: tuple[str, ...] = CHEATS, model: str = "cnn",
-            steps: int = 16, settle_share: float = 0.1, copies: int = 1, progress=None) -> dict:
+            steps: int = 16, settle_share: float = 0.1, copies: int = 1, progress=None,
+            seconds: float = float("inf")) -> dict:
     """The measurement (see above); ``copies`` processes per profile share its nodes."""
     for spec in profiles:  # refused before any process starts
         reason = Profile.parse(spec).refusal()
@@ -67,13 +68,15 @@ def measure(rounds: int, nodes: int, profiles: list[str], cheats: tuple[str, ...
     try:
         for copy in (wk for group in workers for wk in group):
             copy.effective  # noqa: B018 - each started at once, then waited for
-        return _play(workers, rounds, nodes, cheats, model, steps, settle_share, progress)
+        return _play(workers, rounds, nodes, cheats, model, steps, settle_share, progress,
+                     time.perf_counter() + seconds)
     finally:
         for copy in (wk for group in workers for wk in group):
             copy.close()
 
 
-def _play(workers: list[list[Worker]], rounds: int, nodes: int, cheats, model, steps, settle_share, progress) -> dict:
+def _play(workers: list[list[Worker]], rounds: int, nodes: int, cheats, model, steps, settle_share, progress,
+          until: float) -> dict:
     data = load("digits", seed=0)
     w = flat_params(build_model(model, data.shape, data.classes, 0))
     crowd = [(f"node-{i:03d}", "") for i in range(nodes)] + [(f"cheat-{k}", spec) for k, spec in enumerate(cheats)]
@@ -138,6 +141,7 @@ def _play(workers: list[list[Worker]], rounds: int, nodes: int, cheats, model, s
                 pair["false_convictions"] += ruling["guilty"]
                 out["false_convictions"] += ruling["guilty"]
                 out["honest_cleared"] += not ruling["guilty"]
+                out["near_ties"] += ruling["near_ties"] > 0
                 if ruling["guilty"]:
                     out.setdefault("first_false", ruling["reason"])
                 if ruling["gap"] is not None:
@@ -149,11 +153,15 @@ def _play(workers: list[list[Worker]], rounds: int, nodes: int, cheats, model, s
         w = w + torch.stack(honest).mean(0)  # the model trains on
         if progress:
             progress(r, out)
+        if time.perf_counter() > until:
+            rounds = r
+            break
     return {
         "model": model, "steps": steps, "rounds": rounds, "nodes": nodes, "params": w.numel(),
         "profiles": [{"spec": group[0].profile.spec, "effective": group[0].effective} for group in workers],
         "honest_checks": out["honest_checks"], "honest_pairs_differing": out["honest_pairs_differing"],
         "disputes": out["disputes"], "honest_disputes_cleared": out["honest_cleared"],
+        "cleared_by_near_ties": out["near_ties"],
         "false_convictions": out["false_convictions"], "first_false_conviction": out.get("first_false"),
         "largest_honest_gap": max(whole_gaps, default=None), "largest_honest_step_gap": max(step_gaps, default=None),
         "dispute_above": DISPUTE_ABOVE, "step_tolerance": STEP_TOLERANCE,
@@ -188,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settle-share", type=float, default=0.1,
                    help="share of honest bitwise-different checks below the dispute bound disputed anyway")
     p.add_argument("--copies", type=int, default=1, help="processes per profile (its nodes shared among them)")
+    p.add_argument("--seconds", type=float, default=float("inf"), help="stop after the round that passes this")
     p.add_argument("--json", action="store_true", help="end with the result as one JSON line")
     args = p.parse_args(argv)
     console = Console(stderr=True)
@@ -200,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = measure(args.rounds, args.nodes, args.profiles or default_profiles(), model=args.model,
                          steps=args.steps, settle_share=args.settle_share, copies=args.copies,
-                         progress=progress)
+                         progress=progress, seconds=args.seconds)
     except ValueError as err:
         print(f"python -m evaluation.disputes: error: {err}", file=sys.stderr)
         return 2

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -39,6 +41,9 @@ class Worker:
             os.environ.clear()
             os.environ.update(saved)
         self._effective: str | None = None
+        self.outbox: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._sender, daemon=True)
+        self.thread.start()
 
     @property
     def effective(self) -> str:
@@ -48,7 +53,14 @@ class Worker:
         return self._effective
 
     def send(self, *request) -> None:
-        self.conn.send(request)
+        """Queue ``request``: a thread sends it, so a full pipe never blocks the reader (the child
+        answers while the parent is still sending)."""
+        self.outbox.put(request)
+
+    def _sender(self) -> None:
+        while (request := self.outbox.get()) is not None:
+            self.conn.send(request)
+        self.conn.send(None)
 
     def get(self):
         answer = self.conn.recv()
@@ -57,7 +69,8 @@ class Worker:
         return answer
 
     def close(self) -> None:
-        self.conn.send(None)
+        self.outbox.put(None)
+        self.thread.join(30)
         self.proc.join(30)
         if self.proc.is_alive():
             self.proc.kill()

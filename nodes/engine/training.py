@@ -16,6 +16,7 @@ The coordinator runs it too: a spot check's referee recomputes a volunteer's row
 from __future__ import annotations
 
 import re
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,7 +35,7 @@ from robust.partition import partition
 from robust.seeds import derive, generator
 
 from ..checkpoint import write_atomic
-from . import trajectory
+from . import near_ties, trajectory
 from .protocol import Protocol
 
 if TYPE_CHECKING:  # a task's fields are all it reads: the referee's tools run without Flower
@@ -125,10 +126,12 @@ def _batches(task: Task, protocol: Protocol, y: torch.Tensor, node: str) -> torc
 
 
 def redo_step(task: Task, before: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,
-              step: int, device: torch.device) -> torch.Tensor:
+              step: int, device: torch.device, flips: list[near_ties.Decision] = (),
+              found: list[near_ties.Decision] | None = None) -> torch.Tensor:
     """State ``step`` (``nodes.engine.trajectory``) recomputed from the claimed state ``step - 1``
     ``before``, on node ``node``'s batch of that step: a dispute's one-step recomputation.
-    Honest training only (a referee recomputes what the task asked)."""
+    Honest training only (a referee recomputes what the task asked). ``flips``: decisions
+    resolved the other way; ``found`` collects the step's fragile ones (``nodes.engine.near_ties``)."""
     protocol = Protocol.of(task)
     d = before.numel() // 2
     with profile(task.threads, device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -136,8 +139,13 @@ def redo_step(task: Task, before: torch.Tensor, x: torch.Tensor, y: torch.Tensor
         v = {k: t.view_as(p) for (k, p), t in zip(local.items(), torch.split(before[d:].to(device),
                                                                               [p.numel() for p in local.values()]))}
         batch = _batches(task, protocol, y, node)[step - 1]
-        local, v = protocol.local_step(protocol.gradient(model, local), local, v, x[batch].to(device),
-                                       y[batch].to(device))
+        with ExitStack() as hooks:
+            if found is not None:
+                hooks.enter_context(near_ties.fragile(model, found))
+            if flips:
+                hooks.enter_context(near_ties.flipped(model, list(flips)))
+            local, v = protocol.local_step(protocol.gradient(model, local), local, v, x[batch].to(device),
+                                           y[batch].to(device))
         return trajectory.state(local, v)
 
 
