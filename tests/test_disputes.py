@@ -163,3 +163,31 @@ def test_real_processes_at_other_cpu_levels_are_cleared_and_cheats_convicted():
     assert result["honest_disputes_cleared"] >= result["honest_pairs_differing"] and result["false_convictions"] == 0
     for cheat in result["cheats"].values():
         assert cheat["checked"] == cheat["convicted"] == 1
+
+
+@pytest.mark.parametrize("cheat", ["fewer-steps:fraction=0.5", "other-data", "replay-row"])
+def test_the_bench_sends_what_a_volunteer_playing_the_cheat_sends(cheat):
+    """The bench's batched driver computes these attackers one at a time, as a volunteer does."""
+    from evaluation.bench.cell import Cell
+    from evaluation.bench.drivers.inprocess import CellRun
+    from evaluation.bench.scenario import grid, load_scenario
+    from nodes.volunteer.volunteer import forge
+
+    cfg = grid(load_scenario(None, ["rounds=2", "nodes=6", "byzantine=2", "seeds=[0]", "dataset=digits",
+                                    "model=mlp"]))[0]
+    run = CellRun(Cell(cfg, "mean", cheat, 0))
+    alone = attacks.build(cheat, 1).trains_alone  # fewer-steps bends training: computed per node
+    for t in (1, 2):
+        w, want = run.engine.w, {}
+        for fp in run.setup.byzantine:
+            i = run.index[fp]
+            row, _ = compute(run.task(), w, *run.local(i), run.setup.data.classes, fp, CPU, cheat,
+                             run.momenta[i].clone(), run.last.get(i))
+            want[fp] = forge(cheat, row, run.last.get(i), t)
+        asked = run.engine.select(run.ids)
+        X = run.rows(asked)
+        run.add(run.engine.step(asked, asked, X))
+        for fp, row in want.items():  # a cheat that trains honestly: the batched kernels, equal to rounding
+            sent = X[asked.index(fp)]
+            assert torch.equal(sent, row) if alone else torch.allclose(sent, row, atol=1e-6)
+    assert run.mode == ("local, attackers per node" if alone else "local")

@@ -13,6 +13,14 @@ dispute (``nodes.engine.dispute``). ``--settle-share`` of the honest checks that
 and whose bits differ, are disputed as well, so the per-step rule is tried on honest pairs far
 more often than chance would.
 
+The referee replays a disputed step at the author's declared CPU level, as a coordinator can
+(a process per level, ``robust.profiles``): one step of the digits CNN on ``cpu:isa=default``
+was once 1.2e-4 from float64 where the AVX2 and AVX-512 kernels were 3e-7 from it (a conv
+filter's weight gradient), a gap no per-step bound can tell from a 0.9999 forgery. A GPU
+author's steps are replayed at the referee's own level, under the bound and near-ties. The
+result also gives what replaying every CPU author at the referee's own level would have
+decided (``at_referee_level``).
+
 Besides the honest nodes, one node per cheat (``lazy``, ``forge`` at several scales, plain and
 consistent, ``fewer-steps``, ``other-data``, ``replay-row``, ``bad-dispute``) is checked on every
 round after its first. The last line with ``--json`` is one object: ``honest_checks``,
@@ -91,7 +99,7 @@ def _play(workers: list[list[Worker]], rounds: int, nodes: int, cheats, model, s
     gen = np.random.default_rng(0)
     out = Counter()
     pairs = defaultdict(Counter)  # (author profile, referee profile) -> counts
-    whole_gaps, step_gaps, costs = [], [], []
+    whole_gaps, step_gaps, costs, false = [], [], [], []
     cheat = {spec: {"checked": 0, "convicted": 0, "reasons": Counter()} for spec in cheats}
     for r in range(1, rounds + 1):
         fields = task_fields(r, sha256(w), model, steps)
@@ -129,11 +137,21 @@ def _play(workers: list[list[Worker]], rounds: int, nodes: int, cheats, model, s
             author = on(node, home[node])
             author.send("answer", fields, base, node, parts[node], attack)
             claim = author.get()
+            # the referee replays each step at the author's declared CPU level, which any x86 referee
+            # can run; a GPU author's steps on the referee's own level (tolerance and near-ties)
+            level = home[node] if workers[home[node]][0].profile.kind == "cpu" else q
+            settle = ("settle", fields, base, node, parts[node], rows[node][0].numpy(), rows[node][1], claim)
             began = time.perf_counter()
-            on(node, q).send("settle", fields, base, node, parts[node], rows[node][0].numpy(), rows[node][1], claim)
-            ruling = on(node, q).get()
+            on(node, level).send(*settle)
+            ruling = on(node, level).get()
             ruling["wall"] = time.perf_counter() - began
             out["disputes"] += 1
+            if not attack and level != q:  # the same claim replayed at the referee's own level, for the record
+                on(node, q).send(*settle)
+                own = on(node, q).get()
+                out["own_level_disputes"] += 1
+                out["own_level_false"] += own["guilty"]
+                out["own_level_ties"] += own["near_ties"] > 0
             if not attack:
                 costs.append(ruling)
                 pair = pairs[workers[home[node]][0].profile.spec, workers[q][0].profile.spec]
@@ -143,7 +161,8 @@ def _play(workers: list[list[Worker]], rounds: int, nodes: int, cheats, model, s
                 out["honest_cleared"] += not ruling["guilty"]
                 out["near_ties"] += ruling["near_ties"] > 0
                 if ruling["guilty"]:
-                    out.setdefault("first_false", ruling["reason"])
+                    false.append(f"round {r}, {node}, {workers[home[node]][0].profile.spec} refereed by "
+                                 f"{workers[q][0].profile.spec}: {ruling['reason']}")
                 if ruling["gap"] is not None:
                     step_gaps.append(ruling["gap"])
             else:
@@ -162,7 +181,9 @@ def _play(workers: list[list[Worker]], rounds: int, nodes: int, cheats, model, s
         "honest_checks": out["honest_checks"], "honest_pairs_differing": out["honest_pairs_differing"],
         "disputes": out["disputes"], "honest_disputes_cleared": out["honest_cleared"],
         "cleared_by_near_ties": out["near_ties"],
-        "false_convictions": out["false_convictions"], "first_false_conviction": out.get("first_false"),
+        "at_referee_level": {"disputes": out["own_level_disputes"], "false_convictions": out["own_level_false"],
+                             "cleared_by_near_ties": out["own_level_ties"]},
+        "false_convictions": out["false_convictions"], "false_conviction_reasons": false[:10],
         "largest_honest_gap": max(whole_gaps, default=None), "largest_honest_step_gap": max(step_gaps, default=None),
         "dispute_above": DISPUTE_ABOVE, "step_tolerance": STEP_TOLERANCE,
         "pairs": [{"author": a, "referee": b, "checks": c["checks"], "bitwise_different": c["differing"],
