@@ -4,7 +4,8 @@ Not from a paper: the cheat a commitment exists for. The node forges consistentl
 ``forge:consistent=true`` does (it commits to its honest trajectory scaled by ``scale`` toward
 the base and sends the row that trajectory gives), and when a dispute asks for its states it
 answers with its honest ones, which would pass every step's recomputation but do not hash to
-what it signed.
+what it signed. Where nodes commit to no trajectory (the bench) it sends ``scale * row``, as
+``forge`` does.
 """
 
 from __future__ import annotations

@@ -6,23 +6,21 @@ consistent: it sends its previous task's row *and* commits to that task's trajec
 from the model of an earlier round::
 
     row_t <- row_{t-1},   root_t <- root_{t-1}     (its first round is honest)
+
+Where nodes commit to no trajectory (the bench) it is ``lazy``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .base import Memory, NodeAttack, register
+from .base import Memory, register
+from .lazy import Lazy
 
 
 @register
-class ReplayRow(NodeAttack):
+class ReplayRow(Lazy):
     name = "replay-row"
-    remembers = True
-
-    def forge(self, row: torch.Tensor, previous: torch.Tensor | None, own: torch.Tensor | None = None
-              ) -> torch.Tensor:
-        return row if previous is None else previous
 
     def commit(self, states: list[torch.Tensor], last: Memory | None) -> list[torch.Tensor] | None:
         return None if last is None or last.states is None else last.states

@@ -99,7 +99,7 @@ def _play(workers: list[list[Worker]], rounds: int, nodes: int, cheats, model, s
     gen = np.random.default_rng(0)
     out = Counter()
     pairs = defaultdict(Counter)  # (author profile, referee profile) -> counts
-    whole_gaps, step_gaps, costs, false = [], [], [], []
+    whole_gaps, step_gaps, costs, false, own_false = [], [], [], [], []
     cheat = {spec: {"checked": 0, "convicted": 0, "reasons": Counter()} for spec in cheats}
     for r in range(1, rounds + 1):
         fields = task_fields(r, sha256(w), model, steps)
@@ -142,15 +142,17 @@ def _play(workers: list[list[Worker]], rounds: int, nodes: int, cheats, model, s
             level = home[node] if workers[home[node]][0].profile.kind == "cpu" else q
             settle = ("settle", fields, base, node, parts[node], rows[node][0].numpy(), rows[node][1], claim)
             began = time.perf_counter()
-            on(node, level).send(*settle)
+            on(node, level).send(*settle, level == home[node])
             ruling = on(node, level).get()
             ruling["wall"] = time.perf_counter() - began
             out["disputes"] += 1
             if not attack and level != q:  # the same claim replayed at the referee's own level, for the record
-                on(node, q).send(*settle)
+                on(node, q).send(*settle, False)
                 own = on(node, q).get()
                 out["own_level_disputes"] += 1
                 out["own_level_false"] += own["guilty"]
+                if own["guilty"]:
+                    own_false.append(own["reason"])
                 out["own_level_ties"] += own["near_ties"] > 0
             if not attack:
                 costs.append(ruling)
@@ -182,7 +184,8 @@ def _play(workers: list[list[Worker]], rounds: int, nodes: int, cheats, model, s
         "disputes": out["disputes"], "honest_disputes_cleared": out["honest_cleared"],
         "cleared_by_near_ties": out["near_ties"],
         "at_referee_level": {"disputes": out["own_level_disputes"], "false_convictions": out["own_level_false"],
-                             "cleared_by_near_ties": out["own_level_ties"]},
+                             "cleared_by_near_ties": out["own_level_ties"], "reasons": Counter(
+                                 why.split(" (")[0] for why in own_false).most_common(5)},
         "false_convictions": out["false_convictions"], "false_conviction_reasons": false[:10],
         "largest_honest_gap": max(whole_gaps, default=None), "largest_honest_step_gap": max(step_gaps, default=None),
         "dispute_above": DISPUTE_ABOVE, "step_tolerance": STEP_TOLERANCE,
@@ -220,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=float("inf"), help="stop after the round that passes this")
     p.add_argument("--json", action="store_true", help="end with the result as one JSON line")
     args = p.parse_args(argv)
+    if min(args.rounds, args.nodes, args.copies, args.steps) < 1 or not 0 <= args.settle_share <= 1:
+        p.error("--rounds, --nodes, --copies and --steps must be at least 1, --settle-share within [0, 1]")
     console = Console(stderr=True)
     began = time.perf_counter()
 

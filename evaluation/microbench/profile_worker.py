@@ -6,7 +6,7 @@ digits and its nodes' memories and answers requests over a pipe, arrays as numpy
 value): ``author`` (a node's committed work, ``nodes.engine.committed``), ``answer`` (its
 answer to a dispute: the same work again, bit for bit), ``recompute`` (an honest recomputation
 of a task, as a referee or verifier does) and ``settle`` (a referee's ruling,
-``nodes.engine.dispute``).
+``nodes.engine.dispute``, bit for bit when it replays at the author's own profile).
 """
 
 from __future__ import annotations
@@ -120,8 +120,9 @@ def serve(conn, spec: str) -> None:
             elif kind == "recompute":
                 conn.send(compute(task, w, p.x, p.y, p.classes, node, device)[0].numpy())
             elif kind == "settle":
-                row, root, claim = request[5:8]
+                row, root, claim, exact = request[5:9]
                 claim = None if claim is None else Claim(claim[0], {i: tensor(s) for i, s in claim[1].items()})
-                conn.send(settle(task, w, p.x, p.y, p.classes, node, tensor(row), root, claim, device).record())
+                conn.send(settle(task, w, p.x, p.y, p.classes, node, tensor(row), root, claim, device,
+                                 exact=exact).record())
         except Exception as err:  # noqa: BLE001 - the parent reports it
             conn.send(RuntimeError(f"{kind} of {node} on {spec}: {type(err).__name__}: {err}"))

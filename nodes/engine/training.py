@@ -127,16 +127,21 @@ def _batches(task: Task, protocol: Protocol, y: torch.Tensor, node: str) -> torc
 
 def redo_step(task: Task, before: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,
               step: int, device: torch.device, flips: list[near_ties.Decision] = (),
-              found: list[near_ties.Decision] | None = None) -> torch.Tensor:
+              found: list[near_ties.Decision] | None = None, precise: bool = False) -> torch.Tensor:
     """State ``step`` (``nodes.engine.trajectory``) recomputed from the claimed state ``step - 1``
     ``before``, on node ``node``'s batch of that step: a dispute's one-step recomputation.
     Honest training only (a referee recomputes what the task asked). ``flips``: decisions
-    resolved the other way; ``found`` collects the step's fragile ones (``nodes.engine.near_ties``)."""
+    resolved the other way; ``found`` collects the step's fragile ones (``nodes.engine.near_ties``).
+    ``precise``: in float64 (the step's value to float64 rounding), returned as float64."""
     protocol = Protocol.of(task)
     d = before.numel() // 2
+    dtype = torch.float64 if precise else torch.float32
     with profile(task.threads, device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        model, local = _model(task, before[:d], x, classes, node, device)
-        v = {k: t.view_as(p) for (k, p), t in zip(local.items(), torch.split(before[d:].to(device),
+        model, local = _model(task, before[:d].to(dtype), x, classes, node, device)
+        if precise:
+            model, local = model.to(dtype), {k: t.to(dtype) for k, t in local.items()}
+            x = x.to(dtype) if x.is_floating_point() else x
+        v = {k: t.view_as(p) for (k, p), t in zip(local.items(), torch.split(before[d:].to(device, dtype),
                                                                               [p.numel() for p in local.values()]))}
         batch = _batches(task, protocol, y, node)[step - 1]
         with ExitStack() as hooks:
@@ -146,7 +151,7 @@ def redo_step(task: Task, before: torch.Tensor, x: torch.Tensor, y: torch.Tensor
                 hooks.enter_context(near_ties.flipped(model, list(flips)))
             local, v = protocol.local_step(protocol.gradient(model, local), local, v, x[batch].to(device),
                                            y[batch].to(device))
-        return trajectory.state(local, v)
+        return trajectory.state(local, v, dtype)
 
 
 def estimates(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,

@@ -31,9 +31,10 @@ from robust.params import sha256
 VERSION = b"robust-trajectory/v1"
 
 
-def state(local: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The state ``[local, v]`` as one float32 CPU vector (a fresh tensor)."""
-    return torch.cat([p.detach().reshape(-1) for p in (*local.values(), *v.values())]).to("cpu", torch.float32)
+def state(local: dict[str, torch.Tensor], v: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32
+          ) -> torch.Tensor:
+    """The state ``[local, v]`` as one CPU vector (float32 unless said; a fresh tensor)."""
+    return torch.cat([p.detach().reshape(-1) for p in (*local.values(), *v.values())]).to("cpu", dtype)
 
 
 def root(hashes: list[str]) -> str:
