@@ -193,6 +193,6 @@ class NodeAttack(Attack):
         return None
 
     def answer(self, committed: list[torch.Tensor], computed: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The states the node answers a dispute with (``nodes.engine.dispute``), from those it
+        """The states the node answers a dispute with (``nodes.engine.referee``), from those it
         ``committed`` to and those it ``computed``: the committed ones (the default)."""
         return committed

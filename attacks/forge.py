@@ -13,7 +13,7 @@ the trajectory it computed, whose last state does not give the row it sends. Wit
 ``consistent=true`` it lies consistently: it commits to its trajectory scaled toward the base,
 each state ``s_i = [w, 0] + scale (h_i - [w, 0])`` (``h_i``: its honest states), and sends the row
 its last claimed state gives. Every step of that trajectory is ``scale`` times an honest step,
-so a dispute's per-step check (``nodes.engine.dispute``) must catch a gap of ``1 - scale``.
+so a dispute's per-step check (``nodes.engine.referee``) must catch a gap of ``1 - scale``.
 Where nodes commit to no trajectory (the bench) it sends ``scale * row``; the row its scaled
 trajectory gives, ``(w + scale * row) - w`` in float32, differs from that by at most an ulp of
 ``w`` in each coordinate.

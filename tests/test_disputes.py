@@ -10,7 +10,7 @@ import torch
 import attacks
 from nodes.engine import near_ties, trajectory
 from nodes.engine.committed import author
-from nodes.engine.dispute import STEP_TOLERANCE, Claim, settle
+from nodes.engine.referee import STEP_TOLERANCE, Claim, settle, step_check
 from nodes.engine.training import compute, part_of, redo_step
 from robust.data import load
 from robust.models import build_model
@@ -120,8 +120,20 @@ def test_a_near_tie_resolved_otherwise_is_cleared_and_a_flipped_sure_unit_is_not
     assert verdict.guilty and verdict.step == 3, verdict.reason
 
 
-def test_the_step_bound_sits_between_rounding_and_the_subtlest_consistent_forgery():
-    assert 1e-6 < STEP_TOLERANCE < 1e-4  # measured honest steps <= 1.1e-6; forge at 0.9999 is 1e-4 a step
+def test_a_step_passes_within_rounding_of_its_float64_value_and_a_scaled_step_does_not():
+    g = torch.Generator().manual_seed(0)
+    before = torch.randn(1000, generator=g, dtype=torch.float64)
+    step = 0.1 * torch.randn(1000, generator=g, dtype=torch.float64)  # as a momentum's step is, against its size
+    exact = before + step
+    own = exact.to(torch.float32)  # the referee's float32 step: rounded
+    assert step_check(before, own, own, exact)[0]
+    assert step_check(before, (exact + 2e-6 * step).to(torch.float32), own, exact)[0]  # within 1e-5 of it
+    scaled = (before + 0.9999 * step).to(torch.float32)  # a consistent forgery's step
+    ok, gap = step_check(before, scaled, own, exact)
+    assert not ok and gap == pytest.approx(1e-4, rel=0.05)
+    # a step whose sums cancel: the referee's own float32 error is large, so is the allowance
+    coarse = exact + 3e-4 * step.norm() / 1000**0.5 * torch.randn(1000, generator=g, dtype=torch.float64)
+    assert step_check(before, (exact + 2e-4 * step).to(torch.float32), coarse, exact)[0]
 
 
 def test_profiles_parse_say_their_environment_and_refuse_a_level_the_cpu_lacks(monkeypatch):

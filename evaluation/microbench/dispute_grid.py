@@ -9,7 +9,7 @@ each round by the mean honest row (a model in training, not a random walk). Each
 its trajectory (``nodes.engine.committed``). Every row is then checked by a referee on each
 *other* profile, as the coordinator's spot check does (``nodes.engine.spotcheck.compare``, across
 profiles): a row farther than :data:`DISPUTE_ABOVE` from the referee's recomputation opens a
-dispute (``nodes.engine.dispute``). ``--settle-share`` of the honest checks that stayed below it,
+dispute (``nodes.engine.referee``). ``--settle-share`` of the honest checks that stayed below it,
 and whose bits differ, are disputed as well, so the per-step rule is tried on honest pairs far
 more often than chance would.
 
@@ -43,7 +43,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from nodes.engine.dispute import STEP_TOLERANCE
+from nodes.engine.referee import STEP_TOLERANCE
 from nodes.engine.spotcheck import distance
 from robust.data import load
 from robust.models import build_model

@@ -6,7 +6,7 @@ digits and its nodes' memories and answers requests over a pipe, arrays as numpy
 value): ``author`` (a node's committed work, ``nodes.engine.committed``), ``answer`` (its
 answer to a dispute: the same work again, bit for bit), ``recompute`` (an honest recomputation
 of a task, as a referee or verifier does) and ``settle`` (a referee's ruling,
-``nodes.engine.dispute``, bit for bit when it replays at the author's own profile).
+``nodes.engine.referee``, bit for bit when it replays at the author's own profile).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def serve(conn, spec: str) -> None:
     import torch
 
     from nodes.engine.committed import author
-    from nodes.engine.dispute import Claim, settle
+    from nodes.engine.referee import Claim, settle
     from nodes.engine.training import compute, part_of
     from robust.data import load
     from robust.profiles import effective

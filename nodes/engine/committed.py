@@ -21,7 +21,7 @@ from attacks.base import Memory
 from robust.params import sha256
 
 from . import trajectory
-from .dispute import Claim
+from .referee import Claim
 from .training import compute, playing
 
 

@@ -8,7 +8,7 @@ commits to
     h_i = SHA-256(s_i)  (``robust.params.sha256``: dtype, shape and bytes),
     root = SHA-256("robust-trajectory/v1" | h_0 | ... | h_K)        (:func:`root`)
 
-with its reply. A hash list rather than a Merkle tree: a dispute (``nodes.engine.dispute``)
+with its reply. A hash list rather than a Merkle tree: a dispute (``nodes.engine.referee``)
 settles every step, so all ``K + 1`` hashes travel anyway (32 bytes each) and a tree's
 inclusion proofs would save nothing.
 

@@ -14,28 +14,29 @@ training job on one disputed step):
    each state hashes to its entry, that ``s_0`` is the task's start ``[w, 0]`` and that the last
    state gives the signed row (``row == transmitted(local_K - w)``, bitwise: both are the
    author's own arithmetic).
-3. For every step ``i`` the referee recomputes ``r_i`` from the author's own claimed
-   ``s_{i-1}`` (:func:`~nodes.engine.training.redo_step`) and measures the step's gap
+3. For every step ``i`` the referee recomputes the step from the author's own claimed
+   ``s_{i-1}`` (:func:`~nodes.engine.training.redo_step`). Replaying at the author's declared
+   profile (``exact``: a coordinator runs any CPU level up to its own), it must get ``s_i`` bit
+   for bit. Across profiles (a GPU author, a CPU referee) it computes the step in float32
+   (``r_i``) and in float64 (``e_i``), and :func:`step_check` passes the claim when
 
-       gap_i = ||max(|s_i - r_i| - 2 ulp(r_i), 0)|| / ||r_i - s_{i-1}||
+       ||max(|s_i - e_i| - 2 ulp(e_i), 0)||  <=  max(STEP_TOLERANCE ||e_i - s_{i-1}||, ROUNDING ||r_i - e_i||):
 
-   (float64): how far the claimed step lands from the recomputed one, relative to the step's
-   length, forgiving each coordinate two float32 ulps (a small step written into a large
-   parameter rounds to the parameter's ulp). One step from one state leaves hardware little to amplify, so an honest gap is
-   rounding (at most 1.2e-6 measured by ``python -m evaluation.disputes``; see
-   ``docs/disputes.md``), except where the step met a *near-tie*: a ReLU input or a max-pool
-   window within rounding of its threshold, which another machine may decide the other way
-   (``nodes.engine.near_ties``). A step above the bound is recomputed with small sets of its
-   near-ties resolved otherwise, and passes if one of those lands within the bound: each is a
-   computation an honest machine could make. A step that did not follow the task (fewer steps,
-   other data, a scaled trajectory) stays off by its whole error. Every step is checked:
-   comparing states across a span of steps would let honest differences grow, and checking a
-   sample would let a single bad step hide.
+   within a share of the step's length, or within a few times the referee's own float32 error
+   (a trained model's gradient is a sum that mostly cancels, which float32 rounds coarsely on
+   every machine; a small step written into a large parameter rounds to its ulp). Where the
+   step met a *near-tie*, a ReLU input or a max-pool window within rounding of its threshold,
+   another machine may have decided it the other way (``nodes.engine.near_ties``): a failing
+   step is recomputed with small sets of its near-ties resolved otherwise, and passes if one of
+   those does; each is a computation an honest machine could make. A step that did not follow
+   the task (fewer steps, other data, a scaled trajectory) stays off by its whole error. Every
+   step is checked: comparing states across a span of steps would let honest differences grow,
+   and checking a sample would let a single bad step hide. Measured in ``docs/disputes.md``.
 
-The author is convicted when any step's gap exceeds :data:`STEP_TOLERANCE`, when a state
-does not match its commitment, when the trajectory does not start at the base or end at the
-row, or when it does not answer; otherwise it is cleared and the clearance is the record
-(largest step gap, steps checked, bytes, seconds).
+The author is convicted when a step fails, when a state does not match its commitment, when
+the trajectory does not start at the base or end at the row, or when it does not answer;
+otherwise it is cleared and the clearance is the record (largest step gap, steps checked,
+bytes, seconds).
 """
 
 from __future__ import annotations
