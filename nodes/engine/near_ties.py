@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 RELATIVE = 1e-5  # |z| (a ReLU) or the top-two gap (a max-pool) below this share of the layer's largest |z|
-MAX_SET, MAX_TRIES = 3, 1000  # decisions flipped at once, sets tried per step
+MAX_SET, MAX_TRIES = 3, 200  # decisions flipped at once, sets tried per step (a cheat costs the referee at most this)
 
 
 def _decisions(model: nn.Module) -> list[nn.Module]:
