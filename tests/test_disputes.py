@@ -42,9 +42,10 @@ def ruling(w, part, t, done, claim=None):
 def test_an_honest_trajectory_is_committed_reproduced_bit_for_bit_and_cleared(crowd):
     data, w, part = crowd
     t = task(1, w)
-    done, row = author(t, w, part.x, part.y, part.classes, "node-a", CPU)
-    again, _ = author(t, w, part.x, part.y, part.classes, "node-a", CPU)
-    assert done.root == again.root and len(done.hashes) == STEPS + 1  # a dispute's answer is recomputed
+    sent, _ = author(t, w, part.x, part.y, part.classes, "node-a", CPU)
+    assert sent.committed == [] and len(sent.hashes) == STEPS + 1  # an honest node keeps only its hashes
+    done, row = author(t, w, part.x, part.y, part.classes, "node-a", CPU, answering=True)
+    assert done.root == sent.root and torch.equal(done.row, sent.row)  # a dispute's answer is recomputed
     assert torch.equal(done.row, compute(t, w, part.x, part.y, part.classes, "node-a", CPU)[0])  # no new bits
     assert torch.equal(done.committed[0], trajectory.start(w))
     assert done.hashes == [sha256(s) for s in done.committed]
@@ -56,7 +57,7 @@ def test_an_honest_trajectory_is_committed_reproduced_bit_for_bit_and_cleared(cr
 def test_no_answer_and_a_tampered_commitment_convict(crowd):
     data, w, part = crowd
     t = task(1, w)
-    done, _ = author(t, w, part.x, part.y, part.classes, "node-a", CPU)
+    done, _ = author(t, w, part.x, part.y, part.classes, "node-a", CPU, answering=True)
     assert settle(t, w, part.x, part.y, part.classes, "node-a", done.row, done.root, None, CPU).reason.startswith(
         "did not answer")
     other = Claim(done.hashes[:-1] + ["0" * 64], dict(enumerate(done.answered)))
@@ -89,7 +90,7 @@ def test_a_near_tie_resolved_otherwise_is_cleared_and_a_flipped_sure_unit_is_not
     referee accepts that, and only that (``nodes.engine.near_ties``)."""
     data, w, part = crowd
     t = task(1, w)
-    done, _ = author(t, w, part.x, part.y, part.classes, "node-a", CPU)
+    done, _ = author(t, w, part.x, part.y, part.classes, "node-a", CPU, answering=True)
     states = done.committed
     for relative in (1e-5, 3e-5, 6e-5, 1e-4, 3e-4):  # widen "fragile" until the step has a few such units
         monkeypatch.setattr(near_ties, "RELATIVE", relative)

@@ -109,7 +109,8 @@ def serve(conn, spec: str) -> None:
             if kind in ("author", "answer"):
                 attack = request[5]
                 last = memory.get(node) if kind == "answer" else kept.get(node)
-                done, row = author(task, w, p.x, p.y, p.classes, node, device, attack, None, last)
+                done, row = author(task, w, p.x, p.y, p.classes, node, device, attack, None, last,
+                                   answering=kind == "answer")
                 if kind == "author":
                     memory[node] = kept.get(node)
                     kept[node] = done.memory(task.round, w, row)

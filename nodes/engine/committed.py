@@ -7,8 +7,9 @@ state), lets a node-side attack choose the trajectory it commits to
 sends the row: the attack's :meth:`~attacks.base.NodeAttack.forge` of its update when it
 commits to what it computed, otherwise the row its claimed last state gives. :meth:`Authored.claim`
 is its answer to a dispute (an attack may answer otherwise:
-:meth:`~attacks.base.NodeAttack.answer`). A node that keeps no states answers by calling
-:func:`author` again: on its own compute profile the states come back bit for bit.
+:meth:`~attacks.base.NodeAttack.answer`). An honest node keeps no states: it answers by calling
+:func:`author` again (``answering``), and on its own compute profile the states come back bit
+for bit.
 """
 
 from __future__ import annotations
@@ -47,12 +48,14 @@ class Authored:
 
 def author(task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,
            device: torch.device, attack: str = "", m: torch.Tensor | None = None,
-           last: Memory | None = None) -> tuple[Authored, torch.Tensor]:
-    """``(what node ``node`` sends and commits to for ``task``, the update it computed)``."""
-    recorder = trajectory.Recorder(keep=True)
+           last: Memory | None = None, answering: bool = False) -> tuple[Authored, torch.Tensor]:
+    """``(what node ``node`` sends and commits to for ``task``, the update it computed)``. An
+    honest node keeps only its state hashes, unless it is ``answering`` a dispute (then
+    ``committed`` and ``answered`` hold its states); a cheat keeps its states to bend them."""
+    played = playing(attack, task.round)
+    recorder = trajectory.Recorder(keep=answering or played is not None)
     row, m = compute(task, w, x, y, classes, node, device, attack, m, last, recorder)
     computed = [recorder.states[i] for i in range(len(recorder.states))]
-    played = playing(attack, task.round)
     claimed = None if played is None else played.commit(computed, last)
     if claimed is None:
         sent = row if played is None else played.forge(row, None if last is None else last.row)
