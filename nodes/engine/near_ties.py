@@ -63,16 +63,27 @@ def _windows(m: nn.Module, z: torch.Tensor) -> torch.Tensor:
     return cut.movedim(-3, -2).reshape(*z.shape[:-2], h, w, kh * kw)
 
 
-def _fragile(m: nn.Module, z: torch.Tensor) -> torch.Tensor:
-    """Where ``m``'s decision on ``z`` is within rounding: a ReLU input near (not at) zero, a
-    max-pool window whose two largest are near (not equal: exact ties every machine breaks
-    alike, by its first maximum)."""
+def _fragile(m: nn.Module, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(where m's decision on z is within rounding, the value each decision is made on)``: a
+    ReLU input near (not at) zero, its value; a max-pool window whose two largest are near (not
+    equal: exact ties every machine breaks alike, by its first maximum), their sum."""
     scale = RELATIVE * z.abs().max()
     if isinstance(m, nn.ReLU):
-        return (z != 0) & (z.abs() <= scale)
+        return (z != 0) & (z.abs() <= scale), z
     top = _windows(m, z).topk(2, dim=-1).values
     gap = top[..., 0] - top[..., 1]
-    return (gap > 0) & (gap <= scale)
+    return (gap > 0) & (gap <= scale), top.sum(-1)
+
+
+@contextmanager
+def _hooked(hooks: list[tuple[nn.Module, object]]) -> Iterator[None]:
+    """Within the block, each ``(module, forward hook)`` is registered."""
+    handles = [m.register_forward_hook(hook) for m, hook in hooks]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 Decision = tuple[int, tuple[int, ...]]  # (decision module index, flat positions decided alike)
@@ -88,21 +99,16 @@ def fragile(model: nn.Module, found: list[Decision]) -> Iterator[None]:
     def hook_for(k: int):
         def hook(module, inputs, output):
             z = inputs[0].detach()
-            near = _fragile(module, z).reshape(len(z), -1)
-            what = (z.reshape(len(z), -1) if isinstance(module, nn.ReLU) else
-                    _windows(module, z).topk(2, dim=-1).values.reshape(len(z), -1, 2).sum(-1))
+            near, value = _fragile(module, z)
+            near, value = near.reshape(len(z), -1), value.reshape(len(z), -1)
             alike: dict[tuple, list[int]] = {}
             for b, j in torch.nonzero(near).tolist():
-                alike.setdefault((j, float(what[b, j])), []).append(b * near.shape[1] + j)
+                alike.setdefault((j, float(value[b, j])), []).append(b * near.shape[1] + j)
             found.extend((k, tuple(ps)) for ps in alike.values())
         return hook
 
-    handles = [m.register_forward_hook(hook_for(k)) for k, m in enumerate(_decisions(model))]
-    try:
+    with _hooked([(m, hook_for(k)) for k, m in enumerate(_decisions(model))]):
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @contextmanager
@@ -128,12 +134,8 @@ def flipped(model: nn.Module, flips: list[Decision]) -> Iterator[None]:
         return hook
 
     decisions = _decisions(model)
-    handles = [decisions[k].register_forward_hook(hook_for(ps)) for k, ps in by_module.items()]
-    try:
+    with _hooked([(decisions[k], hook_for(ps)) for k, ps in by_module.items()]):
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def subsets(decisions: list[Decision]) -> Iterator[list[Decision]]:
