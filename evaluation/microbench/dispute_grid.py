@@ -88,14 +88,14 @@ def _play(workers: list[list[Worker]], rounds: int, nodes: int, cheats, model, s
     data = load("digits", seed=0)
     w = flat_params(build_model(model, data.shape, data.classes, 0))
     crowd = [(f"node-{i:03d}", "") for i in range(nodes)] + [(f"cheat-{k}", spec) for k, spec in enumerate(cheats)]
-    parts = {node: f"{i + 1}/{len(crowd)}" for i, (node, _) in enumerate(crowd)}
+    index = {node: i for i, (node, _) in enumerate(crowd)}
+    parts = {node: f"{i + 1}/{len(crowd)}" for node, i in index.items()}
     P = len(workers)
 
     def on(node: str, profile: int) -> Worker:  # the copy of ``profile`` that serves ``node``
-        i = int(node.split("-")[1]) + (nodes if node.startswith("cheat") else 0)
-        return workers[profile][(i // P) % len(workers[profile])]
+        return workers[profile][(index[node] // P) % len(workers[profile])]
 
-    home = {node: i % P for i, (node, _) in enumerate(crowd)}  # the nodes take the profiles in turn
+    home = {node: i % P for node, i in index.items()}  # the nodes take the profiles in turn
     gen = np.random.default_rng(0)
     out = Counter()
     pairs = defaultdict(Counter)  # (author profile, referee profile) -> counts
