@@ -147,6 +147,13 @@ DEPLOY = table(
           "rounds in a row a node may decline or not reply before it is rested (not asked) for as many rounds"),
     Param("verifier", OneOf(("nodes", "self")), "nodes",
           "who recomputes a spot-checked update: another volunteer (the coordinator referees a mismatch), or self"),
+    Param("dispute-deadline", Interval(int, 1, None), 1,
+          "a spot check that disagrees across compute profiles opens a dispute: the node shows the states of its "
+          "committed trajectory and each step is refereed; it has this many rounds' deadlines to answer, and the "
+          "round waits (an honest node's update still counts, a convicted one never does)"),
+    Param("dispute-share", Interval(float, 0, 1), 0.0,
+          "share of the cross-profile spot checks that pass the whole-update bound with different bits that are "
+          "disputed anyway (refereed step by step: a forgery within the bound is caught too)"),
     Param("spool", OneOf(("auto", "memory", "disk")), "auto",
           "where a round's accepted updates wait for the rule: memory, or disk as they arrive (DIR/updates, "
           "read in column blocks, so memory does not grow with nodes x parameters); auto: disk past 1 GiB a round"),

@@ -77,6 +77,7 @@ class Reply:
     part: str = ""      # the data the update was computed on: part I/N of the data set
     profile: str = ""   # the compute profile it ran on (nodes.engine.spotcheck.profile_of)
     author: str = ""    # a spot check: the node whose update this recomputes ("" for own work)
+    root: str = ""      # the trajectory it commits to (nodes.engine.trajectory; "" where the protocol has none)
 
 
 def refusal(task: Task, reason: str, author: str = "") -> Reply:
@@ -87,20 +88,23 @@ def refusal(task: Task, reason: str, author: str = "") -> Reply:
 
 
 def signed_payload(run: str, round: int, base: str, update_sha: str, count: int, part: str = "",
-                   profile: str = "", author: str = "") -> bytes:
+                   profile: str = "", author: str = "", root: str = "") -> bytes:
     """The exact bytes a volunteer signs and the coordinator (and an auditor) verifies: a
     JSON list, so no field's text can pass for another field's."""
-    fields_ = [run, round, base, update_sha, count, part, profile, author]
-    return b"robust-update/v2" + json.dumps(fields_, ensure_ascii=True).encode()
+    fields_ = [run, round, base, update_sha, count, part, profile, author, root]
+    return b"robust-update/v3" + json.dumps(fields_, ensure_ascii=True).encode()
 
 
 def reply_payload(reply: Reply, update_sha: str) -> bytes:
     """What ``reply`` signed, for an update of SHA-256 ``update_sha``."""
     return signed_payload(reply.run, reply.round, reply.base, update_sha, reply.count, reply.part, reply.profile,
-                          reply.author)
+                          reply.author, reply.root)
 
 
 CHECK = "check"  # a spot check: recompute the task of node `author` on its data `part`
+# a dispute: answer with the states of the trajectory `root` this node committed to for the task
+# of node `author` (itself, or the author whose update it recomputed) on its data `part`
+DISPUTE, CLAIM = "dispute", "claim"
 
 
 DOWNLINK_BYTES = {"none": 4, "fp16": 2}  # bytes per coordinate of the model a task carries
@@ -120,13 +124,17 @@ def model_record(w: np.ndarray) -> ArrayRecord:
     return ArrayRecord({"w": Array(w)})
 
 
-def task_content(task: Task, w: np.ndarray | ArrayRecord, check: tuple[str, str] | None = None) -> RecordDict:
+def task_content(task: Task, w: np.ndarray | ArrayRecord, check: tuple[str, str] | None = None,
+                 dispute: str = "") -> RecordDict:
     """A task carrying the model ``w`` (or its :func:`model_record`, shared with other tasks);
-    with ``check = (author, part)``, the task of a spot check of ``author``'s update."""
+    with ``check = (author, part)``, the task of a spot check of ``author``'s update; with a
+    ``dispute`` root as well, a dispute: the node asked answers with the states of the
+    trajectory it committed to with that root for that work (its own: ``author`` is itself)."""
     model = w if isinstance(w, ArrayRecord) else model_record(w)
     records = {MODEL: model, TASK: ConfigRecord(asdict(task))}
     if check is not None:
-        records[CHECK] = ConfigRecord({"author": check[0], "part": check[1]})
+        records[DISPUTE if dispute else CHECK] = ConfigRecord({"author": check[0], "part": check[1],
+                                                                **({"root": dispute} if dispute else {})})
     return RecordDict(records)
 
 
@@ -148,6 +156,16 @@ def check_of(content: RecordDict) -> tuple[str, str] | None:
         return None if check is None else (str(check["author"]), str(check["part"]))
     except KeyError as err:
         raise ValueError(f"the task lacks {err}: is the coordinator's robust version the same as this node's?") from None
+
+
+def dispute_of(content: RecordDict) -> tuple[str, str, str] | None:
+    """``(author, part, root)`` of a dispute's task, ``None`` for any other; ``ValueError`` as
+    :func:`read_task`."""
+    dispute = content.config_records.get(DISPUTE)
+    try:
+        return None if dispute is None else (str(dispute["author"]), str(dispute["part"]), str(dispute["root"]))
+    except KeyError as err:
+        raise ValueError(f"the dispute lacks {err}: is the coordinator's robust version the same as this node's?") from None
 
 
 def read_task(content: RecordDict) -> tuple[Task, np.ndarray, tuple[str, str] | None]:
@@ -182,8 +200,8 @@ def content_bytes(content: RecordDict) -> int:
 
 
 _TYPES = {"run": str, "round": int, "base": str, "count": int, "signature": bytes, "refused": str, "seconds": float,
-          "part": str, "profile": str, "author": str}
-_OPTIONAL = {"part": "", "profile": "", "author": ""}  # absent: empty (a node that declares none)
+          "part": str, "profile": str, "author": str, "root": str}
+_OPTIONAL = {"part": "", "profile": "", "author": "", "root": ""}  # absent: empty (a node that declares none)
 FIELD_CAP = 4096  # bytes: the longest text or signature a reply field may hold
 HEADER_CAP = 1024  # bytes: the longest .npy header of a one-dimensional float32 array
 ROW_DTYPE = np.dtype("<f4")
@@ -196,6 +214,24 @@ def read_reply(content: RecordDict, d: int, codec: Codec | None = None
     ``none`` the row is read-only (it views the message's bytes) and the encoding ``None``;
     otherwise the decoded row and the checked arrays it was decoded from (read-only views:
     what the audit stores, at the codec's size)."""
+    reply = _reply_of(content)
+    if reply.refused:
+        return reply, None, None
+    if codec is not None and codec.name != "none":
+        try:
+            record = content.array_records[UPDATE]
+        except KeyError:
+            raise ValueError("no update array") from None
+        return (reply, *read_encoded(record, d, codec))
+    try:
+        array = content.array_records[UPDATE]["row"]
+    except KeyError:
+        raise ValueError("no update array") from None
+    return reply, read_row(array, d), None
+
+
+def _reply_of(content: RecordDict) -> Reply:
+    """The reply record's fields, each checked for its type and size."""
     try:
         config = content.config_records[REPLY]
     except KeyError:
@@ -210,20 +246,44 @@ def read_reply(content: RecordDict, d: int, codec: Codec | None = None
         values[name] = value
     if not (math.isfinite(values["seconds"]) and values["seconds"] >= 0):
         raise ValueError(f"reply field 'seconds' is {values['seconds']}, not a finite number >= 0")
-    reply = Reply(**values)
+    return Reply(**values)
+
+
+def claim_payload(reply: Reply, states_sha: str) -> bytes:
+    """The bytes a node signs with its answer to a dispute: the work disputed (run, task,
+    base, whose task, the root it committed to) and the SHA-256 of the states it answers with
+    (one flat float32 vector, ``s_0 .. s_K`` in turn)."""
+    return b"robust-dispute/v1" + json.dumps([reply.run, reply.round, reply.base, reply.author, reply.root,
+                                              states_sha], ensure_ascii=True).encode()
+
+
+def claim_content(reply: Reply, hashes: list[str] | None = None, states: np.ndarray | None = None) -> RecordDict:
+    """A dispute's answer: the reply (signed with :func:`claim_payload`; or a refusal) with the
+    state hashes ``h_0 .. h_K`` and the states as one ``(K + 1) x 2d`` float32 array, flat."""
+    records: dict = {REPLY: ConfigRecord(asdict(reply))}
+    if states is not None:
+        records[CLAIM] = ConfigRecord({"hashes": list(hashes)})
+        records[UPDATE] = ArrayRecord({"states": Array(np.ascontiguousarray(states.reshape(-1)))})
+    return RecordDict(records)
+
+
+def read_claim(content: RecordDict, d: int, steps: int) -> tuple[Reply, list[str], np.ndarray | None]:
+    """Decode a dispute's answer for a model of ``d`` values and ``steps`` local steps:
+    ``(reply, hashes, (steps + 1, 2d) float32 states)`` (a refusal: no hashes, ``None``);
+    ``ValueError`` says what is malformed: exactly ``steps + 1`` hashes of 64 hex digits, the
+    states' bytes checked before they are read (``read_array``)."""
+    reply = _reply_of(content)
     if reply.refused:
-        return reply, None, None
-    if codec is not None and codec.name != "none":
-        try:
-            record = content.array_records[UPDATE]
-        except KeyError:
-            raise ValueError("no update array") from None
-        return (reply, *read_encoded(record, d, codec))
+        return reply, [], None
     try:
-        array = content.array_records[UPDATE]["row"]
-    except KeyError:
-        raise ValueError("no update array") from None
-    return reply, read_row(array, d), None
+        hashes, array = content.config_records[CLAIM]["hashes"], content.array_records[UPDATE]["states"]
+    except KeyError as err:
+        raise ValueError(f"the answer lacks {err}") from None
+    if not isinstance(hashes, list) or len(hashes) != steps + 1 or not all(
+            isinstance(h, str) and len(h) == 64 and all(c in "0123456789abcdef" for c in h) for h in hashes):
+        raise ValueError(f"the answer's hashes are not {steps + 1} SHA-256 hex digests")
+    states = read_array(array, "states", ROW_DTYPE, (steps + 1) * 2 * d, f"{steps + 1} states of {2 * d} float32 take")
+    return reply, list(hashes), states.reshape(steps + 1, 2 * d)
 
 
 def read_encoded(record: ArrayRecord, d: int, codec: Codec) -> tuple[np.ndarray, Encoded]:

@@ -56,8 +56,11 @@ from ..engine.ledger import Ticket
 from ..engine.root import Root
 from ..engine.spotcheck import recorded
 from ..settings import Settings, coordinator_folder
-from ..wire import signed_payload
+from ..engine.training import part_of
+from ..wire import Task, signed_payload
+from . import disputes
 from .admission import known_keys
+from .disputes import Dispute
 
 UPDATES = "updates"
 STATE = "state"  # the rule's rows carried across rounds, when the run spooled (robust.rowstore)
@@ -143,7 +146,7 @@ def store(folder: Path, keep: str, record: dict, inbox, evidence: set[str] = fro
         if keep == "all" or (keep == "spot" and fp in checked):
             kept.add(_keep(folder, inbox, fp))
         out[fp] = {"sha256": sha, "signature": reply.signature.hex(), "count": reply.count, "part": reply.part,
-                   "profile": reply.profile}
+                   "profile": reply.profile, **({"root": reply.root} if reply.root else {})}
         if "staleness" in record:  # rows may be stale: the task each answered, and the model it was computed from
             out[fp].update(task=reply.round, base=reply.base)
     for path in inbox.spooled - kept:
@@ -248,14 +251,14 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
                 if not full:
                     continue
                 payload = signed_payload(run_id, u.get("task", t), u.get("base", base), u["sha256"], u["count"],
-                                         u["part"], u["profile"])
+                                         u["part"], u["profile"], root=u.get("root", ""))
                 if fp not in signers or not keys.verify(signers[fp], bytes.fromhex(u["signature"]), payload):
                     problems.append(f"{word} {t}: the signature of {fp[:12]}'s update does not verify")
             for v in r.get("spot", []) if full else []:
                 c = v.get("check") or {}
                 author = updates.get(v["author"], {})
                 payload = signed_payload(run_id, author.get("task", t), author.get("base", base), c.get("sha256"), 0,
-                                         author.get("part", ""), c.get("profile"), v["author"])
+                                         author.get("part", ""), c.get("profile"), v["author"], c.get("root", ""))
                 if c and (v["verifier"] not in signers
                           or not keys.verify(signers[v["verifier"]], bytes.fromhex(c["signature"]), payload)):
                     problems.append(f"{word} {t}: the signature of {v['verifier'][:12]}'s check does not verify")
@@ -283,6 +286,9 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
                                 str(updates[fp].get("base", models[t - 1])), None) for fp in ids}
             X = Spooled([rows[fp] for fp in ids], shas=[updates[fp]["sha256"] for fp in ids]) if ids \
                 else torch.empty(0, engine.w.numel())
+            if full:  # every dispute refereed again, from the model the round's tasks carried
+                problems.extend(f"{word} {t}: {why}" for why in _disputes(
+                    folder, settings, run_id, r, engine.task_model()[0], data, codec, signers))
             convicted = set(r["convicted"])
             rejected = {fp: why for fp, why in r["rejected"].items() if fp not in convicted}
             asked = sorted(set(ids) | set(r["rejected"]) | set(r["failed"]) | set(r["missing"]))
@@ -294,6 +300,31 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
                 problems.append(f"{word} {t}: recomputed {', '.join(changed)} differ(s) from the log "
                                 f"({checkpoint.ROUNDS} line {t} or its updates changed{'; or ' + note if note else ''})")
     return problems, len(records), replay
+
+
+def _disputes(folder: Path, settings: Settings, run_id: str, r: dict, w: torch.Tensor, data, codec: Codec,
+              signers: dict) -> list[str]:
+    """What does not hold of round ``r``'s disputes (``nodes.coordinator.disputes.audit``), its
+    tasks having carried ``w``."""
+    problems, updates = [], r.get("updates", {})
+
+    def load(sha: str) -> torch.Tensor | str:
+        path = row_path(folder, sha)
+        try:
+            kept = torch.from_numpy(np.load(path, allow_pickle=False))
+        except Exception:  # noqa: BLE001 - a missing or damaged file is a finding, not a crash
+            return f"{path.relative_to(folder)}, a dispute's evidence, is missing or damaged"
+        return kept if sha256(kept) == sha else f"{path.relative_to(folder)} does not match its SHA-256 (changed)"
+
+    for v in r.get("spot", []):
+        u = updates.get(v["author"], {})
+        task = Task.of(settings, run_id, int(u.get("task", r["round"])), str(u.get("base", sha256(w))))
+        for record in v.get("disputes", []):
+            d = Dispute(str(record.get("node")), v["author"], task, w, str(u.get("part", "")), w, "", "")
+            why = disputes.audit(record, d, signers.get(d.signer), load, part_of(data, d.part), codec)
+            if why:
+                problems.append(f"the dispute with {d.signer[:12]} over {v['author'][:12]}'s update: {why}")
+    return problems
 
 
 def main(folder: str | Path) -> int:

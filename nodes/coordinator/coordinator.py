@@ -429,9 +429,13 @@ class Coordinator:
         """Ban ``fp``, convicted in ``record``'s round: its key leaves the admission list (kept in
         ``convicted/`` with the evidence in the round log, for the audit)."""
         evidence = self.engine.flags.convicted[fp]
-        log.warning("round %d: %s CONVICTED: a spot check's recomputation (by %s) differs from its signed update "
-                    "(relative distance %s); banned", record["round"], short(fp), short(evidence["verifier"]),
-                    "n/a" if evidence["distance"] is None or fp != evidence["author"] else f"{evidence['distance']:.3g}")
+        if record["rejected"].get(fp, "").startswith("convicted in a dispute"):
+            log.warning("round %d: %s CONVICTED %s; banned", record["round"], short(fp),
+                        record["rejected"][fp].removeprefix("convicted "))
+        else:
+            log.warning("round %d: %s CONVICTED: a spot check's recomputation (by %s) differs from its signed update "
+                        "(relative distance %s); banned", record["round"], short(fp), short(evidence["verifier"]),
+                        "n/a" if evidence["distance"] is None or fp != evidence["author"] else f"{evidence['distance']:.3g}")
         admission.ban(self.folder, fp)
         self.keys.pop(fp, None)
 

@@ -79,7 +79,7 @@ from robust import keys
 
 from .. import checkpoint
 from ..engine.clocks import Clock, WallClock
-from ..engine.ledger import CHECK, INTRODUCE, ttl
+from ..engine.ledger import CHECK, DISPUTE, INTRODUCE, ttl
 from ..engine.serve import Landed, Loop
 from ..wire import Task, introduction_content, model_record, read_identity, task_content
 from .coordinator import Coordinator, short
@@ -157,15 +157,16 @@ class FlowerTransport:
         nudge(self.grid, silent, time.monotonic() + life)
 
 
-def ask_checks(loop: Loop, nodes: dict[int, str], asked: dict[str, tuple[str, RecordDict]]
-               ) -> dict[str, RecordDict | str]:
-    """Send each spot check (author -> (verifier, task)) to its verifier, as tasks the serve loop
-    gathers for one more deadline (author -> reply content, or why none)."""
+def ask_checks(loop: Loop, nodes: dict[int, str], asked: dict[object, tuple[str, RecordDict]], kind: str = CHECK
+               ) -> dict[object, RecordDict | str]:
+    """Send each spot check (author -> (verifier, task)), or each dispute (key -> (the node that
+    answers, task)), as tasks of ``kind`` the serve loop gathers for one more deadline (a
+    dispute: ``dispute-deadline`` of them); key -> reply content, or why none."""
     address = {fp: nid for nid, fp in nodes.items()}
-    replies = loop.gather(CHECK, {author: (address[verifier], content, verifier)
-                                  for author, (verifier, content) in sorted(asked.items())},
-                          loop.desk.settings.deadline)
-    return {author: f"failed: {r.error[:200]}" if r.error else r.content for author, r in replies.items()}
+    s = loop.desk.settings
+    asks = {key: (address[node], content, node) for key, (node, content) in sorted(asked.items()) if node in address}
+    replies = loop.gather(kind, asks, s.deadline * (s.dispute_deadline if kind == DISPUTE else 1))
+    return {key: f"failed: {r.error[:200]}" if r.error else r.content for key, r in replies.items()}
 
 
 def nudge(grid: Grid, silent: dict[int, str], deadline: float) -> None:
@@ -206,7 +207,7 @@ def serve(grid: Grid, coord: Coordinator, poll: float = POLL, introductions: boo
     first = True
     while not coord.done:
         loop.play_round(first, lambda nodes: Checkers(sorted(set(nodes.values())),
-                                                       lambda asked: ask_checks(loop, nodes, asked)))
+                                                       lambda asked, kind=CHECK: ask_checks(loop, nodes, asked, kind)))
         first = False
 
 

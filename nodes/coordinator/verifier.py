@@ -9,6 +9,12 @@ late, the coordinator recomputes itself, from the same task, and referees. With 
 "self"`` the coordinator recomputes every check. Nothing a verifier sends can raise: a bad
 answer is a reason in the verdict's note, and the coordinator's own recomputation decides.
 
+A check that disagrees across compute profiles (the author, or a verifier, declared another
+profile than the coordinator's) opens a dispute with the node whose row disagrees, and the
+ruling decides (``nodes.coordinator.disputes``); so does a share (``dispute-share``) of the
+checks that passed across profiles with other bits. Asynchronous rounds gather no tasks
+before their engine step: there the whole-update verdict stands.
+
 With compression the authors' rows are the decoded ones; a verifier sends its recomputation
 encoded like an update (with the author's codec key) and signs the decoded row; the
 coordinator's own recomputation is encoded and decoded the same way (``transmitted``).
@@ -16,6 +22,7 @@ coordinator's own recomputation is encoded and decoded the same way (``transmitt
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,12 +35,15 @@ from robust.codecs.sparse import SparseCodec
 from robust.params import sha256
 
 from ..engine.ledger import Ticket
-from ..engine.spotcheck import SELF, Verdict, assign, compare, distance, profile_of, referee, round_seed
+from ..engine.spotcheck import SELF, Verdict, assign, compare, distance, profile_of, referee, round_seed, uniform
 from ..engine.training import NodeData, compute, part_of, transmitted
 from ..wire import Reply, Task, read_reply, reply_payload, task_content
+from . import disputes
 from .audit import keep_row
+from .disputes import Dispute
 
 CPU = torch.device("cpu")
+log = logging.getLogger(__name__)
 Ask = Callable[[dict[str, tuple[str, RecordDict]]], dict[str, RecordDict | str]]
 
 
@@ -62,9 +72,9 @@ class SpotChecks:
     def __call__(self, t: int, rows: dict[str, tuple[Ticket, torch.Tensor]]) -> list[Verdict]:
         c, s = self.coord, self.coord.settings
         tasks = {author: Task.of(s, c.run_id, ticket.number, ticket.base) for author, (ticket, _) in rows.items()}
+        seed = round_seed(s.seed, t, list(rows), [sha256(row) for _, row in rows.values()])
         asked: dict[str, tuple[str, RecordDict]] = {}
         if s.verifier == "nodes" and self.checkers is not None:
-            seed = round_seed(s.seed, t, list(rows), [sha256(row) for _, row in rows.values()])
             pool = [fp for fp in self.checkers.candidates if fp in c.keys and fp not in c.engine.flags.quarantined]
             for author, verifier in assign(seed, list(rows), pool).items():
                 if verifier is not None:
@@ -72,29 +82,71 @@ class SpotChecks:
                                            (author, self.replies[author].part))
                     asked[author] = (verifier, content)
         answers = self.checkers.ask(asked) if asked else {}
-        verdicts = []
+        verdicts, disputed = [], {}
         for author, (ticket, row) in rows.items():
-            task, w = tasks[author], ticket.model
+            task, w, declared = tasks[author], ticket.model, self.replies[author]
+            work = {author: Dispute(author, author, task, w, declared.part, row, declared.root, declared.profile)}
             if author not in asked:
-                verdicts.append(self._referee(task, w, author, row))
-                continue
-            verifier = asked[author][0]
-            got = self._read(verifier, author, task, w.numel(), answers.get(author, "no reply before the deadline"))
-            if isinstance(got, str):
-                verdict = self._referee(task, w, author, row)
-                verdict.note = f"verifier {verifier[:12]} {got}; " + (verdict.note or "checked by the coordinator")
-                verdicts.append(verdict)
-                continue
-            vrow, vreply = got
-            match, gap = compare(row, vrow, self.replies[author].profile == vreply.profile)
-            evidence = {"sha256": sha256(vrow), "signature": vreply.signature.hex(), "profile": vreply.profile}
-            if not match:  # evidence: both signed rows are kept, whatever keep-updates says
-                self.evidence |= {keep_row(c.folder, vrow), keep_row(c.folder, row)}
-            verdict = (Verdict(author, verifier, gap) if match else
-                       self._referee(task, w, author, row, verifier, (vrow, vreply.profile == self.own)))
-            verdict.check = evidence
+                verdict, differs = self._referee(task, w, author, row)
+            else:
+                verifier = asked[author][0]
+                got = self._read(verifier, author, task, w.numel(), answers.get(author, "no reply before the deadline"))
+                if isinstance(got, str):
+                    verdict, differs = self._referee(task, w, author, row)
+                    verdict.note = f"verifier {verifier[:12]} {got}; " + (verdict.note or "checked by the coordinator")
+                else:
+                    vrow, vreply = got
+                    match, gap = compare(row, vrow, declared.profile == vreply.profile)
+                    differs = declared.profile != vreply.profile and not torch.equal(row, vrow)
+                    evidence = {"sha256": sha256(vrow), "signature": vreply.signature.hex(), "profile": vreply.profile,
+                                **({"root": vreply.root} if vreply.root else {})}
+                    work[verifier] = Dispute(verifier, author, task, w, declared.part, vrow, vreply.root, vreply.profile)
+                    if not match:  # evidence: both signed rows are kept, whatever keep-updates says
+                        self.evidence |= {keep_row(c.folder, vrow), keep_row(c.folder, row)}
+                    verdict = (Verdict(author, verifier, gap) if match else
+                               self._referee(task, w, author, row, verifier, (vrow, vreply.profile == self.own))[0])
+                    verdict.check = evidence
+            # a disagreement across profiles is a dispute, not a verdict; and a share of the checks
+            # that passed across profiles with other bits are disputed too (``dispute-share``)
+            for party in verdict.guilty:
+                if party in work and work[party].profile != self.own and self.checkers is not None:
+                    disputed[author, party] = work[party]
+            if (not verdict.guilty and differs and self.checkers is not None
+                    and uniform(seed, "dispute", author) < s.dispute_share):
+                disputed[author, author] = work[author]
             verdicts.append(verdict)
+        if disputed:
+            self._settle(verdicts, disputed)
         return verdicts
+
+    def _settle(self, verdicts: list[Verdict], disputed: dict[tuple[str, str], Dispute]) -> None:
+        """Referee the round's disputes (``nodes.coordinator.disputes``) and let the rulings decide:
+        a node cleared leaves its verdict's guilty, a node convicted joins it."""
+        c = self.coord
+
+        def keep(tensor: torch.Tensor) -> str:
+            sha = keep_row(c.folder, tensor)
+            self.evidence.add(sha)
+            return sha
+
+        rulings = disputes.referee(disputed, self.checkers.ask, c.keys, self._part, c.codec, keep)
+        of = {v.author: v for v in verdicts}
+        for (author, party), record in sorted(rulings.items()):
+            verdict = of[author]
+            verdict.disputes.append(record)
+            if record["guilty"] and party not in verdict.guilty:
+                verdict.guilty.append(party)
+            elif not record["guilty"] and party in verdict.guilty:
+                verdict.guilty.remove(party)
+            said = f"dispute with {party[:12]}: {'convicted' if record['guilty'] else 'cleared'} ({record['reason']})"
+            verdict.note = f"{verdict.note}; {said}" if verdict.note else said
+            log.info("round %d: %s", c.engine.round + 1, said)
+
+    def _part(self, part: str) -> NodeData:
+        """Part ``part`` of the coordinator's data set, prepared once."""
+        if part not in self._parts:
+            self._parts[part] = part_of(self.coord.data, part)
+        return self._parts[part]
 
     def _read(self, verifier: str, author: str, task: Task, d: int, content: RecordDict | str
               ) -> tuple[torch.Tensor, Reply] | str:
@@ -118,20 +170,20 @@ class SpotChecks:
         return tensor, reply
 
     def _referee(self, task: Task, w: torch.Tensor, author: str, row: torch.Tensor, verifier: str = SELF,
-                 verifier_row: tuple[torch.Tensor, bool] | None = None) -> Verdict:
-        """The coordinator's own recomputation of ``author``'s update decides."""
+                 verifier_row: tuple[torch.Tensor, bool] | None = None) -> tuple[Verdict, bool]:
+        """The coordinator's own recomputation of ``author``'s update decides; and whether the
+        author's row differs from it bitwise, across profiles."""
         declared = self.replies[author]
         try:
-            if declared.part not in self._parts:
-                self._parts[declared.part] = part_of(self.coord.data, declared.part)
-            data = self._parts[declared.part]
+            data = self._part(declared.part)
             raw, _ = compute(task, w, data.x, data.y, data.classes, author, CPU)
             codec = self.coord.codec
             honest = transmitted(codec, raw, (task.seed, task.round, author))
         except ValueError as err:
-            return Verdict(author, verifier, None, [], f"cannot recompute: {str(err)[:200]}")
-        return referee(author, row, declared.profile == self.own, honest, verifier, verifier_row,
-                       slack(codec, raw, honest))
+            return Verdict(author, verifier, None, [], f"cannot recompute: {str(err)[:200]}"), False
+        same = declared.profile == self.own
+        return (referee(author, row, same, honest, verifier, verifier_row, slack(codec, raw, honest)),
+                not same and not torch.equal(row, honest))
 
 
 def slack(codec: Codec, raw: torch.Tensor, sent: torch.Tensor) -> float:

@@ -48,17 +48,21 @@ class Authored:
 
 def author(task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,
            device: torch.device, attack: str = "", m: torch.Tensor | None = None,
-           last: Memory | None = None, answering: bool = False) -> tuple[Authored, torch.Tensor]:
+           last: Memory | None = None, answering: bool = False, own=None) -> tuple[Authored, torch.Tensor]:
     """``(what node ``node`` sends and commits to for ``task``, the update it computed)``. An
     honest node keeps only its state hashes, unless it is ``answering`` a dispute (then
-    ``committed`` and ``answered`` hold its states); a cheat keeps its states to bend them."""
+    ``committed`` and ``answered`` hold its states); a cheat keeps its states to bend them.
+    ``own(K)``: the node's ``K`` more honest rows, for an attack with
+    :attr:`~attacks.base.NodeAttack.estimates` (computed only then)."""
     played = playing(attack, task.round)
     recorder = trajectory.Recorder(keep=answering or played is not None)
     row, m = compute(task, w, x, y, classes, node, device, attack, m, last, recorder)
     computed = [recorder.states[i] for i in range(len(recorder.states))]
     claimed = None if played is None else played.commit(computed, last)
     if claimed is None:
-        sent = row if played is None else played.forge(row, None if last is None else last.row)
+        sent = row if played is None else played.forge(
+            row, None if last is None else last.row,
+            own(played.estimates) if played.estimates and own is not None else None)
         authored = Authored(sent, m, list(recorder.hashes), computed, computed)
     else:
         d = w.numel()

@@ -346,7 +346,9 @@ class Engine:
                 self.flags.convict(fp, t, {"author": v.author, "verifier": v.verifier, "distance": v.distance})
                 if fp in index:
                     what = "its update" if fp == v.author else f"its check of {v.author[:12]}'s update"
-                    rejected[fp] = (f"convicted: {what} differs from the coordinator's recomputation"
+                    ruling = next((d for d in v.disputes if d["node"] == fp), None)
+                    rejected[fp] = (f"convicted in a dispute over {what}: {ruling['reason']}" if ruling else
+                                    f"convicted: {what} differs from the coordinator's recomputation"
                                     + (f" (relative distance {v.distance:.3g})" if fp == v.author else ""))
         keep = [i for i, fp in enumerate(ids) if fp not in convicted]
         return [ids[i] for i in keep], X.take(keep), verdicts, convicted

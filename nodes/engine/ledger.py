@@ -17,7 +17,8 @@ from it, whatever the round mode), when it was sent and when it is given up (its
 driver's clock: wall seconds in a deployment, simulated seconds in the bench), and the
 transport's handle for it (a Flower message id; the bench's in-process transport numbers its
 tasks). Tickets are keyed by that handle (a lookup is O(1)) and have a kind: a training task, a
-spot check (a verifier recomputes another node's task) or an introduction (a node without a
+spot check (a verifier recomputes another node's task), a dispute (a node shows the states of
+work it committed to, ``nodes.coordinator.disputes``) or an introduction (a node without a
 usable key is asked who it is). A node may hold several tickets of different kinds; "busy"
 (one task at a time) is about training tickets only. A withdrawn training task (cancelled at a
 round's end, its node quarantined) stays known by its handle until its TTL, as what the
@@ -41,7 +42,7 @@ import torch
 from .staleness import stale_reason
 
 TTL_SLACK = 30.0  # seconds a task lives past the round's deadline: then it is given up
-TRAIN, CHECK, INTRODUCE = "train", "check", "introduce"  # the kinds of task
+TRAIN, CHECK, DISPUTE, INTRODUCE = "train", "check", "dispute", "introduce"  # the kinds of task
 
 
 def ttl(deadline: float) -> float:

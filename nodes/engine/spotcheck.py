@@ -19,6 +19,9 @@ recompute it.
   recomputes itself and is the referee: whoever's signed row differs from its recomputation
   is convicted (the author for a fabricated update, the verifier for a false accusation), so
   a Byzantine verifier cannot convict an honest node. A convicted node is banned at once.
+  Across profiles one number cannot tell rounding from a lie: there a disagreement opens a
+  refereed dispute instead (``nodes.coordinator.disputes``, settled step by step), whose ruling
+  decides.
 
 Calibration of :data:`TOLERANCE` (``python -m evaluation.spot_tolerance``, digits MLP and CNN, the
 ``delta`` protocol): honest recomputations with 1, 2 and 4 threads, and the bench's batched
@@ -59,14 +62,14 @@ def round_seed(seed: int, round: int, ids: list[str], hashes: list[str]) -> byte
     return h.digest()
 
 
-def _uniform(seed: bytes, *parts: str) -> float:
+def uniform(seed: bytes, *parts: str) -> float:
     digest = hashlib.sha256(seed + "|".join(parts).encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
 def draw(seed: bytes, ids: list[str], p: float) -> list[str]:
     """The updates (by author) checked this round: each with probability ``p``."""
-    return sorted(fp for fp in ids if _uniform(seed, "draw", fp) < p)
+    return sorted(fp for fp in ids if uniform(seed, "draw", fp) < p)
 
 
 def assign(seed: bytes, authors: list[str], candidates: list[str]) -> dict[str, str | None]:
@@ -76,7 +79,7 @@ def assign(seed: bytes, authors: list[str], candidates: list[str]) -> dict[str, 
     out: dict[str, str | None] = {}
     for author in sorted(authors):
         pool = [c for c in candidates if c != author]
-        out[author] = min(pool, key=lambda c: (load[c], _uniform(seed, "verifier", author, c))) if pool else None
+        out[author] = min(pool, key=lambda c: (load[c], uniform(seed, "verifier", author, c))) if pool else None
         if out[author] is not None:
             load[out[author]] += 1
     return out
@@ -128,10 +131,12 @@ class Verdict:
     guilty: list[str] = field(default_factory=list)
     note: str = ""
     check: dict = field(default_factory=dict)  # the verifier's signed recomputation: sha256, signature, profile
+    disputes: list[dict] = field(default_factory=list)  # the rulings of its disputes (nodes.coordinator.disputes)
 
     def record(self) -> dict:
         return {"author": self.author, "verifier": self.verifier, "distance": self.distance,
-                "guilty": self.guilty, "note": self.note, "check": self.check}
+                "guilty": self.guilty, "note": self.note, "check": self.check,
+                **({"disputes": self.disputes} if self.disputes else {})}
 
 
 # (round, {author: (the task its row answers, its committed row)}) -> verdicts: the
@@ -157,7 +162,7 @@ def recorded(spot: Mapping[int, list[dict]]) -> Verifier:
     replay of a log, which cannot re-run the volunteers' training."""
 
     def verify(round: int, rows: dict[str, tuple[Ticket, torch.Tensor]]) -> list[Verdict]:
-        return [Verdict(r["author"], r["verifier"], r["distance"], list(r["guilty"]), r["note"], dict(r["check"]))
-                for r in spot.get(round, [])]
+        return [Verdict(r["author"], r["verifier"], r["distance"], list(r["guilty"]), r["note"], dict(r["check"]),
+                        list(r.get("disputes", []))) for r in spot.get(round, [])]
 
     return verify

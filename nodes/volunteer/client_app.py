@@ -40,10 +40,10 @@ from robust.user_code import use_path
 
 from ..engine.protocol import Protocol
 from ..engine.training import NodeData
-from ..wire import (UPDATE, Reply, content_bytes, identity_content, read_introduction, read_task, reply_content,
-                    task_of)
+from ..wire import (UPDATE, Reply, claim_content, content_bytes, dispute_of, identity_content, read_introduction,
+                    read_task, refusal, reply_content, task_of)
 from . import faults, worklog
-from .volunteer import NodeConfig, check, pick_device, prepare_data, work
+from .volunteer import NodeConfig, answer_dispute, check, pick_device, prepare_data, work
 
 FolderOf = Callable[[Context, str], Path]  # (context, run id) -> the node's folder
 LIES = ("dtype-lie", "shape-lie", "oversize")  # faults.content's lies about an update's bytes
@@ -83,10 +83,14 @@ def answer(node: Node, task_content: RecordDict, sent_at: float) -> RecordDict:
     """The reply content to the task ``task_content``, sent at ``sent_at`` (Unix time)."""
     task, w, spot = read_task(task_content)
     config, folder = node.config, node.folder
-    if spot is not None:  # recompute another node's update: honestly, whatever this node plays
-        def data_of(dataset: str, part: str) -> NodeData:
-            return NodeData.load(prepare_data(folder, dataset, config.data_root or None, part))
 
+    def data_of(dataset: str, part: str) -> NodeData:
+        return NodeData.load(prepare_data(folder, dataset, config.data_root or None, part))
+
+    disputed = dispute_of(task_content)
+    if disputed is not None:  # show the states of work this node committed to
+        return _answer_dispute(node, task, w, disputed, data_of, sent_at)
+    if spot is not None:  # recompute another node's update: honestly, whatever this node plays
         start = time.perf_counter()
         reply, row = check(task, w, *spot, data_of, node.key, node.device)
         seconds, out = time.perf_counter() - start, reply_content(reply, row)  # a check's reply carries no time
@@ -98,6 +102,26 @@ def answer(node: Node, task_content: RecordDict, sent_at: float) -> RecordDict:
         seconds, out = reply.seconds, content(config.attack, reply, row)
     steps = 0 if reply.refused else Protocol.of(task).steps
     worklog.record(folder, reply, sent_at, seconds, steps, content_bytes(out))
+    return out
+
+
+def _answer_dispute(node: Node, task, w: np.ndarray, disputed: tuple[str, str, str],
+                    data_of: Callable[[str, str], NodeData], sent_at: float) -> RecordDict:
+    """The answer to a dispute over this node's own update (its data, what it plays) or over its
+    spot check of another node's (that node's part, recomputed honestly)."""
+    author, part, root = disputed
+    mine = author == keys.fingerprint(node.key.public_key())
+    start = time.perf_counter()
+    try:
+        data = node.data if mine else data_of(task.dataset, part)
+    except ValueError as err:
+        reply, hashes, states = refusal(task, f"cannot recompute the disputed work: {err}", author), [], None
+    else:
+        reply, hashes, states = answer_dispute(task, w, author, part, root, data, node.key, node.device,
+                                               node.config.attack if mine else "", node.folder)
+    out = claim_content(reply, hashes, states)
+    worklog.record(node.folder, reply, sent_at, time.perf_counter() - start, 0 if states is None else len(hashes) - 1,
+                   content_bytes(out), worklog.DISPUTE)
     return out
 
 

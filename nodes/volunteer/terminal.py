@@ -28,7 +28,7 @@ from . import worklog
 FLOWER_LOG = "flower.log"
 PROBE_EVERY = 3.0  # seconds between two tries of the coordinator's port
 GONE_AFTER = 2  # failed tries in a row before the coordinator is said to be gone (one is a blip)
-KINDS = {worklog.TRAINING: "training", worklog.CHECK: "spot check"}
+KINDS = {worklog.TRAINING: "training", worklog.CHECK: "spot check", worklog.DISPUTE: "dispute answered"}
 COLOUR = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")  # ANSI escape codes
 
 

@@ -39,10 +39,11 @@ from robust.data import load
 from robust.params import sha256
 
 from ..checkpoint import write_atomic
+from ..engine.committed import author
 from ..engine.protocol import Protocol
 from ..engine.spotcheck import profile_of
 from ..engine.training import NodeData, compute, estimates, parse_part, part_of, playing
-from ..wire import Reply, Task, refusal, reply_payload
+from ..wire import Reply, Task, claim_payload, refusal, reply_payload
 from . import faults
 
 STATE, CONFIG = "state", "node.json"
@@ -259,16 +260,24 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
             return refusal(task, m), None
     last = recall(folder, task, played, weights.numel())
     start = time.perf_counter()
+
+    def own(k: int) -> torch.Tensor:
+        return estimates(task, weights, data.x, data.y, data.classes, node, device, m, k)
+
     try:
-        delta, after = compute(task, weights, data.x, data.y, data.classes, node, device, played, m, last)
+        if keeps:  # its state carries over rounds: no trajectory from the task alone to commit to
+            computed, after = compute(task, weights, data.x, data.y, data.classes, node, device, played, m, last)
+            delta, root = forge(played, computed, last, task.round, own), ""
+        else:  # it commits to the trajectory it claims (nodes.engine.committed)
+            authored, computed = author(task, weights, data.x, data.y, data.classes, node, device, played, m, last,
+                                        own=own)
+            delta, after, root = authored.row, authored.m, authored.root
     except ValueError as err:  # the weights do not fit the model on this data
         return refusal(task, f"model {task.model} on {data.dataset}: {err}"), None
     seconds = time.perf_counter() - start
     if keeps:
         save_momentum(folder, task, m, after)
-    remember(folder, task, played, last, weights, delta)
-    delta = forge(played, delta, last, task.round,
-                  lambda k: estimates(task, weights, data.x, data.y, data.classes, node, device, m, k))
+    remember(folder, task, played, last, weights, computed)
     row = faults.corrupt_row(attack, delta.numpy())
     sent, signed = row, row  # codec none: the row itself
     code_key = (task.seed, task.round, node)
@@ -278,7 +287,7 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
             save_residual(folder, task, codec, residual, after_residual)
     count, base = faults.corrupt_fields(attack, len(data.y), task.base)
     reply = Reply(run=task.run, round=task.round, base=base, count=count, signature=b"", seconds=seconds,
-                  part=part, profile=profile_of(device))
+                  part=part, profile=profile_of(device), root=root)
     reply = sign(reply, key, sha256(torch.from_numpy(signed)))
     if folder is not None:
         reply, again = faults.corrupt_reply(attack, reply, signed, folder)
@@ -287,30 +296,61 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
     return reply, sent
 
 
-def check(task: Task, w: np.ndarray, author: str, part: str, data_of: Callable[[str, str], NodeData], key,
+def check(task: Task, w: np.ndarray, author_fp: str, part: str, data_of: Callable[[str, str], NodeData], key,
           device: torch.device) -> tuple[Reply, np.ndarray | Encoded | None]:
-    """A spot check: node ``author``'s update for ``task`` recomputed as it should have computed
+    """A spot check: node ``author_fp``'s update for ``task`` recomputed as it should have computed
     it (on its data ``part``, with its batch draws, encoded with the task's codec and the
     author's key), signed by this node; a refusal saying why if this node cannot
     (``data_of(dataset, part)`` raises ``ValueError``: data it cannot get; a biased codec,
     whose error-feedback residual is the author's own state)."""
     weights = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
     if sha256(weights) != task.base:
-        return refusal(task, "the model received does not match its announced SHA-256", author), None
+        return refusal(task, "the model received does not match its announced SHA-256", author_fp), None
     try:
         if Protocol.of(task).keeps_momentum:
-            return refusal(task, "a momentum-protocol update cannot be recomputed from its task", author), None
+            return refusal(task, "a momentum-protocol update cannot be recomputed from its task", author_fp), None
         codec = codecs.build(task.compression)
         if codec.biased:
             return refusal(task, f"a {codec.spec} update carries its author's error-feedback residual: it cannot "
-                                 "be recomputed from its task", author), None
+                                 "be recomputed from its task", author_fp), None
         data = data_of(task.dataset, part)
-        row, _ = compute(task, weights, data.x, data.y, data.classes, author, device)
+        authored, row = author(task, weights, data.x, data.y, data.classes, author_fp, device)
     except ValueError as err:
-        return refusal(task, f"cannot recompute {author[:12]}'s update: {err}", author), None
+        return refusal(task, f"cannot recompute {author_fp[:12]}'s update: {err}", author_fp), None
     sent = signed = row.numpy()
     if codec.name != "none":
-        sent, signed, _ = encode_update(codec, signed, (task.seed, task.round, author))
+        sent, signed, _ = encode_update(codec, signed, (task.seed, task.round, author_fp))
     reply = Reply(run=task.run, round=task.round, base=task.base, count=0, signature=b"", part=part,
-                  profile=profile_of(device), author=author)
+                  profile=profile_of(device), author=author_fp, root=authored.root)
     return sign(reply, key, sha256(torch.from_numpy(signed))), sent
+
+
+def answer_dispute(task: Task, w: np.ndarray, author_fp: str, part: str, root: str, data: NodeData, key,
+                   device: torch.device, attack: str = "", folder: Path | None = None
+                   ) -> tuple[Reply, list[str], np.ndarray | None]:
+    """This node's answer to a dispute over the work it signed with ``root`` for ``task``:
+    its own update (``author_fp`` is itself; ``data`` its own, ``attack`` what it plays) or its
+    spot check of ``author_fp``'s (``data``: that node's ``part``, recomputed honestly). It
+    keeps no states: it recomputes them from the task, bit for bit on its own profile
+    (``nodes.engine.committed``), and signs the states it answers with
+    (``nodes.wire.claim_payload``, over the states as one flat vector). ``(reply, hashes, the
+    (K + 1) x 2d states, flat)``, or a refusal."""
+    weights = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+    own_work = author_fp == keys.fingerprint(key.public_key())
+    played = attack if own_work and attack not in faults.PROTOCOL_FAULTS else ""
+    if sha256(weights) != task.base:
+        return refusal(task, "the model received does not match its announced SHA-256", author_fp), [], None
+    try:
+        if Protocol.of(task).keeps_momentum:
+            return refusal(task, "a momentum-protocol update commits to no trajectory", author_fp), [], None
+        last = recall(folder, task, played, weights.numel()) if own_work else None
+        authored, _ = author(task, weights, data.x, data.y, data.classes, author_fp, device, played, None, last,
+                             answering=True)
+    except ValueError as err:
+        return refusal(task, f"cannot recompute the disputed work: {err}", author_fp), [], None
+    claim = authored.claim()
+    states = torch.cat([claim.states[i] for i in range(len(claim.hashes))]).numpy()  # flat, as it travels
+    reply = Reply(run=task.run, round=task.round, base=task.base, count=0, signature=b"", part=part,
+                  profile=profile_of(device), author=author_fp, root=root)
+    signed = dataclasses.replace(reply, signature=keys.sign(key, claim_payload(reply, sha256(torch.from_numpy(states)))))
+    return signed, claim.hashes, states

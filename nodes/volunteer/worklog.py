@@ -16,13 +16,16 @@ if TYPE_CHECKING:  # the wire format imports Flower; `node join` reads this log 
     from ..wire import Reply
 
 WORK_LOG = "work.jsonl"
-TRAINING, CHECK = "training", "check"  # a node's own work; a spot check of another node's
+# a node's own work; a spot check of another node's; an answer to a dispute (states of work it committed to)
+TRAINING, CHECK, DISPUTE = "training", "check", "dispute"
 
 
-def record(folder: Path, reply: Reply, made: float, seconds: float = 0.0, steps: int = 0, up: int = 0) -> None:
+def record(folder: Path, reply: Reply, made: float, seconds: float = 0.0, steps: int = 0, up: int = 0,
+           kind: str = "") -> None:
     """Log ``reply`` (to a task made at ``made``, Unix time): ``steps`` local steps trained in
-    ``seconds``, ``up`` bytes of arrays sent (``nodes.wire.content_bytes``)."""
-    _append(folder, {"run": reply.run, "round": reply.round, "kind": CHECK if reply.author else TRAINING,
+    ``seconds``, ``up`` bytes of arrays sent (``nodes.wire.content_bytes``); its ``kind`` (left
+    out: a spot check when it names an author, else training)."""
+    _append(folder, {"run": reply.run, "round": reply.round, "kind": kind or (CHECK if reply.author else TRAINING),
                      "steps": steps, "seconds": round(seconds, 3), "bytes": up, "declined": bool(reply.refused),
                      **({"reason": reply.refused} if reply.refused else {}), "time": time.time(), "task_made": made})
 

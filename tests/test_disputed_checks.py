@@ -1,0 +1,139 @@
+"""The coordinator's disputes (``nodes.coordinator.disputes``) with volunteers' warm trainers in
+real processes at another CPU level than the coordinator's (``cpu:isa=default``: PyTorch's
+scalar kernels, oneDNN at SSE4.1): an honest volunteer's cross-profile check, disputed, is
+cleared on its steps; a consistent forger at 0.999 is convicted on its first step; both
+answer over the volunteer's own channel, as ``robust node join``'s ClientApps relay them; the
+audit referees every dispute again and finds a changed state."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from nodes import launch
+from nodes.coordinator import audit
+from nodes.coordinator.coordinator import Coordinator
+from nodes.coordinator.disputes import Dispute
+from nodes.coordinator.verifier import Checkers
+from nodes.engine.inbox import Inbox
+from nodes.engine.ledger import DISPUTE
+from nodes.settings import Settings
+from nodes.volunteer import channel, worklog
+from nodes.volunteer.client_app import Node, answer
+from nodes.volunteer.thin_app import relay
+from nodes.volunteer.trainer import setup
+from nodes.wire import Task, claim_content, claim_payload, read_claim, task_content
+from robust import keys
+from robust.params import sha256
+from robust.profiles import Profile
+
+from .federation_kit import ask, file, fingerprint, make_federation, withdraw
+
+SETTINGS = dict(rounds=2, aggregator="median", tolerate=0, quorum=1, model="cnn", protocol="delta:steps=3",
+                batch_size=16, spot_check=1.0, verifier="self", dispute_share=1.0)
+LEVEL = Profile.parse("cpu:isa=default")
+
+
+def start(node: Path, attack: str = "") -> object:
+    """The node's warm trainer at :data:`LEVEL`, set up as ``robust node join`` sets it up."""
+    proc = launch.start_trainer(node, node / "trainer.log", setup={
+        "device": "cpu", "dataset": "digits", "root": None, "part": node.name.removeprefix("node") + "/3",
+        "attack": attack, "slow": 0.0, "code": ""}, wrap=["env", *(f"{k}={v}" for k, v in LEVEL.env().items())])
+    until = time.monotonic() + 300
+    while time.monotonic() < until and proc.poll() is None:
+        try:
+            channel.connect(node, time.monotonic()).close()
+            return proc
+        except channel.Absent:
+            time.sleep(0.3)
+    launch.stop(proc)
+    raise AssertionError(f"the trainer did not start: {(node / 'trainer.log').read_text()[-2000:]}")
+
+
+def play(coord: Coordinator, nodes: list[Path], warm: set[Path]) -> dict:
+    """One round: the ``warm`` nodes answer through their trainers (tasks and disputes alike),
+    the others in-process, as a SuperNode's ClientApp would."""
+    by_fp = {fingerprint(n): n for n in nodes}
+
+    def reply(node: Path, content):
+        return relay(node, content, time.time(), 120.0) if node in warm else answer(Node.load(node), content, time.time())
+
+    def asks(asked: dict, kind: str) -> dict:
+        assert kind == DISPUTE  # verifier = self: the coordinator recomputes every check itself
+        return {key: reply(by_fp[fp], content) for key, (fp, content) in asked.items()}
+
+    fps = sorted(by_fp)
+    for fp in fps:
+        withdraw(coord, fp)
+    tasks, w = ask(coord, fps)
+    inbox = Inbox()
+    for fp in fps:
+        file(coord, fp, reply(by_fp[fp], task_content(tasks[fp], w)), inbox)
+    return coord.finish_round(fps, inbox, 0.0, Checkers(fps, asks))
+
+
+def test_cross_level_disputes_clear_the_honest_convict_a_forger_and_replay_in_the_audit(tmp_path):
+    if LEVEL.refusal():
+        pytest.skip(LEVEL.refusal())
+    coord_dir, nodes = make_federation(tmp_path, 3, Settings(**SETTINGS))
+    honest, forger = nodes[0], nodes[1]
+    setup(nodes[2], "cpu", "digits", None, "3/3", "", 0.0, "")  # answers in-process, at the coordinator's level
+    procs = [start(honest), start(forger, "forge:scale=0.999,consistent=true")]
+    try:
+        coord = Coordinator(coord_dir)
+        first = play(coord, nodes, {honest, forger})
+        second = play(coord, nodes, {honest})
+    finally:
+        for proc in procs:
+            launch.stop(proc)
+    spot = {v["author"]: v for v in first["spot"]}
+    h, f, same = fingerprint(honest), fingerprint(forger), fingerprint(nodes[2])
+    assert first["updates"][h]["profile"] != first["updates"][same]["profile"]  # the levels differ
+    # the honest volunteer: other bits, disputed (dispute-share), cleared on every step
+    [ruling] = spot[h]["disputes"]
+    assert ruling["guilty"] is False and ruling["reason"].startswith("cleared") and ruling["steps_checked"] == 3
+    assert spot[h]["guilty"] == [] and h in first["ids"] and spot[h]["distance"] > 0
+    # the forger: beyond the whole-update bound, disputed, convicted on its first step, left out
+    [ruling] = spot[f]["disputes"]
+    assert ruling["guilty"] is True and ruling["step"] == 1 and ruling["reason"].startswith("step 1 is not the task's step")
+    assert first["convicted"] == [f] and f not in first["ids"] and spot[f]["distance"] > 1e-4
+    assert first["rejected"][f].startswith("convicted in a dispute over its update: step 1 is not the task's step")
+    # the in-process volunteer shares the coordinator's profile: checked bit for bit, no dispute
+    assert spot[same]["distance"] == 0.0 and "disputes" not in spot[same]
+    assert [v["author"] for v in second["spot"] if v.get("disputes")] == [h] and second["convicted"] == []
+    work = [json.loads(line) for line in (honest / worklog.WORK_LOG).read_text().splitlines()]
+    assert [w["kind"] for w in work] == ["training", "dispute"] * 2 and work[1]["steps"] == 3
+    # the audit referees every dispute again from the kept states; a changed state is found
+    assert audit.verify(coord_dir) == ([], 2, True)
+    path = audit.row_path(coord_dir, spot[h]["disputes"][0]["sha256"])
+    states = np.load(path)
+    states[-1] += np.float32(1e-3)
+    np.save(path, states)
+    problems, _, _ = audit.verify(coord_dir)
+    assert problems and problems[0].startswith("round 1: the dispute with") and "does not match its SHA-256" in problems[0]
+
+
+def test_a_dispute_answer_is_read_strictly_and_a_bad_one_convicts(tmp_path):
+    coord_dir, nodes = make_federation(tmp_path, 2, Settings(**SETTINGS))
+    setup(nodes[0], "cpu", "digits", None, "1/2", "", 0.0, "")
+    coord = Coordinator(coord_dir)
+    tasks, w = coord.tasks([fingerprint(nodes[0])])
+    task: Task = tasks[fingerprint(nodes[0])]
+    d = coord.engine.w.numel()
+    node = Node.load(nodes[0])
+    row = torch.zeros(d)
+    dispute = Dispute(fingerprint(nodes[0]), fingerprint(nodes[0]), task, torch.from_numpy(w.copy()), "1/2", row,
+                      "0" * 64, "another")
+    content = answer(node, dispute.content(), time.time())
+    reply, hashes, states = read_claim(content, d, 3)
+    assert not reply.refused and len(hashes) == 4 and states.shape == (4, 2 * d)
+    assert keys.verify(node.key.public_key(), reply.signature, claim_payload(reply, sha256(torch.from_numpy(states.reshape(-1).copy()))))
+    for broken, said in ((claim_content(reply, hashes[:-1], states), "are not 4 SHA-256"),
+                         (claim_content(reply, hashes, states[:, :-1]), "states")):
+        with pytest.raises(ValueError, match=said):
+            read_claim(broken, d, 3)
