@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         from .volunteer.join import node_join  # loads no PyTorch: the volunteer's trainer does
 
         return node_join(folder, args.coordinator, Path(args.ca), args.device, args.data, args.data_root,
-                         args.partition, args.attack, args.slow, args.path, args.trust_code)
+                         args.partition, args.attack, args.slow, args.path, args.trust_code, args.profile)
     from . import commands
 
     if args.command == "coordinator":

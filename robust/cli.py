@@ -127,6 +127,9 @@ def _federation_parsers(sub: argparse._SubParsersAction) -> None:
     join.add_argument("--partition", default="1/1", metavar="I/N", help="train on part I of N (iid split; default 1/1)")
     join.add_argument("--attack", default="", metavar="SPEC", help=f"Byzantine test node: {_NODE_BEHAVIOURS}")
     join.add_argument("--slow", type=float, default=0.0, metavar="S", help="wait a random 0..S seconds before each reply")
+    join.add_argument("--profile", default="", metavar="SPEC",
+                      help="compute profile: cpu:isa=default|avx2|avx512 (the level PyTorch and oneDNN run at, as "
+                           "another CPU would) or cuda; its threads come from each task (default: this machine's best)")
     demo = sub.add_parser("demo", help="a whole federation on loopback: coordinator, 5 volunteers (1 Byzantine)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--rounds", type=int, default=5)

@@ -8,6 +8,8 @@ audit referees every dispute again and finds a changed state."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -137,3 +139,12 @@ def test_a_dispute_answer_is_read_strictly_and_a_bad_one_convicts(tmp_path):
                          (claim_content(reply, hashes, states[:, :-1]), "states")):
         with pytest.raises(ValueError, match=said):
             read_claim(broken, d, 3)
+
+
+@pytest.mark.parametrize(("profile", "said"), [("cpu:isa=sse", "isa must be one of default, avx2, avx512"),
+                                               ("cuda --device cpu", "--profile cuda with --device cpu")])
+def test_node_join_refuses_a_profile_it_cannot_run_in_one_line(tmp_path, profile, said):
+    done = subprocess.run([sys.executable, "-m", "robust.cli", "node", "join", "--coordinator", "127.0.0.1:1", "--ca",
+                           str(tmp_path / "ca.crt"), "--key", str(tmp_path), "--profile", *profile.split()],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1

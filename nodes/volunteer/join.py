@@ -12,6 +12,7 @@ coordinator answers (``nodes.volunteer.terminal``); Flower's own log goes to ``D
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from robust import keys
+from robust.profiles import Profile
 
 from .. import codetrust, launch
 from . import channel
@@ -65,7 +67,8 @@ def _how(code: int) -> str:
 
 
 def node_join(folder: Path, coordinator: str, ca: Path, device: str, dataset: str, root: str | None,
-              part: str, attack: str, slow: float, code: str = "", trust_code: list[str] = ()) -> int:
+              part: str, attack: str, slow: float, code: str = "", trust_code: list[str] = (), profile: str = "") -> int:
+    device = use_profile(profile, device)
     key = keys.load_private(folder)
     if not ca.is_file():
         raise ValueError(f"--ca {ca} not found: ask the coordinator for its tls/ca.crt")
@@ -93,6 +96,27 @@ def node_join(folder: Path, coordinator: str, ca: Path, device: str, dataset: st
         return 130
     finally:
         trainer.stop()
+
+
+def use_profile(spec: str, device: str) -> str:
+    """Run this volunteer's processes (its trainer, its SuperNode's ClientApps) at the compute
+    profile ``spec`` (``robust.profiles``): a CPU level is set in the environment they start
+    with, which PyTorch reads once; ``cuda`` is the device. The device to use; ``ValueError``
+    for a profile this machine cannot run or that contradicts ``--device``."""
+    if not spec:
+        return device
+    chosen = Profile.parse(spec)
+    if chosen.kind == "cuda":
+        if device == "cpu":
+            raise ValueError("--profile cuda with --device cpu: leave --device out, or choose a cpu profile")
+        return "cuda"  # the trainer refuses it, saying so, where torch sees no GPU
+    if device == "cuda":
+        raise ValueError(f"--profile {spec} with --device cuda: leave --device out, or use --profile cuda")
+    reason = chosen.refusal()
+    if reason:
+        raise ValueError(reason)
+    os.environ.update(chosen.env())
+    return "cpu"
 
 
 def _ask_about_code(folder: Path, asked: set[str]) -> None:
