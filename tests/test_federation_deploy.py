@@ -73,7 +73,10 @@ def test_tls_auth_bad_replies_and_a_node_killed_mid_round(tmp_path, procs):
     port = launch.free_port()
     # a round waits out its deadline for the killed node (twice: in round 2, and in round 3 should its
     # reply to round 2 have left before the kill); live nodes answer in seconds (under 20 on a busy machine)
-    settings = Settings(rounds=3, aggregator="median", tolerate=0, quorum=1, deadline=30.0, port=port)
+    # every update recomputed by the coordinator; node1 at another CPU level (its bits differ), each
+    # of its checks disputed over Flower (dispute-share) and cleared on its steps
+    settings = Settings(rounds=3, aggregator="median", tolerate=0, quorum=1, deadline=30.0, port=port,
+                        spot_check=1.0, verifier="self", dispute_share=1.0)
     coord, nodes = make_federation(tmp_path, 3, settings)
     stranger = tmp_path / "stranger"
     commands.node_keygen(stranger, seed="not admitted")
@@ -83,7 +86,8 @@ def test_tls_auth_bad_replies_and_a_node_killed_mid_round(tmp_path, procs):
     wait_until(lambda: (coord / "logs" / "superlink.log").exists() and "submitted" in (tmp_path / "coordinator.log").read_text(),
                120, "the coordinator to submit its run", logs)
     for i, node in enumerate(nodes, start=1):
-        procs.append(join(node, coord, port, *(["--attack", "bad-signature"] if i == 3 else [])))
+        procs.append(join(node, coord, port, *{1: ["--profile", "cpu:isa=default"], 3: ["--attack", "bad-signature"]}
+                          .get(i, [])))
     refused = join(stranger, coord, port)
     procs.append(refused)
     wait_until(lambda: len(rounds_done(coord)) >= 1, 180, "round 1", logs)
@@ -99,6 +103,9 @@ def test_tls_auth_bad_replies_and_a_node_killed_mid_round(tmp_path, procs):
     assert records[0]["accepted"] == 2 and records[0]["rejected"] == {names[2]: "bad signature"}
     assert names[1] in records[1]["missing"] + records[2]["missing"]  # killed: no reply, round still done
     assert all(not r["skipped"] for r in records)
+    disputed = [d for r in records for v in r["spot"] for d in v.get("disputes", [])]
+    assert {d["node"] for d in disputed} == {names[0]} and len(disputed) == 3 and not any(d["guilty"] for d in disputed)
+    assert all(r["convicted"] == [] for r in records) and audit.verify(coord)[0] == []
     result = json.loads((coord / checkpoint.RESULT).read_text())
     assert result["rounds"] == 3 and result["rejected"] == {names[2][:12]: "bad signature"}
     assert result["final_accuracy"] > 0.8
