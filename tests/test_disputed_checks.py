@@ -1,4 +1,4 @@
-"""The coordinator's disputes (``nodes.coordinator.disputes``) with volunteers' warm trainers in
+"""The coordinator's disputes (``nodes.coordinator.arbitration``) with volunteers' warm trainers in
 real processes at another CPU level than the coordinator's (``cpu:isa=default``: PyTorch's
 scalar kernels, oneDNN at SSE4.1): an honest volunteer's cross-profile check, disputed, is
 cleared on its steps; a consistent forger at 0.999 is convicted on its first step; both
@@ -20,12 +20,12 @@ import torch
 from nodes import launch
 from nodes.coordinator import audit
 from nodes.coordinator.coordinator import Coordinator
-from nodes.coordinator.disputes import Dispute
+from nodes.coordinator.arbitration import Dispute
 from nodes.coordinator.verifier import Checkers
 from nodes.engine.inbox import Inbox
 from nodes.engine.ledger import DISPUTE
 from nodes.settings import Settings
-from nodes.volunteer import channel, worklog
+from nodes.volunteer import worklog
 from nodes.volunteer.client_app import Node, answer
 from nodes.volunteer.thin_app import relay
 from nodes.volunteer.trainer import setup
@@ -35,26 +35,11 @@ from robust.params import sha256
 from robust.profiles import Profile
 
 from .federation_kit import ask, file, fingerprint, make_federation, withdraw
+from .test_warm_trainer import start
 
 SETTINGS = dict(rounds=2, aggregator="median", tolerate=0, quorum=1, model="cnn", protocol="delta:steps=3",
                 batch_size=16, spot_check=1.0, verifier="self", dispute_share=1.0)
 LEVEL = Profile.parse("cpu:isa=default")
-
-
-def start(node: Path, attack: str = "") -> object:
-    """The node's warm trainer at :data:`LEVEL`, set up as ``robust node join`` sets it up."""
-    proc = launch.start_trainer(node, node / "trainer.log", setup={
-        "device": "cpu", "dataset": "digits", "root": None, "part": node.name.removeprefix("node") + "/3",
-        "attack": attack, "slow": 0.0, "code": ""}, wrap=["env", *(f"{k}={v}" for k, v in LEVEL.env().items())])
-    until = time.monotonic() + 300
-    while time.monotonic() < until and proc.poll() is None:
-        try:
-            channel.connect(node, time.monotonic()).close()
-            return proc
-        except channel.Absent:
-            time.sleep(0.3)
-    launch.stop(proc)
-    raise AssertionError(f"the trainer did not start: {(node / 'trainer.log').read_text()[-2000:]}")
 
 
 def play(coord: Coordinator, nodes: list[Path], warm: set[Path]) -> dict:
@@ -85,7 +70,7 @@ def test_cross_level_disputes_clear_the_honest_convict_a_forger_and_replay_in_th
     coord_dir, nodes = make_federation(tmp_path, 3, Settings(**SETTINGS))
     honest, forger = nodes[0], nodes[1]
     setup(nodes[2], "cpu", "digits", None, "3/3", "", 0.0, "")  # answers in-process, at the coordinator's level
-    procs = [start(honest), start(forger, "forge:scale=0.999,consistent=true")]
+    procs = [start(honest, "", 3, LEVEL.env()), start(forger, "forge:scale=0.999,consistent=true", 3, LEVEL.env())]
     try:
         coord = Coordinator(coord_dir)
         first = play(coord, nodes, {honest, forger})

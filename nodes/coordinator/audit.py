@@ -58,9 +58,9 @@ from ..engine.spotcheck import recorded
 from ..settings import Settings, coordinator_folder
 from ..engine.training import part_of
 from ..wire import Task, signed_payload
-from . import disputes
+from . import arbitration
 from .admission import known_keys
-from .disputes import Dispute
+from .arbitration import Dispute
 
 UPDATES = "updates"
 STATE = "state"  # the rule's rows carried across rounds, when the run spooled (robust.rowstore)
@@ -304,7 +304,7 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
 
 def _disputes(folder: Path, settings: Settings, run_id: str, r: dict, w: torch.Tensor, data, codec: Codec,
               signers: dict) -> list[str]:
-    """What does not hold of round ``r``'s disputes (``nodes.coordinator.disputes.audit``), its
+    """What does not hold of round ``r``'s disputes (``nodes.coordinator.arbitration.audit``), its
     tasks having carried ``w``."""
     problems, updates = [], r.get("updates", {})
 
@@ -321,7 +321,7 @@ def _disputes(folder: Path, settings: Settings, run_id: str, r: dict, w: torch.T
         task = Task.of(settings, run_id, int(u.get("task", r["round"])), str(u.get("base", sha256(w))))
         for record in v.get("disputes", []):
             d = Dispute(str(record.get("node")), v["author"], task, w, str(u.get("part", "")), w, "", "")
-            why = disputes.audit(record, d, signers.get(d.signer), load, part_of(data, d.part), codec)
+            why = arbitration.audit(record, d, signers.get(d.signer), load, part_of(data, d.part), codec)
             if why:
                 problems.append(f"the dispute with {d.signer[:12]} over {v['author'][:12]}'s update: {why}")
     return problems

@@ -11,7 +11,7 @@ answer is a reason in the verdict's note, and the coordinator's own recomputatio
 
 A check that disagrees across compute profiles (the author, or a verifier, declared another
 profile than the coordinator's) opens a dispute with the node whose row disagrees, and the
-ruling decides (``nodes.coordinator.disputes``); so does a share (``dispute-share``) of the
+ruling decides (``nodes.coordinator.arbitration``); so does a share (``dispute-share``) of the
 checks that passed across profiles with other bits. Asynchronous rounds gather no tasks
 before their engine step: there the whole-update verdict stands.
 
@@ -38,9 +38,9 @@ from ..engine.ledger import Ticket
 from ..engine.spotcheck import SELF, Verdict, assign, compare, distance, profile_of, referee, round_seed, uniform
 from ..engine.training import NodeData, compute, part_of, transmitted
 from ..wire import Reply, Task, read_reply, reply_payload, task_content
-from . import disputes
+from . import arbitration
 from .audit import keep_row
-from .disputes import Dispute
+from .arbitration import Dispute
 
 CPU = torch.device("cpu")
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class SpotChecks:
         return verdicts
 
     def _settle(self, verdicts: list[Verdict], disputed: dict[tuple[str, str], Dispute]) -> None:
-        """Referee the round's disputes (``nodes.coordinator.disputes``) and let the rulings decide:
+        """Referee the round's disputes (``nodes.coordinator.arbitration``) and let the rulings decide:
         a node cleared leaves its verdict's guilty, a node convicted joins it."""
         c = self.coord
 
@@ -129,7 +129,7 @@ class SpotChecks:
             self.evidence.add(sha)
             return sha
 
-        rulings = disputes.referee(disputed, self.checkers.ask, c.keys, self._part, c.codec, keep)
+        rulings = arbitration.referee(disputed, self.checkers.ask, c.keys, self._part, c.codec, keep)
         of = {v.author: v for v in verdicts}
         for (author, party), record in sorted(rulings.items()):
             verdict = of[author]

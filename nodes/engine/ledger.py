@@ -18,7 +18,7 @@ driver's clock: wall seconds in a deployment, simulated seconds in the bench), a
 transport's handle for it (a Flower message id; the bench's in-process transport numbers its
 tasks). Tickets are keyed by that handle (a lookup is O(1)) and have a kind: a training task, a
 spot check (a verifier recomputes another node's task), a dispute (a node shows the states of
-work it committed to, ``nodes.coordinator.disputes``) or an introduction (a node without a
+work it committed to, ``nodes.coordinator.arbitration``) or an introduction (a node without a
 usable key is asked who it is). A node may hold several tickets of different kinds; "busy"
 (one task at a time) is about training tickets only. A withdrawn training task (cancelled at a
 round's end, its node quarantined) stays known by its handle until its TTL, as what the

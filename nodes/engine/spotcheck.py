@@ -20,7 +20,7 @@ recompute it.
   is convicted (the author for a fabricated update, the verifier for a false accusation), so
   a Byzantine verifier cannot convict an honest node. A convicted node is banned at once.
   Across profiles one number cannot tell rounding from a lie: there a disagreement opens a
-  refereed dispute instead (``nodes.coordinator.disputes``, settled step by step), whose ruling
+  refereed dispute instead (``nodes.coordinator.arbitration``, settled step by step), whose ruling
   decides.
 
 Calibration of :data:`TOLERANCE` (``python -m evaluation.spot_tolerance``, digits MLP and CNN, the
@@ -131,7 +131,7 @@ class Verdict:
     guilty: list[str] = field(default_factory=list)
     note: str = ""
     check: dict = field(default_factory=dict)  # the verifier's signed recomputation: sha256, signature, profile
-    disputes: list[dict] = field(default_factory=list)  # the rulings of its disputes (nodes.coordinator.disputes)
+    disputes: list[dict] = field(default_factory=list)  # the rulings of its disputes (nodes.coordinator.arbitration)
 
     def record(self) -> dict:
         return {"author": self.author, "verifier": self.verifier, "distance": self.distance,
