@@ -105,6 +105,28 @@ def test_cross_level_disputes_clear_the_honest_convict_a_forger_and_replay_in_th
     assert problems and problems[0].startswith("round 1: the dispute with") and "does not match its SHA-256" in problems[0]
 
 
+def test_a_referee_profile_checks_volunteers_at_its_level_bit_for_bit(tmp_path):
+    """``referee-profile = cpu:isa=default``: the coordinator's recomputations run in a process at
+    that level; a volunteer there is checked bit for bit, one at this machine's best level is
+    disputed (dispute-share) and cleared by the same referee; the audit referees it again there."""
+    if LEVEL.refusal():
+        pytest.skip(LEVEL.refusal())
+    coord_dir, nodes = make_federation(tmp_path, 2, Settings(**SETTINGS, referee_profile=LEVEL.spec))
+    setup(nodes[1], "cpu", "digits", None, "2/2", "", 0.0, "")
+    proc = start(nodes[0], "", 2, LEVEL.env())
+    try:
+        record = play(Coordinator(coord_dir), nodes, {nodes[0]})
+    finally:
+        launch.stop(proc)
+    spot = {v["author"]: v for v in record["spot"]}
+    at_level, best = fingerprint(nodes[0]), fingerprint(nodes[1])
+    assert spot[at_level]["distance"] == 0.0 and "disputes" not in spot[at_level]
+    [ruling] = spot[best]["disputes"]
+    assert ruling["referee"] == record["updates"][at_level]["profile"] != record["updates"][best]["profile"]
+    assert "/DEFAULT/" in ruling["referee"] and ruling["guilty"] is False and record["convicted"] == []
+    assert audit.verify(coord_dir) == ([], 1, True)
+
+
 def test_a_dispute_answer_is_read_strictly_and_a_bad_one_convicts(tmp_path):
     coord_dir, nodes = make_federation(tmp_path, 2, Settings(**SETTINGS))
     setup(nodes[0], "cpu", "digits", None, "1/2", "", 0.0, "")

@@ -6,19 +6,19 @@ digits and its nodes' memories and answers requests over a pipe, arrays as numpy
 value): ``author`` (a node's committed work, ``nodes.engine.committed``), ``answer`` (its
 answer to a dispute: the same work again, bit for bit), ``recompute`` (an honest recomputation
 of a task, as a referee or verifier does) and ``settle`` (a referee's ruling,
-``nodes.engine.referee``, bit for bit when it replays at the author's own profile).
+``nodes.engine.referee``, bit for bit when it replays at the author's own profile). The process
+is started by ``robust.profile_process.start``, as the coordinator's ``referee-profile`` is.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import queue
 import threading
 from types import SimpleNamespace
 
 import numpy as np
 
+from robust.profile_process import start
 from robust.profiles import Profile
 
 
@@ -30,16 +30,7 @@ class Worker:
         reason = self.profile.refusal()
         if reason:
             raise ValueError(reason)
-        context = multiprocessing.get_context("spawn")
-        self.conn, child = context.Pipe()
-        saved = dict(os.environ)
-        os.environ.update(self.profile.env())  # the child's environment is copied at its start
-        try:
-            self.proc = context.Process(target=serve, args=(child, self.profile.spec), daemon=True)
-            self.proc.start()
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        self.proc, self.conn = start(self.profile, serve, (self.profile.spec,))
         self._effective: str | None = None
         self.outbox: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._sender, daemon=True)

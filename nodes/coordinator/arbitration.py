@@ -7,8 +7,8 @@ over its check). The dispute is a task of the ledger (kind ``dispute``): the tas
 answered, with the root the node signed; the node recomputes its states from that task
 (``nodes.volunteer.volunteer.answer_dispute``) and answers with their hashes and the states,
 signed (``nodes.wire.claim_payload``). The coordinator referees every step from the node's own
-claimed states on its own profile (``nodes.engine.referee.settle``: the float64-referenced bound
-and near-ties; a CPU level of the node's is not replayed here, as for a GPU author).
+claimed states at its ``referee-profile`` (:class:`Referee`; ``nodes.engine.referee.settle``: the
+float64-referenced bound and near-ties; a disagreement on one profile convicts without a dispute).
 
 What the disputed update does meanwhile: the round waits for the dispute, up to
 ``dispute-deadline`` rounds' deadlines, as it waits for its spot checks. An honest node's update
@@ -25,7 +25,9 @@ node with the reason; no answer before the deadline convicts it too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -34,14 +36,16 @@ from flwr.app import RecordDict
 from robust import keys
 from robust.codecs import Codec
 from robust.params import sha256
+from robust.profile_process import runner
+from robust.profiles import Profile
 
 from ..engine.ledger import DISPUTE
 from ..engine.protocol import Protocol
 from ..engine.referee import Claim, Ruling, settle
+from ..engine.spotcheck import profile_of
 from ..engine.training import NodeData, transmitted
 from ..wire import Reply, Task, claim_payload, read_claim, task_content
 
-CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -63,12 +67,30 @@ class Dispute:
         return task_content(self.task, self.w.numpy(), (self.owner, self.part), dispute=self.root)
 
 
-def referee(disputes: dict[object, Dispute], ask, signers: dict, data_of, codec: Codec, keep
+@dataclass(frozen=True)
+class Referee:
+    """Where the coordinator's recomputations run: ``run(fn, *args)`` (this process, or a
+    process at its ``referee-profile``: ``robust.profile_process``) on ``device``."""
+
+    run: Callable
+    device: torch.device
+    profile: str  # what its recomputations declare (nodes.engine.spotcheck.profile_of)
+
+    @classmethod
+    def of(cls, spec: str) -> Referee:
+        profile = Profile.parse(spec)
+        device = torch.device("cuda" if profile.kind == "cuda" else "cpu")
+        run = runner(profile)
+        return cls(run, device, run(profile_of, device))
+
+
+def referee(disputes: dict[object, Dispute], ask, signers: dict, data_of, codec: Codec, keep, judge: Referee
             ) -> dict[object, dict]:
     """Ask every dispute's signer at once (``ask({key: (node, content)}, kind)``: the serve
-    loop's gather), then referee each answer: key -> the dispute's record (the ruling, what the
-    node answered, its signature). ``signers``: fingerprint -> public key; ``data_of(part)``:
-    a part of the coordinator's data; ``keep(tensor)``: stores evidence, returns its SHA-256."""
+    loop's gather), then referee each answer (``judge``): key -> the dispute's record (the
+    ruling, what the node answered, its signature). ``signers``: fingerprint -> public key;
+    ``data_of(part)``: a part of the coordinator's data; ``keep(tensor)``: stores evidence,
+    returns its SHA-256."""
     asked = {key: (d.signer, d.content()) for key, d in disputes.items() if d.root}
     answers = ask(asked, DISPUTE) if asked else {}
     out = {}
@@ -80,16 +102,22 @@ def referee(disputes: dict[object, Dispute], ask, signers: dict, data_of, codec:
         else:
             seen["row"] = keep(d.row)
             seen["sha256"] = keep(torch.cat([claim.states[i] for i in range(len(claim.hashes))]))
-            ruling = decide(d, claim, data_of(d.part), codec)
-        out[key] = {"node": d.signer, "root": d.root, **seen, **ruling.record()}
+            ruling = decide(d, claim, data_of(d.part), codec, judge)
+        out[key] = {"node": d.signer, "root": d.root, **seen, **ruling.record(), "referee": judge.profile}
     return out
 
 
-def decide(d: Dispute, claim: Claim | None, data: NodeData, codec: Codec) -> Ruling:
+def decide(d: Dispute, claim: Claim | None, data: NodeData, codec: Codec, judge: Referee) -> Ruling:
     """The ruling on dispute ``d`` from the answer ``claim`` (``None``: none), on the data the
-    work was computed on: the coordinator's own profile, every step."""
-    return settle(d.task, d.w, data.x, data.y, data.classes, d.owner, d.row, d.root, claim, CPU,
-                  sent=lambda raw: transmitted(codec, raw, (d.task.seed, d.task.round, d.owner)))
+    work was computed on: the referee's profile, every step."""
+    return judge.run(settle, d.task, d.w, data.x, data.y, data.classes, d.owner, d.row, d.root, claim, judge.device,
+                     sent=partial(_sent, codec, (d.task.seed, d.task.round, d.owner)))
+
+
+def _sent(codec: Codec, key: tuple, raw: torch.Tensor) -> torch.Tensor:
+    """What an honest row ``raw`` travels as (a module-level function: it crosses to the
+    referee's process)."""
+    return transmitted(codec, raw, key)
 
 
 def _read(d: Dispute, content: RecordDict, key) -> tuple[Claim | str, dict]:
@@ -110,7 +138,8 @@ def _read(d: Dispute, content: RecordDict, key) -> tuple[Claim | str, dict]:
         "hashes": hashes, "signature": reply.signature.hex(), "profile": reply.profile}
 
 
-def replay(record: dict, d: Dispute, states: torch.Tensor, data: NodeData, codec: Codec) -> str | None:
+def replay(record: dict, d: Dispute, states: torch.Tensor, data: NodeData, codec: Codec, judge: Referee
+           ) -> str | None:
     """A recorded dispute refereed again from the kept states of its answer (``None``: the same
     ruling), or what differs: ``robust audit verify``. (A dispute without a usable answer
     keeps no states: it convicts, which the audit checks by itself.)"""
@@ -118,13 +147,18 @@ def replay(record: dict, d: Dispute, states: torch.Tensor, data: NodeData, codec
     if states.numel() != len(hashes) * 2 * d.w.numel():
         return f"its kept states do not fit its {len(hashes)} hashes"
     rows = states.reshape(len(hashes), -1)
-    again = decide(d, Claim(hashes, {i: rows[i] for i in range(len(hashes))}), data, codec)
-    if (again.guilty, again.reason, again.step) != (record["guilty"], record["reason"], record["step"]):
+    again = decide(d, Claim(hashes, {i: rows[i] for i in range(len(hashes))}), data, codec, judge)
+    if (again.guilty, _stem(again.reason), again.step) != (record["guilty"], _stem(record["reason"]), record["step"]):
         return f"refereed again: {again.reason!r}, the log says {record['reason']!r}"
     return None
 
 
-def audit(record: dict, d: Dispute, key, load, data: NodeData, codec: Codec) -> str | None:
+def _stem(reason: str) -> str:
+    """A ruling's reason without its figures (a gap's last digits follow the machine's BLAS)."""
+    return reason.split(" (")[0]
+
+
+def audit(record: dict, d: Dispute, key, load, data: NodeData, codec: Codec, judge: Referee) -> str | None:
     """``robust audit verify``'s check of one recorded dispute over the work ``d`` (its row left
     unset: it is read from the evidence): without a usable answer it must have convicted; with
     one, the answer's signature by the node's ``key`` must verify, its states and the row
@@ -140,4 +174,4 @@ def audit(record: dict, d: Dispute, key, load, data: NodeData, codec: Codec) -> 
     for got in (states, row):
         if isinstance(got, str):
             return got
-    return replay(record, replace(d, row=row, root=record["root"]), states, data, codec)
+    return replay(record, replace(d, row=row, root=record["root"]), states, data, codec, judge)

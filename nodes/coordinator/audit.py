@@ -37,6 +37,8 @@ import hashlib
 import json
 import logging
 import tempfile
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +62,7 @@ from ..engine.training import part_of
 from ..wire import Task, signed_payload
 from . import arbitration
 from .admission import known_keys
-from .arbitration import Dispute
+from .arbitration import Dispute, Referee
 
 UPDATES = "updates"
 STATE = "state"  # the rule's rows carried across rounds, when the run spooled (robust.rowstore)
@@ -228,6 +230,7 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
     if note:
         log.warning(note)
     signers = known_keys(folder) if full else {}
+    judge = cache(lambda: Referee.of(settings.referee_profile))  # started at the first dispute
     # models[v]: the logged model the tasks of version v carried (extrapolated by lookahead,
     # rounded by the downlink): what the updates of the next round (or buffers) were computed from
     replay, base = True, engine.task_model()[1]
@@ -288,7 +291,7 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
                 else torch.empty(0, engine.w.numel())
             if full:  # every dispute refereed again, from the model the round's tasks carried
                 problems.extend(f"{word} {t}: {why}" for why in _disputes(
-                    folder, settings, run_id, r, engine.task_model()[0], data, codec, signers))
+                    folder, settings, run_id, r, engine.task_model()[0], data, codec, signers, judge))
             convicted = set(r["convicted"])
             rejected = {fp: why for fp, why in r["rejected"].items() if fp not in convicted}
             asked = sorted(set(ids) | set(r["rejected"]) | set(r["failed"]) | set(r["missing"]))
@@ -303,9 +306,9 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
 
 
 def _disputes(folder: Path, settings: Settings, run_id: str, r: dict, w: torch.Tensor, data, codec: Codec,
-              signers: dict) -> list[str]:
+              signers: dict, judge: Callable[[], Referee]) -> list[str]:
     """What does not hold of round ``r``'s disputes (``nodes.coordinator.arbitration.audit``), its
-    tasks having carried ``w``."""
+    tasks having carried ``w``; refereed again by ``judge()`` (at the run's ``referee-profile``)."""
     problems, updates = [], r.get("updates", {})
 
     def load(sha: str) -> torch.Tensor | str:
@@ -321,7 +324,7 @@ def _disputes(folder: Path, settings: Settings, run_id: str, r: dict, w: torch.T
         task = Task.of(settings, run_id, int(u.get("task", r["round"])), str(u.get("base", sha256(w))))
         for record in v.get("disputes", []):
             d = Dispute(str(record.get("node")), v["author"], task, w, str(u.get("part", "")), w, "", "")
-            why = arbitration.audit(record, d, signers.get(d.signer), load, part_of(data, d.part), codec)
+            why = arbitration.audit(record, d, signers.get(d.signer), load, part_of(data, d.part), codec, judge())
             if why:
                 problems.append(f"the dispute with {d.signer[:12]} over {v['author'][:12]}'s update: {why}")
     return problems

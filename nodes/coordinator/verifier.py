@@ -35,12 +35,12 @@ from robust.codecs.sparse import SparseCodec
 from robust.params import sha256
 
 from ..engine.ledger import Ticket
-from ..engine.spotcheck import SELF, Verdict, assign, compare, distance, profile_of, referee, round_seed, uniform
+from ..engine.spotcheck import SELF, Verdict, assign, compare, distance, referee, round_seed, uniform
 from ..engine.training import NodeData, compute, part_of, transmitted
 from ..wire import Reply, Task, read_reply, reply_payload, task_content
 from . import arbitration
 from .audit import keep_row
-from .arbitration import Dispute
+from .arbitration import Dispute, Referee
 
 CPU = torch.device("cpu")
 log = logging.getLogger(__name__)
@@ -59,7 +59,8 @@ class Checkers:
 class SpotChecks:
     def __init__(self, coord) -> None:
         self.coord = coord
-        self.own = profile_of(CPU)
+        self.judge = Referee.of(coord.settings.referee_profile)  # where its own recomputations run
+        self.own = self.judge.profile
         self.replies: dict[str, Reply] = {}
         self.checkers: Checkers | None = None
         self.evidence: set[str] = set()  # SHA-256 of the rows this round's mismatches stored as float32 evidence
@@ -129,7 +130,7 @@ class SpotChecks:
             self.evidence.add(sha)
             return sha
 
-        rulings = arbitration.referee(disputed, self.checkers.ask, c.keys, self._part, c.codec, keep)
+        rulings = arbitration.referee(disputed, self.checkers.ask, c.keys, self._part, c.codec, keep, self.judge)
         of = {v.author: v for v in verdicts}
         for (author, party), record in sorted(rulings.items()):
             verdict = of[author]
@@ -176,7 +177,7 @@ class SpotChecks:
         declared = self.replies[author]
         try:
             data = self._part(declared.part)
-            raw, _ = compute(task, w, data.x, data.y, data.classes, author, CPU)
+            raw, _ = self.judge.run(compute, task, w, data.x, data.y, data.classes, author, self.judge.device)
             codec = self.coord.codec
             honest = transmitted(codec, raw, (task.seed, task.round, author))
         except ValueError as err:
