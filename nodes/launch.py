@@ -316,10 +316,11 @@ def start_trainer(folder: Path, log: Path | None = None, own_group: bool = True,
     return spawn(args + (["--setup", json.dumps(setup)] if setup else []), folder / FLWR_HOME, log, own_group, wrap=wrap)
 
 
-def start_node(folder: Path, coordinator: str, ca: Path) -> list[subprocess.Popen]:
+def start_node(folder: Path, coordinator: str, ca: Path, wrap: list[str] = ()) -> list[subprocess.Popen]:
     """A prepared volunteer's (``node.json`` written) warm trainer and SuperNode, logging to
     ``trainer.log`` and ``supernode.log`` in its folder: a bench's volunteer, without the
-    supervisor that ``robust node join`` adds."""
+    supervisor that ``robust node join`` adds. ``wrap``: a prefix for both (a compute
+    profile's environment, ``robust.profiles.Profile.prefix``)."""
     folder = folder.resolve()
-    return [start_trainer(folder, folder / "trainer.log"),
-            start_supernode(folder, coordinator, ca.resolve(), folder / "supernode.log")]
+    return [start_trainer(folder, folder / "trainer.log", wrap=wrap),
+            start_supernode(folder, coordinator, ca.resolve(), folder / "supernode.log", wrap=wrap)]

@@ -16,6 +16,7 @@ import dataclasses
 import tomllib
 from pathlib import Path
 
+from robust import profiles
 from robust.constraints import Flag, Folder, Host, Interval, OneOf, Param, Spec, Text, check_all, table, unknown
 
 SETTINGS_FILE = "coordinator.toml"
@@ -69,14 +70,6 @@ def _device(choice: str) -> None:
     from robust.compute import resolve_device
 
     resolve_device(choice)  # cuda without a GPU: refused before any process starts
-
-
-def _profile(spec: str) -> None:
-    from robust.profiles import Profile
-
-    reason = Profile.parse(spec).refusal()
-    if reason:  # a level this machine lacks: refused before any process starts
-        raise ValueError(reason)
 
 
 def _protocol(spec: str) -> None:
@@ -142,7 +135,7 @@ RUN = table(
           "how updates travel: none, fp16, int8 (per-block scale), topk:k=0.01 (error feedback), randk:k=0.01"),
     Param("threads", Interval(int, 1, 1024), 1,
           "CPU threads of every computation whose bits matter: the same value gives the same bits on any core count"),
-    Param("referee-profile", Spec(_profile, "a compute profile: cpu, cpu:isa=default|avx2|avx512 or cuda"), "cpu",
+    Param("referee-profile", Spec(profiles.check, "a compute profile: cpu, cpu:isa=default|avx2|avx512 or cuda"), "cpu",
           "the compute profile of the coordinator's own recomputations (spot checks, disputes): cpu is its own "
           "process at this machine's best level; a capped level (cpu:isa=avx2) runs them in a process of its own, "
           "so that its checks of volunteers at that level are bit for bit; cuda on the GPU"),

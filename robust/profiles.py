@@ -72,6 +72,10 @@ class Profile:
             return "cuda"
         return "cpu:" + ",".join(([f"isa={self.isa}"] if self.isa != "auto" else []) + [f"threads={self.threads}"])
 
+    def prefix(self) -> list[str]:
+        """A command prefix that starts a process with :meth:`env` (``env K=V ...``; none for none)."""
+        return ["env", *(f"{k}={v}" for k, v in self.env().items())] if self.env() else []
+
     def env(self) -> dict[str, str]:
         """The environment a process of this profile starts with (read by PyTorch at import)."""
         if self.kind == "cuda" or self.isa == "auto":
@@ -89,6 +93,14 @@ class Profile:
             return (f"profile {self.spec}: this CPU lacks {', '.join(missing)}; "
                     f"choose isa={'avx2' if self.isa == 'avx512' and 'avx2' in cpu_flags() else 'default'}")
         return None
+
+
+def check(spec: str) -> None:
+    """``ValueError`` for a profile spec that is malformed or that this machine cannot run (a
+    settings and scenario rule: refused before any process starts)."""
+    reason = Profile.parse(spec).refusal()
+    if reason:
+        raise ValueError(reason)
 
 
 def effective() -> str:

@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import torch
 
+from evaluation.bench.cell import CellSetup
+from evaluation.bench.scenario import cells, load_scenario
 from nodes import launch
 from nodes.coordinator import audit
 from nodes.coordinator.coordinator import Coordinator
@@ -70,7 +72,7 @@ def test_cross_level_disputes_clear_the_honest_convict_a_forger_and_replay_in_th
     coord_dir, nodes = make_federation(tmp_path, 3, Settings(**SETTINGS))
     honest, forger = nodes[0], nodes[1]
     setup(nodes[2], "cpu", "digits", None, "3/3", "", 0.0, "")  # answers in-process, at the coordinator's level
-    procs = [start(honest, "", 3, LEVEL.env()), start(forger, "forge:scale=0.999,consistent=true", 3, LEVEL.env())]
+    procs = [start(honest, "", 3, LEVEL.prefix()), start(forger, "forge:scale=0.999,consistent=true", 3, LEVEL.prefix())]
     try:
         coord = Coordinator(coord_dir)
         first = play(coord, nodes, {honest, forger})
@@ -113,7 +115,7 @@ def test_a_referee_profile_checks_volunteers_at_its_level_bit_for_bit(tmp_path):
         pytest.skip(LEVEL.refusal())
     coord_dir, nodes = make_federation(tmp_path, 2, Settings(**SETTINGS, referee_profile=LEVEL.spec))
     setup(nodes[1], "cpu", "digits", None, "2/2", "", 0.0, "")
-    proc = start(nodes[0], "", 2, LEVEL.env())
+    proc = start(nodes[0], "", 2, LEVEL.prefix())
     try:
         record = play(Coordinator(coord_dir), nodes, {nodes[0]})
     finally:
@@ -155,3 +157,19 @@ def test_node_join_refuses_a_profile_it_cannot_run_in_one_line(tmp_path, profile
                            str(tmp_path / "ca.crt"), "--key", str(tmp_path), "--profile", *profile.split()],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_profiles_go_to_the_nodes_in_turn_under_engine_deploy_and_are_refused_elsewhere():
+    scenario = load_scenario(None, ['profiles=["cpu:isa=default", "cpu"]', "nodes=5", "byzantine=0"], "deploy")
+    setup = CellSetup(cells(scenario)[0])
+    assert [setup.profile_of(fp).spec for fp in setup.ids] == ["cpu:isa=default,threads=1", "cpu:threads=1"] * 2 + [
+        "cpu:isa=default,threads=1"]
+    assert setup.profile_of(setup.ids[0]).prefix() == ["env", "ATEN_CPU_CAPABILITY=default", "DNNL_MAX_CPU_ISA=SSE41"]
+    assert setup.profile_of(setup.ids[1]).prefix() == []
+    for engine in ("local", "flower"):
+        with pytest.raises(ValueError, match="run it with --engine deploy"):
+            load_scenario(None, ['profiles=["cpu:isa=default", "cpu"]'], engine)
+    with pytest.raises(ValueError, match="referee-profile = 'cpu:isa=default' is the coordinator's"):
+        load_scenario(None, ['referee-profile="cpu:isa=default"'], "local")
+    with pytest.raises(ValueError, match="isa must be one of"):
+        load_scenario(None, ['profiles=["cpu:isa=sse"]'], "deploy")

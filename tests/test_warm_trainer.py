@@ -38,12 +38,12 @@ SETTINGS = Settings(rounds=2, aggregator="median", tolerate=0, quorum=1, protoco
                     deadline=60.0)
 
 
-def start(node: Path, attack: str = "", parts: int = 2, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """The node's trainer (its part of ``parts``; started with ``env`` as well), set up as ``robust
-    node join`` sets it up; returns once it listens."""
+def start(node: Path, attack: str = "", parts: int = 2, wrap: list[str] = ()) -> subprocess.Popen:
+    """The node's trainer (its part of ``parts``; its command prefixed by ``wrap``, a compute
+    profile's), set up as ``robust node join`` sets it up; returns once it listens."""
     proc = launch.start_trainer(node, node / "trainer.log", setup={
         "device": "cpu", "dataset": "digits", "root": None, "part": f"{node.name.removeprefix('node')}/{parts}",
-        "attack": attack, "slow": 0.0, "code": ""}, wrap=["env", *(f"{k}={v}" for k, v in (env or {}).items())])
+        "attack": attack, "slow": 0.0, "code": ""}, wrap=wrap)
     until = time.monotonic() + 300
     while time.monotonic() < until and proc.poll() is None:
         try:

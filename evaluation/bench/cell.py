@@ -30,6 +30,7 @@ from robust.compute import profile
 from robust.data import Dataset, load
 from robust.models import Scorer, build_model
 from robust.partition import partition
+from robust.profiles import Profile
 from robust.seeds import generator
 
 from evaluation.reports.metrics import kappa_bound, summarize_detection
@@ -94,6 +95,12 @@ class CellSetup:
 
     def model(self) -> torch.nn.Module:
         return build_model(self.settings.model, self.data.shape, self.data.classes, self.settings.seed)
+
+    def profile_of(self, node: str) -> Profile:
+        """Node ``node``'s compute profile: ``profiles`` given to the nodes in turn, in sorted id order."""
+        value = self.cell.config.get("profiles", "cpu")
+        specs = value if isinstance(value, list) else [value]
+        return Profile.parse(specs[self.ids.index(node) % len(specs)])
 
     def attack_of(self, node: str) -> str:
         """What node ``node`` plays on its own side: a node-side attack if it is Byzantine."""

@@ -1,10 +1,10 @@
 """Scenario files: a TOML ``[scenario]`` table whose list values expand to a grid of cells.
 
 ``seeds``, ``aggregators`` and ``attacks`` are lists by nature; any other key given a list
-(``alpha = [0.1, 1.0]``) becomes one more axis of the grid, but ``link``'s list of specs is
-given to the nodes in turn (``link = ["home:up_mbps=2", "lan"]``: the first node in sorted id
-order on the first, the second on the second, the third on the first again), and a list of
-such lists is its axis. ``--set key=value`` overrides a
+(``alpha = [0.1, 1.0]``) becomes one more axis of the grid, but ``link``'s and ``profiles``' list
+of specs is given to the nodes in turn (``link = ["home:up_mbps=2", "lan"]``: the first node in
+sorted id order on the first, the second on the second, the third on the first again), and a
+list of such lists is its axis. ``--set key=value`` overrides a
 key from the command line (``value`` in TOML syntax: ``--set rounds=20``,
 ``--set 'attacks=["none","alie"]'``).
 
@@ -30,6 +30,7 @@ from attacks.base import OmniscientAttack
 from nodes.settings import RUN
 from robust.constraints import Interval, OneOf, Param, Spec, check_all, table, unknown
 from robust.partition import KINDS
+from robust.profiles import check as check_profile
 from robust.spec import Component, format_spec, parse
 
 from .cell import SHARED, Cell, cell_settings
@@ -52,6 +53,9 @@ SCENARIO = {
         Param("faults", Spec(build_faults, "a fault spec: none, link-down:node=1,after=30,seconds=20, "
                              "slow-link:node=1,after=30,seconds=60,factor=0.01, restart:node=1,after=30"), "none",
               "faults on volunteers' real links, joined by + (robust field only: evaluation.field.lab.wire_faults)"),
+        Param("profiles", Spec(check_profile, "a compute profile: cpu, cpu:isa=default|avx2|avx512 or cuda"), "cpu",
+              "the volunteers' compute profiles, a list given to the nodes in turn (cpu: this machine's best level; "
+              "--engine deploy runs each volunteer's processes at its own)"),
         Param("deadline", Interval(float, 0, None), 0.0,
               "simulated seconds a synchronous round waits for replies (0: for every node asked)"),
         Param("target", Interval(float, 0, 1, "right"), 0.95,
@@ -69,7 +73,7 @@ SCENARIO = {
 AXES = ("seeds", "aggregators", "attacks")
 # Keys whose value may be a list given to the nodes in turn (node i, in sorted id order, gets
 # item i mod its length): such a list is one value; a list of them is a grid axis.
-PER_NODE = ("link",)
+PER_NODE = ("link", "profiles")
 DEFAULTS = {k: p.default for k, p in SCENARIO.items()}
 
 
@@ -119,6 +123,13 @@ def validate(scenario: dict, engine: str = "local") -> None:
             raise ValueError("--engine flower plays a schedule (round=async or a deadline) on the local driver's "
                              "simulated clock: give step-seconds (e.g. step-seconds=0.01) and no churn, or run "
                              "--engine local")
+        profiles = config.get("profiles", "cpu")
+        if engine != "deploy" and set(profiles if isinstance(profiles, list) else [profiles]) != {"cpu"}:
+            raise ValueError(f"profiles = {profiles!r} runs each volunteer at its own level, in processes of its own: "
+                             "run it with --engine deploy, or drop it (profiles = \"cpu\")")
+        if engine == "local" and config.get("referee-profile", "cpu") != "cpu":
+            raise ValueError(f"referee-profile = {config['referee-profile']!r} is the coordinator's: run it with "
+                             "--engine deploy or flower, or drop it (referee-profile = \"cpu\")")
         if engine != "field" and config.get("faults", "none") != "none":
             raise ValueError(f"faults = {config['faults']!r} are played on real links by robust field: "
                              "drop them here (faults = \"none\")")

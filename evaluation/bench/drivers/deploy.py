@@ -4,7 +4,8 @@ A cell becomes a federation on disk (``evaluation.bench.drivers.federation``), t
 runs one: ``robust coordinator start``'s own code starts a SuperLink (TLS, node
 authentication), submits the coordinator's ServerApp, and each node runs its warm trainer and
 a SuperNode, whose thin ClientApp (a fresh process per task) hands the trainer its tasks:
-signed replies. The cell's record comes from the coordinator's round log and checkpoint. Only
+signed replies; each node's processes at its compute profile (``profiles``, given to the nodes in
+turn). The cell's record comes from the coordinator's round log and checkpoint. Only
 node-side attacks can be played (volunteers run them); the threat model's measurements that
 need every honest row (``kappa``) are left empty. A small cell gives the same
 ``model_sha256`` as the per-node local driver (``tests/test_drivers.py``), whatever ``PATH``
@@ -38,9 +39,10 @@ def run_cell(cell: Cell, root: Path) -> dict:
     coord, nodes = federation.build(setup, folder, port=port, deadline=DEADLINE, wait_nodes=DEADLINE)
     procs = []
 
-    def start_nodes() -> None:
-        for node in nodes:
-            procs.extend(launch.start_node(node, f"127.0.0.1:{port}", coord / "tls" / tls.CA_CERT))
+    def start_nodes() -> None:  # each at its compute profile (``profiles``)
+        for node, fp in zip(nodes, setup.by_index):
+            procs.extend(launch.start_node(node, f"127.0.0.1:{port}", coord / "tls" / tls.CA_CERT,
+                                           setup.profile_of(fp).prefix()))
 
     log = folder / "coordinator.log"
     start = time.perf_counter()

@@ -38,7 +38,8 @@ def build(setup: CellSetup, root: Path, **deployment: object) -> tuple[Path, lis
         part = setup.parts[fp]
         path = folder / "data.pt"
         NodeData(data.name, data.x_train[part].clone(), data.y_train[part].clone(), data.classes).save(path)
-        NodeConfig(str(path.resolve()), "cpu", setup.attack_of(fp), code=settings.code).save(folder)
+        device = "cuda" if setup.profile_of(fp).kind == "cuda" else "cpu"
+        NodeConfig(str(path.resolve()), device, setup.attack_of(fp), code=settings.code).save(folder)
         if bundle:  # the bench's own code: its nodes accept it
             codetrust.trust(folder, bundle)
     return coord, folders
