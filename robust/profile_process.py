@@ -51,8 +51,13 @@ class Remote:
         """``fn(*args, **kwargs)`` in the profile's process; its exception is raised here."""
         if self.proc is None or not self.proc.is_alive():
             self.proc, self.conn = start(self.profile, _serve)
-        self.conn.send((fn, args, kwargs))
-        kind, value = self.conn.recv()
+        try:
+            self.conn.send((fn, args, kwargs))
+            kind, value = self.conn.recv()
+        except (EOFError, OSError) as err:  # it died (killed, out of memory): a fresh one next call
+            self.proc = None
+            raise RuntimeError(f"the process at compute profile {self.profile.spec} ended while computing "
+                               f"{getattr(fn, '__name__', fn)} ({type(err).__name__}): see the log above") from None
         if kind == "error":
             raise value
         return value

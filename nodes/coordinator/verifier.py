@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from flwr.app import RecordDict
@@ -59,12 +60,20 @@ class Checkers:
 class SpotChecks:
     def __init__(self, coord) -> None:
         self.coord = coord
-        self.judge = Referee.of(coord.settings.referee_profile)  # where its own recomputations run
-        self.own = self.judge.profile
         self.replies: dict[str, Reply] = {}
         self.checkers: Checkers | None = None
         self.evidence: set[str] = set()  # SHA-256 of the rows this round's mismatches stored as float32 evidence
         self._parts: dict[str, NodeData] = {}
+
+    @cached_property
+    def judge(self) -> Referee:
+        """Where the coordinator's own recomputations run (``referee-profile``): started at the first check."""
+        return Referee.of(self.coord.settings.referee_profile)
+
+    @property
+    def own(self) -> str:
+        """The compute profile the coordinator's recomputations declare."""
+        return self.judge.profile
 
     def begin(self, replies: dict[str, Reply], checkers: Checkers | None) -> None:
         """The round's accepted replies (what each author declared) and its possible verifiers."""
