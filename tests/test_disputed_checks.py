@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from evaluation.bench.cell import CellSetup
+from evaluation.bench.drivers import federation
 from evaluation.bench.scenario import cells, load_scenario
 from nodes import launch
 from nodes.coordinator import audit
@@ -26,11 +27,13 @@ from nodes.coordinator.arbitration import Dispute
 from nodes.coordinator.verifier import Checkers
 from nodes.engine.inbox import Inbox
 from nodes.engine.ledger import DISPUTE
+from nodes.engine.training import NodeData, part_of
 from nodes.settings import Settings
 from nodes.volunteer import worklog
 from nodes.volunteer.client_app import Node, answer
 from nodes.volunteer.thin_app import relay
 from nodes.volunteer.trainer import setup
+from nodes.volunteer.volunteer import NodeConfig
 from nodes.wire import Task, claim_content, claim_payload, read_claim, task_content
 from robust import keys
 from robust.params import sha256
@@ -173,3 +176,17 @@ def test_profiles_go_to_the_nodes_in_turn_under_engine_deploy_and_are_refused_el
         load_scenario(None, ['referee-profile="cpu:isa=default"'], "local")
     with pytest.raises(ValueError, match="isa must be one of"):
         load_scenario(None, ['profiles=["cpu:isa=sse"]'], "deploy")
+
+
+@pytest.mark.parametrize("partition", ["iid", "dirichlet"])
+def test_a_bench_node_declares_the_part_it_holds_so_a_check_recomputes_from_it(tmp_path, partition):
+    scenario = load_scenario(None, [f'partition="{partition}"', "alpha=0.3", "nodes=4", "byzantine=0", "seeds=[3]"],
+                             "deploy")
+    setup = CellSetup(cells(scenario)[0])
+    _, folders = federation.build(setup, tmp_path, port=9)
+    data = setup.data
+    for folder, fp in zip(folders, setup.by_index):
+        config = NodeConfig.load(folder)
+        held, rebuilt = NodeData.load(Path(config.data)), part_of(data, config.part)
+        assert config.part.startswith(f"{folders.index(folder) + 1}/4;{partition}:") and config.part.endswith("seed=3")
+        assert torch.equal(held.x, rebuilt.x) and torch.equal(held.y, rebuilt.y)

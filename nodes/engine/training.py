@@ -31,7 +31,9 @@ from robust.compute import profile
 from robust.data import Dataset
 from robust.models import build_model
 from robust.params import unflatten
-from robust.partition import partition
+from robust.constraints import Interval, Param, check_all, table
+from robust.partition import KINDS, partition
+from robust.spec import parse
 from robust.seeds import derive, generator
 
 from ..checkpoint import write_atomic
@@ -61,21 +63,49 @@ class NodeData:
         return cls(raw["dataset"], raw["x"], raw["y"], int(raw["classes"]))
 
 
+# A part spec: ``I/N`` (part I of N of the iid split of seed 0: what `node join --partition` takes),
+# or ``I/N;KIND:alpha=A,seed=S`` (of another split, ``robust.partition``: a bench's nodes declare theirs)
+SPLIT = table(
+    Param("alpha", Interval(float, 0, None, "neither"), 1.0, "Dirichlet concentration (the dirichlet kinds)"),
+    Param("seed", Interval(int, 0, None), 0, "the split's seed"),
+)
+
+
 def parse_part(part: str) -> tuple[int, int]:
-    """``(I, N)`` of a part spec ``I/N`` (part I of N, 1-based); ``ValueError`` says how to write it."""
-    found = re.fullmatch(r"(\d{1,7})/(\d{1,7})", part)
+    """``(I, N)`` of a part spec (part I of N, 1-based); ``ValueError`` says how to write it."""
+    found = re.fullmatch(r"(\d{1,7})/(\d{1,7})", part.partition(";")[0])
     if not found or not 1 <= int(found[1]) <= int(found[2]):
         raise ValueError(f"partition {part[:40]!r}: write I/N with 1 <= I <= N, e.g. 1/5 for the first of five parts")
     return int(found[1]), int(found[2])
 
 
+def split_of(part: str) -> tuple[str, dict]:
+    """``(kind, {alpha, seed})`` of the split a part spec names (``iid`` of seed 0 when it names none)."""
+    _, _, spec = part.partition(";")
+    if not spec:
+        return "iid", check_all("partition", SPLIT, {})
+    [split] = parse(spec)
+    if split.name not in KINDS or "+" in spec:
+        raise ValueError(f"partition {part[:60]!r}: the split after ';' is one of {', '.join(KINDS)}, "
+                         "e.g. 1/5;dirichlet:alpha=0.5,seed=2")
+    return split.name, check_all(f"partition {split.name}", SPLIT, split.params)
+
+
 def part_of(data: Dataset, part: str) -> NodeData:
-    """Part ``I/N`` of ``data``'s training set (iid, seeded): what a volunteer holds."""
+    """Part ``I/N`` of ``data``'s training set (of the split the spec names: iid, seed 0 by
+    default): what a volunteer holds."""
     index, total = parse_part(part)
+    kind, params = split_of(part)
     if total > len(data.y_train):
         raise ValueError(f"partition {part}: {data.name} has only {len(data.y_train)} training samples")
-    rows = partition(data.y_train, total, "iid", seed=0)[index - 1]
+    rows = partition(data.y_train, total, kind, alpha=params["alpha"], seed=params["seed"])[index - 1]
     return NodeData(data.name, data.x_train[rows].clone(), data.y_train[rows].clone(), data.classes)
+
+
+def part_spec(index: int, total: int, kind: str = "iid", alpha: float = 1.0, seed: int = 0) -> str:
+    """The part spec of part ``index`` of ``total`` of that split (the inverse of :func:`part_of`'s parsing)."""
+    plain = kind == "iid" and seed == 0
+    return f"{index}/{total}" if plain else f"{index}/{total};{kind}:alpha={alpha!r},seed={seed}"
 
 
 def playing(attack: str, round: int) -> NodeAttack | None:

@@ -58,7 +58,7 @@ class NodeConfig:
     device: str = "auto"
     attack: str = ""
     slow: float = 0.0  # seconds: each reply waits a random 0..slow
-    part: str = ""  # the part I/N of the data set it holds ("" for a bench's own split)
+    part: str = ""  # the part of the data set it holds: I/N (iid, seed 0), or I/N;KIND:alpha=A,seed=S (a bench's split)
     data_root: str = ""  # the folder of local data files, to prepare parts for spot checks
     code: str = ""  # the folder of the volunteer's own modules (a loader package.module:load), on its import path
 
@@ -74,7 +74,8 @@ def prepare_data(folder: Path, dataset: str, root: str | None, part: str, code: 
     """This node's part (``I/N``) of ``dataset``, saved in its folder once; the per-round
     ClientApp processes load only that file. ``code``: the folder of a user's loader."""
     index, total = parse_part(part)
-    path = folder / f"data-{re.sub(r'[^A-Za-z0-9._-]', '_', dataset)}-{index}of{total}.pt"
+    split = re.sub(r"[^A-Za-z0-9._-]", "_", part.partition(";")[2])  # another split than iid seed 0: its own file
+    path = folder / f"data-{re.sub(r'[^A-Za-z0-9._-]', '_', dataset)}-{index}of{total}{'-' + split if split else ''}.pt"
     if not path.exists():
         if code:
             use_path(code)

@@ -3,8 +3,9 @@
 :func:`build` makes what ``robust coordinator init``, ``node keygen`` and ``coordinator
 admit`` make (``nodes.commands.local_federation``), with the cell's node keys: a coordinator
 folder holding the cell's settings, and one folder per node holding its key, its part of
-the training set and its ``node.json`` (a Byzantine node's node-side attack). Nodes compute
-on the CPU, as the per-node local driver does, so the bits can be compared.
+the training set and its ``node.json`` (a Byzantine node's node-side attack; the part it
+declares with each update, ``I/N;KIND:alpha=A,seed=S``, from which a spot check recomputes it).
+Nodes compute on the CPU, as the per-node local driver does, so the bits can be compared.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from nodes import checkpoint, codetrust, launch
 from nodes.commands import local_federation
-from nodes.engine.training import NodeData
+from nodes.engine.training import NodeData, part_spec
 from nodes.volunteer.volunteer import NodeConfig
 
 from evaluation.bench.cell import KEY_SEED, CellSetup, cell_settings
@@ -34,12 +35,14 @@ def build(setup: CellSetup, root: Path, **deployment: object) -> tuple[Path, lis
     coord, folders = local_federation(root, setup.n, settings, run_id(setup), (KEY_SEED, setup.cell.seed))
     data = setup.data
     bundle = (coord / launch.CODE_SHA).read_text().strip() if settings.code else ""
-    for folder, fp in zip(folders, setup.by_index):
+    cfg = setup.cell.config
+    for i, (folder, fp) in enumerate(zip(folders, setup.by_index), start=1):
         part = setup.parts[fp]
         path = folder / "data.pt"
         NodeData(data.name, data.x_train[part].clone(), data.y_train[part].clone(), data.classes).save(path)
         device = "cuda" if setup.profile_of(fp).kind == "cuda" else "cpu"
-        NodeConfig(str(path.resolve()), device, setup.attack_of(fp), code=settings.code).save(folder)
+        declared = part_spec(i, setup.n, cfg["partition"], float(cfg["alpha"]), setup.cell.seed)  # what a check recomputes from
+        NodeConfig(str(path.resolve()), device, setup.attack_of(fp), part=declared, code=settings.code).save(folder)
         if bundle:  # the bench's own code: its nodes accept it
             codetrust.trust(folder, bundle)
     return coord, folders
