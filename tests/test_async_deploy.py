@@ -305,16 +305,19 @@ def test_a_round_whose_every_node_is_carried_waits_for_their_replies_instead_of_
 
 def test_a_deployed_async_run_does_not_wait_for_a_slow_volunteer(tmp_path):
     """node4 answers each task 5 s before its 60 s deadline (``slow-drip``: a deterministic slow
-    node; ``--slow`` waits a random time): three fast nodes fill the buffers meanwhile."""
+    node; ``--slow`` waits a random time): three fast nodes fill the buffers meanwhile. Every
+    update is recomputed by the coordinator; node1 runs at another CPU level, so each of its
+    checks is disputed (dispute-share) in the middle of the buffers, over Flower, and cleared."""
     from .test_federation_deploy import join, robust, wait_until
 
     port = launch.free_port()
-    settings = dataclasses.replace(SETTINGS, rounds=2, deadline=60.0, port=port)
+    settings = dataclasses.replace(SETTINGS, rounds=2, deadline=60.0, port=port, spot_check=1.0, verifier="self",
+                                   dispute_share=1.0)
     coord, nodes = make_federation(tmp_path, 4, settings)
     procs = [robust("coordinator", "start", str(coord), log=tmp_path / "coordinator.log")]
     try:  # volunteers keep trying until the coordinator is up
-        procs.extend(join(node, coord, port, *(["--attack", "slow-drip"] if i == 4 else []))
-                     for i, node in enumerate(nodes, 1))
+        procs.extend(join(node, coord, port, *{1: ["--profile", "cpu:isa=default"], 4: ["--attack", "slow-drip"]}
+                          .get(i, [])) for i, node in enumerate(nodes, 1))
         logs = [tmp_path / "coordinator.log", coord / "logs" / "superlink.log", *(n / "join.log" for n in nodes)]
         wait_until(lambda: (coord / checkpoint.RESULT).exists(), 240, "the run to finish", logs)
         assert procs[0].wait(30) == 0
@@ -329,3 +332,6 @@ def test_a_deployed_async_run_does_not_wait_for_a_slow_volunteer(tmp_path):
     assert max(log[1]["staleness"].values()) <= 1
     assert "2 asynchronous buffers of 3 replies" in (tmp_path / "coordinator.log").read_text()
     assert audit.replay_main(str(coord)) == 0
+    disputed = [d for r in log for v in r["spot"] for d in v.get("disputes", [])]
+    assert {d["node"] for d in disputed} == {fast[0]} and len(disputed) == 2 and not any(d["guilty"] for d in disputed)
+    assert all(not r["convicted"] for r in log) and audit.verify(coord)[0] == []

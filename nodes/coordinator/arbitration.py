@@ -158,12 +158,13 @@ def _stem(reason: str) -> str:
     return reason.split(" (")[0]
 
 
-def audit(record: dict, d: Dispute, key, load, data: NodeData, codec: Codec, judge: Referee) -> str | None:
+def audit(record: dict, d: Dispute, key, load, data: NodeData, codec: Codec, judge: Referee | None) -> str | None:
     """``robust audit verify``'s check of one recorded dispute over the work ``d`` (its row left
     unset: it is read from the evidence): without a usable answer it must have convicted; with
     one, the answer's signature by the node's ``key`` must verify, its states and the row
-    (``load(sha) -> tensor or what is wrong``) must be the kept ones, and the referee must rule
-    the same again (:func:`replay`). ``None``: it holds; else what does not."""
+    (``load(sha) -> tensor or what is wrong``) must be the kept ones, and ``judge`` must rule
+    the same again (:func:`replay`; ``None``: the replay does not hold the task's model, an
+    asynchronous buffer's stale one). ``None``: it holds; else what does not."""
     if "sha256" not in record:
         return None if record.get("guilty") is True else "it was cleared with no answer kept"
     reply = Reply(run=d.task.run, round=d.task.round, base=d.task.base, count=0, signature=b"", author=d.owner,
@@ -174,4 +175,6 @@ def audit(record: dict, d: Dispute, key, load, data: NodeData, codec: Codec, jud
     for got in (states, row):
         if isinstance(got, str):
             return got
+    if judge is None:
+        return None
     return replay(record, replace(d, row=row, root=record["root"]), states, data, codec, judge)

@@ -324,7 +324,9 @@ def _disputes(folder: Path, settings: Settings, run_id: str, r: dict, w: torch.T
         task = Task.of(settings, run_id, int(u.get("task", r["round"])), str(u.get("base", sha256(w))))
         for record in v.get("disputes", []):
             d = Dispute(str(record.get("node")), v["author"], task, w, str(u.get("part", "")), w, "", "")
-            why = arbitration.audit(record, d, signers.get(d.signer), load, part_of(data, d.part), codec, judge())
+            current = task.base == sha256(w)  # an async buffer's stale task: its model is not the replay's
+            why = arbitration.audit(record, d, signers.get(d.signer), load, part_of(data, d.part), codec,
+                                    judge() if current else None)
             if why:
                 problems.append(f"the dispute with {d.signer[:12]} over {v['author'][:12]}'s update: {why}")
     return problems

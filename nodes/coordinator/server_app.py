@@ -201,8 +201,8 @@ def serve(grid: Grid, coord: Coordinator, poll: float = POLL, introductions: boo
     loop = Loop(FlowerTransport(grid, coord, poll), coord, clock or WallClock(coord.settings.deadline),
                 (introduction_content(coord.run_id), identify) if introductions else None)
     say_window(coord)
-    if coord.settings.asynchronous:
-        loop.play_async()
+    if coord.settings.asynchronous:  # no verifiers among the nodes buffers wait on; disputes may be asked
+        loop.play_async(lambda nodes: Checkers([], lambda asked, kind=CHECK: ask_checks(loop, nodes, asked, kind)))
         return
     first = True
     while not coord.done:

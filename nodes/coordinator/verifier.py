@@ -12,8 +12,8 @@ answer is a reason in the verdict's note, and the coordinator's own recomputatio
 A check that disagrees across compute profiles (the author, or a verifier, declared another
 profile than the coordinator's) opens a dispute with the node whose row disagrees, and the
 ruling decides (``nodes.coordinator.arbitration``); so does a share (``dispute-share``) of the
-checks that passed across profiles with other bits. Asynchronous rounds gather no tasks
-before their engine step: there the whole-update verdict stands.
+checks that passed across profiles with other bits. Asynchronous rounds ask no verifier (the
+coordinator recomputes each check itself) but do ask for disputes.
 
 With compression the authors' rows are the decoded ones; a verifier sends its recomputation
 encoded like an update (with the author's codec key) and signs the decoded row; the

@@ -145,6 +145,7 @@ class Loop:
         self.cap = desk.in_flight
         self.buffers = Buffers(desk.settings.buffer_size) if desk.settings.asynchronous else None  # async: each reply a one-node inbox
         self.started = time.monotonic()  # async: when the buffer being filled began
+        self.disputes = None  # async: nodes -> the desk's way to ask for disputes (play_async's)
 
     def look(self, every: float = 0.0) -> dict[object, str]:
         """Who is online now: the nodes with a known key, and those that introduced themselves.
@@ -343,11 +344,15 @@ class Loop:
             if desk.engine.done:
                 break
             inbox, started, self.started = Inbox.of(full.replies.values()), self.started, time.monotonic()
-            records.append(desk.finish_round(sorted(full.replies), inbox, started, held=full.held))
+            records.append(desk.finish_round(sorted(full.replies), inbox, started,
+                                             self.disputes(self.online) if self.disputes else None, held=full.held))
         return records
 
-    def play_async(self) -> None:
-        """Buffers until the run is done (or, in process, until no buffer can fill any more)."""
+    def play_async(self, disputes=None) -> None:
+        """Buffers until the run is done (or, in process, until no buffer can fill any more).
+        ``disputes(nodes)``: how a buffer's spot checks ask for disputes (its checks are the
+        desk's own recomputations: a verifier would be a node the buffers wait on)."""
+        self.disputes = disputes
         desk, live = self.desk, self.transport.live
         possible = len(desk.free(desk.candidates()))
         if live and possible < self.buffers.size:
