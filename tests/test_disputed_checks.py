@@ -7,6 +7,7 @@ audit referees every dispute again and finds a changed state."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -26,15 +27,15 @@ from nodes.coordinator.coordinator import Coordinator
 from nodes.coordinator.arbitration import Dispute
 from nodes.coordinator.verifier import Checkers
 from nodes.engine.inbox import Inbox
-from nodes.engine.ledger import DISPUTE
+from nodes.engine.ledger import CHECK, DISPUTE
 from nodes.engine.training import NodeData, part_of
 from nodes.settings import Settings
 from nodes.volunteer import worklog
 from nodes.volunteer.client_app import Node, answer
 from nodes.volunteer.thin_app import relay
 from nodes.volunteer.trainer import setup
-from nodes.volunteer.volunteer import NodeConfig
-from nodes.wire import Task, claim_content, claim_payload, read_claim, task_content
+from nodes.volunteer.volunteer import NodeConfig, sign
+from nodes.wire import Task, claim_content, claim_payload, read_claim, read_reply, reply_content, task_content
 from robust import keys
 from robust.params import sha256
 from robust.profiles import Profile
@@ -190,3 +191,42 @@ def test_a_bench_node_declares_the_part_it_holds_so_a_check_recomputes_from_it(t
         held, rebuilt = NodeData.load(Path(config.data)), part_of(data, config.part)
         assert config.part.startswith(f"{folders.index(folder) + 1}/4;{partition}:") and config.part.endswith("seed=3")
         assert torch.equal(held.x, rebuilt.x) and torch.equal(held.y, rebuilt.y)
+
+
+def test_a_false_accuser_on_another_profile_is_disputed_and_convicted(tmp_path):
+    """A verifier that declares another profile and signs a scaled check: the coordinator's
+    recomputation clears the author and disagrees with the verifier across profiles, so the
+    verifier is disputed: it answers with honest states, whose last does not give the row it
+    signed, and is convicted on that."""
+    coord_dir, nodes = make_federation(tmp_path, 3, Settings(**(SETTINGS | {"verifier": "nodes", "dispute_share": 0.0,
+                                                                            "rounds": 1})))
+    for i, node in enumerate(nodes, start=1):
+        setup(node, "cpu", "digits", None, f"{i}/3", "", 0.0, "")
+    coord = Coordinator(coord_dir)
+    by_fp, liar = {fingerprint(n): n for n in nodes}, fingerprint(nodes[0])
+
+    def asks(asked: dict, kind: str = CHECK) -> dict:
+        out = {}
+        for key, (fp, content) in asked.items():
+            answered = answer(Node.load(by_fp[fp]), content, time.time())
+            if kind == CHECK and fp == liar:  # a false accusation, signed, declared from another CPU level
+                reply, row, _ = read_reply(answered, coord.engine.w.numel())
+                row = row * np.float32(1.5)
+                reply = dataclasses.replace(reply, profile="cpu/another-level/" + reply.profile)
+                reply = sign(reply, Node.load(by_fp[fp]).key, sha256(torch.from_numpy(row)))
+                answered = reply_content(reply, row)
+            out[key] = answered
+        return out
+
+    fps = sorted(by_fp)
+    tasks, w = ask(coord, fps)
+    inbox = Inbox()
+    for fp in fps:
+        file(coord, fp, answer(Node.load(by_fp[fp]), task_content(tasks[fp], w), time.time()), inbox)
+    record = coord.finish_round(fps, inbox, 0.0, Checkers(fps, asks))
+    [accused] = [v for v in record["spot"] if v["verifier"] == liar]
+    [ruling] = accused["disputes"]
+    assert ruling["node"] == liar and ruling["guilty"] is True
+    assert ruling["reason"] == "its last state does not give the row it signed"
+    assert record["convicted"] == [liar] and accused["author"] in record["ids"] and accused["guilty"] == [liar]
+    assert audit.verify(coord_dir)[0] == []
