@@ -47,7 +47,6 @@ from ..engine.training import NodeData, transmitted
 from ..wire import Reply, Task, claim_payload, read_claim, task_content
 
 
-
 @dataclass(frozen=True)
 class Dispute:
     """The work a dispute is about: ``signer`` signed ``row`` with the trajectory ``root`` for
