@@ -26,6 +26,7 @@ from nodes.coordinator import audit
 from nodes.coordinator.coordinator import Coordinator
 from nodes.coordinator.arbitration import Dispute
 from nodes.coordinator.verifier import Checkers
+from nodes.dashboard.view import RunView
 from nodes.engine.inbox import Inbox
 from nodes.engine.ledger import CHECK, DISPUTE
 from nodes.engine.training import NodeData, part_of
@@ -99,6 +100,10 @@ def test_cross_level_disputes_clear_the_honest_convict_a_forger_and_replay_in_th
     # the in-process volunteer shares the coordinator's profile: checked bit for bit, no dispute
     assert spot[same]["distance"] == 0.0 and "disputes" not in spot[same]
     assert [v["author"] for v in second["spot"] if v.get("disputes")] == [h] and second["convicted"] == []
+    board = RunView(coord_dir).docs()  # what the operator's dashboard shows
+    assert board["status"]["audit"]["disputes"] == {"opened": 3, "cleared": 2, "convicted": 1}
+    [convicted] = [n for n in board["nodes"] if n["convicted"]]
+    assert convicted["convicted"]["dispute"].startswith("step 1 is not the task's step")
     work = [json.loads(line) for line in (honest / worklog.WORK_LOG).read_text().splitlines()]
     assert [w["kind"] for w in work] == ["training", "dispute"] * 2 and work[1]["steps"] == 3
     # the audit referees every dispute again from the kept states; a changed state is found

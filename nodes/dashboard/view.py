@@ -8,15 +8,16 @@ log (complete lines only: the coordinator may be writing the last), ``result.jso
 - ``/api/status``: the run's settings (rule, protocol, round mode, codec, quorum), its state
   and progress, accuracy, node counts, and the audit: the hash chain of the round log
   (intact through round N, or the first round whose line changed; ``robust audit verify``
-  also checks signatures and recomputes every round) and the spot checks drawn, cleared and
-  convicted.
+  also checks signatures and recomputes every round), the spot checks drawn, cleared and
+  convicted, and the disputes opened, cleared and convicted.
 - ``/api/rounds``: one entry per round: accuracy, seconds, bytes up and down, replies by kind,
   the nodes flagged, the evidence threshold.
 - ``/api/nodes``: one entry per node that is admitted or appears in the log: whether it replied
   last round, its tasks (asked, accepted, rejected with the reasons, failed, declined,
   missing, late), each round it was flagged and why (rejected, or its distance to the median
   against the flag policy's threshold), its evidence (CUSUM) per round against the
-  threshold, its quarantine (round and cause) or conviction (round, verifier, distance),
+  threshold, its quarantine (round and cause) or conviction (round, verifier, distance, and
+  the ruling of a dispute that convicted it),
   mean reply seconds, mean staleness, bytes sent.
 
 Documents are rebuilt only when the folder's files change (their sizes and times), so a page
@@ -81,6 +82,7 @@ class RunView:
 
 def _status(folder: Path, settings: Settings, records: list[dict], broken: list, nodes: list[dict]) -> dict:
     spots = [entry for r in records for entry in r.get("spot", [])]
+    disputes = [d for entry in spots for d in entry.get("disputes", [])]
     last = records[-1] if records else {}
     return {
         "folder": str(folder), "round": len(records), "rounds": settings.rounds,
@@ -100,6 +102,8 @@ def _status(folder: Path, settings: Settings, records: list[dict], broken: list,
             "problem": broken[0][1] if broken else "",
             "spot": {"drawn": len(spots), "convicted": sum(1 for s in spots if s.get("guilty")),
                      "cleared": sum(1 for s in spots if not s.get("guilty") and s.get("distance") is not None)},
+            "disputes": {"opened": len(disputes), "cleared": sum(1 for d in disputes if not d.get("guilty")),
+                         "convicted": sum(1 for d in disputes if d.get("guilty"))},
         },
     }
 
@@ -188,9 +192,11 @@ def _nodes(records: list[dict], admitted: dict, settings: Settings) -> list[dict
         for fp in r.get("convicted", []):
             if node(fp)["convicted"] is None:
                 spot = next((s for s in r.get("spot", []) if fp in s.get("guilty", [])), {})
+                ruling = next((d for d in spot.get("disputes", []) if d.get("node") == fp), None)
                 rows[fp]["convicted"] = {"round": t, "verifier": short(spot.get("verifier") or ""),
                                          "distance": spot.get("distance"),
-                                         "as": "author" if spot.get("author") == fp else "verifier"}
+                                         "as": "author" if spot.get("author") == fp else "verifier",
+                                         "dispute": None if ruling is None else str(ruling.get("reason", ""))}
     last = records[-1] if records else {}
     replied_last = {*last.get("ids", []), *last.get("rejected", {}), *last.get("failed", {})}
     out = []

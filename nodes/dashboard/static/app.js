@@ -105,6 +105,8 @@ function renderStatus(s) {
   document.getElementById("audit-list").replaceChildren(
     el("dt", {}, "hash chain"), el("dd", {class: a.chain, id: "chain"}, chain),
     el("dt", {}, "spot checks"), el("dd", {id: "spot"}, `${a.spot.drawn} drawn, ${a.spot.cleared} cleared, ${a.spot.convicted} convicted`),
+    el("dt", {}, "disputes"), el("dd", {id: "disputes"},
+       `${a.disputes.opened} opened, ${a.disputes.cleared} cleared (hardware rounding), ${a.disputes.convicted} convicted`),
     el("dt", {}, "full check"), el("dd", {}, `robust audit verify ${s.folder} (signatures, every round recomputed)`));
 }
 
@@ -148,8 +150,10 @@ function renderNodes(nodes) {
       el("td", {class: "flags"}, flags),
       el("td", {}, evidenceChart(n)),
       el("td", {class: "why"}, n.quarantined === null ? "" : `since round ${n.quarantined}: ${n.why}`),
-      el("td", {class: "convicted"}, n.convicted ? `round ${n.convicted.round}, spot check by ${n.convicted.verifier}` +
-         (n.convicted.distance === null ? "" : ` (distance ${Number(n.convicted.distance).toPrecision(3)})`) : ""),
+      el("td", {class: "convicted"}, !n.convicted ? "" : n.convicted.dispute !== null
+         ? `round ${n.convicted.round}, in a dispute: ${n.convicted.dispute}`
+         : `round ${n.convicted.round}, spot check by ${n.convicted.verifier}` +
+           (n.convicted.distance === null ? "" : ` (distance ${Number(n.convicted.distance).toPrecision(3)})`)),
       el("td", {}, fmt(n.reply_seconds, 2)), el("td", {}, fmt(n.staleness, 2)), el("td", {}, fmtBytes(n.bytes_up)));
     rows.push(row);
     if (n.reasons.length) {
