@@ -75,6 +75,9 @@ def test_a_shaped_field_trains_the_per_node_drivers_bits_and_cleans_up(tmp_path)
     assert record["revived"] == 0  # no volunteer process died of the lost link
     (down,) = record["faults"]
     assert down["fault"] == "link-down:node=2,after=4,seconds=6" and down["began"] >= 4 and down["ended"] >= 10
+    # noted beside the run, as its dashboard lists them: the fault's start and end, on its volunteer
+    assert [e["what"] for e in record["events"]] == [f"{down['fault']} began", f"{down['fault']} ended"]
+    assert all(e["node"].startswith(down["node"]) for e in record["events"])
 
     # the deployment's bits are the per-node local driver's (every reply counted, the cut-off one
     # too): the lab changes when, not what

@@ -9,7 +9,8 @@ log (complete lines only: the coordinator may be writing the last), ``result.jso
   and progress, accuracy, node counts, and the audit: the hash chain of the round log
   (intact through round N, or the first round whose line changed; ``robust audit verify``
   also checks signatures and recomputes every round), the spot checks drawn, cleared and
-  convicted, and the disputes opened, cleared and convicted.
+  convicted, and the disputes opened, cleared and convicted; and the events noted beside the
+  run (``DIR/events.jsonl``, ``nodes.coordinator.events``: the field lab's faults), the last 100.
 - ``/api/rounds``: one entry per round: accuracy, seconds, bytes up and down, replies by kind,
   the nodes flagged, the evidence threshold.
 - ``/api/nodes``: one entry per node that is admitted or appears in the log: whether it replied
@@ -34,7 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 from .. import checkpoint
-from ..coordinator import audit, status
+from ..coordinator import audit, events, status
 from ..coordinator.admission import ADMITTED, scan
 from ..coordinator.coordinator import RUN_ID, short
 from ..engine.detectors import TO_MEDIAN
@@ -57,7 +58,7 @@ class RunView:
 
     def _stamp(self) -> tuple:
         files = [self.folder / name for name in (checkpoint.ROUNDS, checkpoint.RESULT, checkpoint.FAILED,
-                                                 SETTINGS_FILE, ADMITTED)]
+                                                 SETTINGS_FILE, ADMITTED, events.EVENTS)]
         return tuple((p.stat().st_size, p.stat().st_mtime_ns) if p.exists() else None for p in files)
 
     def docs(self) -> dict:
@@ -105,6 +106,7 @@ def _status(folder: Path, settings: Settings, records: list[dict], broken: list,
             "disputes": {"opened": len(disputes), "cleared": sum(1 for d in disputes if not d.get("guilty")),
                          "convicted": sum(1 for d in disputes if d.get("guilty"))},
         },
+        "events": [{**e, "node": short(e["node"])} for e in events.read(folder)],
     }
 
 

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from nodes import checkpoint, launch
+from nodes.coordinator import events
 from nodes.coordinator.coordinator import RUN_ID
 from robust import tls
 
@@ -126,6 +127,7 @@ def run_cell(cell: Cell, root: Path, cpu: float = 1.0) -> dict:
                    sum(p.numel() for p in setup.model().parameters()), setup.settings.downlink, wire)
     record.update(field_costs(rounds, measured, cell.config["target-accuracy"], predicted), observed=seen,
                   lost=run.lost(rounds), crashes=run.crashes, revived=run.revived, shaping=shaped, faults=run.played,
+                  events=events.read(coord),  # as the run's dashboard listed them
                   links={v.fp[:12]: [round(x, 6) for x in crowd.rates(v.fp)] for v in volunteers},
                   cpu_share={v.fp[:12]: v.group.share for v in volunteers})
     shutil.rmtree(folder, ignore_errors=True)
@@ -219,10 +221,12 @@ class Run:
             if k == len(self.played) and now >= fault.after:
                 self.played.append({"fault": fault.spec, "node": v.fp[:12], "began": round(now, 3), "ended": None})
                 self._fault(fault, v, begin=True)
+                events.note(self.coord, f"{fault.spec} began", v.fp)  # the operator's dashboard shows it
                 if not fault.seconds:
                     self.played[k]["ended"] = self.played[k]["began"]
             elif k < len(self.played) and self.played[k]["ended"] is None and now >= fault.after + fault.seconds:
                 self._fault(fault, v, begin=False)
+                events.note(self.coord, f"{fault.spec} ended", v.fp)
                 self.played[k]["ended"] = round(now, 3)
 
     def _fault(self, fault: Fault, v: Volunteer, begin: bool) -> None:

@@ -108,6 +108,9 @@ function renderStatus(s) {
     el("dt", {}, "disputes"), el("dd", {id: "disputes"},
        `${a.disputes.opened} opened, ${a.disputes.cleared} cleared (hardware rounding), ${a.disputes.convicted} convicted`),
     el("dt", {}, "full check"), el("dd", {}, `robust audit verify ${s.folder} (signatures, every round recomputed)`));
+  document.getElementById("event-list").replaceChildren(...(s.events.length ? s.events.map(e =>
+    el("li", {}, `${new Date(e.time * 1000).toLocaleTimeString()} ${e.node ? e.node + ": " : ""}${e.what}`))
+    : [el("li", {class: "dim"}, "none")]));
 }
 
 function renderRounds(rounds) {
