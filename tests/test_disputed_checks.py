@@ -104,6 +104,7 @@ def test_cross_level_disputes_clear_the_honest_convict_a_forger_and_replay_in_th
     assert board["status"]["audit"]["disputes"] == {"opened": 3, "cleared": 2, "convicted": 1}
     [convicted] = [n for n in board["nodes"] if n["convicted"]]
     assert convicted["convicted"]["dispute"].startswith("step 1 is not the task's step")
+    assert convicted["why"] == "convicted in a dispute"
     work = [json.loads(line) for line in (honest / worklog.WORK_LOG).read_text().splitlines()]
     assert [w["kind"] for w in work] == ["training", "dispute"] * 2 and work[1]["steps"] == 3
     # the audit referees every dispute again from the kept states; a changed state is found

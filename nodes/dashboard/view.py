@@ -147,6 +147,8 @@ def _quarantine_reason(record: dict, fp: str, cause: str, settings: Settings) ->
         return ("its evidence crossed the threshold" if fp not in evidence.get("S", {}) else
                 f"its evidence {evidence['S'][fp]:.1f} crossed the threshold {evidence['h']:.1f} (false-alarm "
                 f"{settings.false_alarm:g} over the run)")
+    if cause == "convicted" and record.get("rejected", {}).get(fp, "").startswith("convicted in a dispute"):
+        return "convicted in a dispute"
     return "convicted by a spot check" if cause == "convicted" else cause
 
 
