@@ -24,17 +24,51 @@ GRID = [
 ]
 
 
-def bench(out, *extra, env=None):
+def bench_cmd(out, *extra):
     cmd = [sys.executable, "-m", "robust.cli", "bench", "--out", str(out)]
     for item in GRID:
         cmd += ["--set", item]
-    return subprocess.run(cmd + list(extra), capture_output=True, text=True, timeout=600, env=env)
+    return cmd + list(extra)
+
+
+def bench(out, *extra, env=None):
+    return subprocess.run(bench_cmd(out, *extra), capture_output=True, text=True, timeout=600, env=env)
+
+
+def started(out, *extra, env=None) -> subprocess.Popen:
+    """``bench`` in the background (``finish`` waits for it)."""
+    return subprocess.Popen(bench_cmd(out, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def finish(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    """What ``bench`` returns, for a run ``started``."""
+    try:
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+@pytest.fixture
+def local_grid(tmp_path):
+    """The grid with ``--jobs 1`` in ``tmp_path/local`` (the reference bits), started before the
+    ``cluster`` fixture so that it computes while the cluster's nodes start: a function that
+    waits for it and returns what ``bench`` returns."""
+    proc = started(tmp_path / "local", "--jobs", "1")
+    try:
+        yield lambda: finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture
@@ -81,9 +115,9 @@ def _running_a_cell(node) -> bool:
     return False
 
 
-def test_a_grid_on_a_loopback_cluster_survives_a_dead_node_with_local_bits(tmp_path, cluster):
+def test_a_grid_on_a_loopback_cluster_survives_a_dead_node_with_local_bits(tmp_path, local_grid, cluster):
     head, (doomed, survivor), client_port = cluster
-    local = bench(tmp_path / "local", "--jobs", "1")
+    local = local_grid()
     assert local.returncode == 0, local.stderr
     env = {**os.environ, "RAY_ADDRESS": head.address}
     assert head.address.startswith("127.0.0.1:")
@@ -120,11 +154,14 @@ def test_a_grid_on_a_loopback_cluster_survives_a_dead_node_with_local_bits(tmp_p
 
 
 def test_cluster_refusals_say_what_to_do(tmp_path):
-    for extra, words in [(["--cluster", "slurm"], "--cluster must be ray or ray://HOST:PORT"),
-                         (["--cluster", "ray", "--jobs", "2"], "drop --jobs"),
-                         (["--cluster", "ray", "--engine", "flower"], "drop --engine flower")]:
-        done = bench(tmp_path / "x", *extra)
-        assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
+    refusals = [(["--cluster", "slurm"], "--cluster must be ray or ray://HOST:PORT"),
+                (["--cluster", "ray", "--jobs", "2"], "drop --jobs"),
+                (["--cluster", "ray", "--engine", "flower"], "drop --engine flower")]
+    runs = [started(tmp_path / "x", *extra) for extra, _ in refusals]  # side by side, each its own process
     # nothing listens there: a clear failure, not a hang
-    done = bench(tmp_path / "y", "--cluster", "ray", env={**os.environ, "RAY_ADDRESS": "127.0.0.1:9"})
+    unreachable = started(tmp_path / "y", "--cluster", "ray", env={**os.environ, "RAY_ADDRESS": "127.0.0.1:9"})
+    outcomes = [finish(run) for run in runs]
+    done = finish(unreachable)
+    for refused, (_, words) in zip(outcomes, refusals):
+        assert refused.returncode == 2 and words in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
     assert done.returncode == 1 and "no Ray cluster at 127.0.0.1:9" in done.stderr, done.stderr
