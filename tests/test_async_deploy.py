@@ -307,7 +307,8 @@ def test_a_deployed_async_run_does_not_wait_for_a_slow_volunteer(tmp_path):
     """node4 answers each task 5 s before its 60 s deadline (``slow-drip``: a deterministic slow
     node; ``--slow`` waits a random time): three fast nodes fill the buffers meanwhile. Every
     update is recomputed by the coordinator; node1 runs at another CPU level, so each of its
-    checks is disputed (dispute-share) in the middle of the buffers, over Flower, and cleared."""
+    checks whose bits differ (int8 codes may come out the same) is disputed (dispute-share) in
+    the middle of the buffers, over Flower, and cleared."""
     from .test_federation_deploy import join, robust, wait_until
 
     port = launch.free_port()
@@ -333,5 +334,7 @@ def test_a_deployed_async_run_does_not_wait_for_a_slow_volunteer(tmp_path):
     assert "2 asynchronous buffers of 3 replies" in (tmp_path / "coordinator.log").read_text()
     assert audit.replay_main(str(coord)) == 0
     disputed = [d for r in log for v in r["spot"] for d in v.get("disputes", [])]
-    assert {d["node"] for d in disputed} == {fast[0]} and len(disputed) == 2 and not any(d["guilty"] for d in disputed)
+    assert {d["node"] for d in disputed} == {fast[0]} and not any(d["guilty"] for d in disputed)
+    # each check of node1 was disputed, or its int8 codes came out the same on both levels
+    assert all(v.get("disputes") or v["distance"] == 0.0 for r in log for v in r["spot"] if v["author"] == fast[0])
     assert all(not r["convicted"] for r in log) and audit.verify(coord)[0] == []

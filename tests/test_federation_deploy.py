@@ -104,7 +104,8 @@ def test_tls_auth_bad_replies_and_a_node_killed_mid_round(tmp_path, procs):
     assert names[1] in records[1]["missing"] + records[2]["missing"]  # killed: no reply, round still done
     assert all(not r["skipped"] for r in records)
     disputed = [d for r in records for v in r["spot"] for d in v.get("disputes", [])]
-    assert {d["node"] for d in disputed} == {names[0]} and len(disputed) == 3 and not any(d["guilty"] for d in disputed)
+    assert {d["node"] for d in disputed} == {names[0]} and not any(d["guilty"] for d in disputed)
+    assert all(v.get("disputes") or v["distance"] == 0.0 for r in records for v in r["spot"] if v["author"] == names[0])
     assert all(r["convicted"] == [] for r in records) and audit.verify(coord)[0] == []
     result = json.loads((coord / checkpoint.RESULT).read_text())
     assert result["rounds"] == 3 and result["rejected"] == {names[2][:12]: "bad signature"}
