@@ -17,17 +17,17 @@ import os
 # already in the environment wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# Seconds a file takes in the suite (measured on the 2-core machine, the other worker busy),
+# Seconds a file takes in the suite (measured on the 2-core machine, beside the other worker),
 # for the files that take longest. xdist's loadfile hands out files in order of their number
 # of tests, most first, which put these (one to three long tests each) last: the suite then
 # ended with one worker on a long file while the other idled. They start first here, longest
 # first; the others follow in xdist's order. A stale number only costs time.
 SECONDS = {
-    "test_federation_deploy.py": 230, "test_drivers.py": 190, "test_stress.py": 150, "test_field_lab.py": 125,
-    "test_warm_trainer.py": 100, "test_fuzz_replies.py": 85, "test_cluster.py": 80, "test_dashboard.py": 65,
-    "test_async_deploy.py": 60, "test_runtime_refused.py": 55, "test_code_bundle_deploy.py": 55,
-    "test_in_flight.py": 50, "test_bench.py": 40, "test_flower_strategy.py": 38, "test_async_bench.py": 35,
-    "test_device.py": 30, "test_rule_state_on_disk.py": 28, "test_memory.py": 25, "test_precision.py": 22,
+    "test_federation_deploy.py": 205, "test_drivers.py": 115, "test_stress.py": 105, "test_field_lab.py": 85,
+    "test_warm_trainer.py": 70, "test_cluster.py": 70, "test_dashboard.py": 65, "test_async_deploy.py": 52,
+    "test_code_bundle_deploy.py": 48, "test_runtime_refused.py": 48, "test_in_flight.py": 45,
+    "test_flower_strategy.py": 40, "test_bench.py": 32, "test_memory.py": 15, "test_precision.py": 15,
+    "test_fuzz_replies.py": 14, "test_coordinator_holds.py": 12, "test_device.py": 11, "test_params_common.py": 11,
 }
 
 
