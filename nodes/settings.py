@@ -113,7 +113,8 @@ RUN = table(
           "training samples the coordinator holds as its root data set, to compute its own update each round "
           "(fltrust needs it; 0: none)"),
     Param("spot-check", Interval(float, 0, 1), 0.0,
-          "share of accepted updates recomputed from their task each round; a mismatch convicts (delta protocol)"),
+          "share of accepted updates recomputed from their task each round; a mismatch convicts (delta; momentum "
+          "in sync rounds without compression)"),
     Param("round", OneOf(("sync", "async")), "sync",
           "sync: rounds with a deadline and a quorum; async: buffered asynchronous aggregation (FedBuff), "
           "every node kept busy, the rule run on every `buffer` valid replies"),
@@ -201,9 +202,16 @@ class _Checked:
             raise ValueError(f"aggregator {self.aggregator!r} weighs updates against the coordinator's own update "
                              "on clean data it holds: set root = N (training samples, e.g. root=100)")
         if self.spot_check and not self.protocol.startswith("delta"):
-            raise ValueError(f"spot-check={self.spot_check:g} needs the delta protocol (protocol={self.protocol!r} "
-                             "carries each node's momentum across rounds, which a verifier cannot recompute): "
-                             "use protocol=delta, or spot-check=0")
+            if self.round == "async":
+                raise ValueError(f"spot-check={self.spot_check:g} under protocol={self.protocol!r} needs round=sync: "
+                                 "an asynchronous node gets its next task before its row is used, so no task could "
+                                 "name the momentum it continues from: use round=sync, protocol=delta, or "
+                                 "spot-check=0")
+            if self.compression != "none":
+                raise ValueError(f"spot-check={self.spot_check:g} under protocol={self.protocol!r} needs "
+                                 f"compression=none (with {self.compression!r} the coordinator holds a rounded row, "
+                                 "not the momentum a node continues from): use compression=none, protocol=delta, "
+                                 "or spot-check=0")
         if self.spot_check:
             from robust import codecs
 

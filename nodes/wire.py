@@ -21,7 +21,7 @@ codec decodes it (``codec.decode``: a ``ValueError`` with the reason for anythin
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 
 import io
 import json
@@ -55,6 +55,9 @@ class Task:
     deadline: float     # seconds the coordinator waits for replies this round
     compression: str = "none"  # robust.codecs spec: how the node encodes its update
     late: bool = False  # an answer after the deadline still counts, until the message's TTL (carry, async)
+    # the worker momentum the node continues from (``momentum`` with spot checks, nodes.engine.engine):
+    # ZERO, or the SHA-256 of the node's last row the coordinator used; "" for its own, as it carries it
+    state: str = ""
 
     @classmethod
     def of(cls, settings, run: str, round: int, base: str) -> Task:
@@ -63,6 +66,11 @@ class Task:
         return cls(run=run, round=round, base=base, seed=s.seed, dataset=s.dataset, model=s.model,
                    protocol=s.protocol, batch_size=s.batch_size, lr=s.lr, momentum=s.momentum, threads=s.threads,
                    deadline=s.deadline, compression=s.compression, late=s.stale_rows)
+
+    def continuing(self, state: str) -> Task:
+        """This task for a node that continues from the momentum ``state`` names
+        (``Engine.named_state``; ``""``: this task as it is)."""
+        return replace(self, state=state) if state else self
 
 
 @dataclass(frozen=True)

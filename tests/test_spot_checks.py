@@ -49,11 +49,6 @@ def test_compare_is_bitwise_on_one_profile_and_within_the_tolerance_across():
     assert not spotcheck.compare(honest * 0.999, honest, False)[0]
 
 
-def test_spot_check_needs_the_delta_protocol():
-    with pytest.raises(ValueError, match="spot-check=0.5 needs the delta protocol"):
-        Settings(spot_check=0.5, protocol="momentum")
-
-
 def _federation(tmp_path: Path, **changes) -> tuple[Path, list[Path]]:
     return make_federation(tmp_path, 4, Settings(**(SETTINGS | changes)))
 

@@ -50,6 +50,7 @@ from robust.models import build_model
 from robust.params import flat_params, sha256
 from robust.profiles import Profile
 
+from . import momentum_grid
 from .profile_worker import Worker
 
 DISPUTE_ABOVE = 1e-5  # a whole update farther than this from the referee's recomputation is disputed
@@ -66,8 +67,9 @@ def task_fields(round: int, base: str, model: str, steps: int) -> dict:
 
 def measure(rounds: int, nodes: int, profiles: list[str], cheats: tuple[str, ...] = CHEATS, model: str = "cnn",
             steps: int = 16, settle_share: float = 0.1, copies: int = 1, progress=None,
-            seconds: float = float("inf")) -> dict:
-    """The measurement (see above); ``copies`` processes per profile share its nodes."""
+            seconds: float = float("inf"), protocol: str = "delta") -> dict:
+    """The measurement (see above); ``copies`` processes per profile share its nodes; ``protocol =
+    momentum``: :mod:`evaluation.microbench.momentum_grid`'s instead."""
     for spec in profiles:  # refused before any process starts
         reason = Profile.parse(spec).refusal()
         if reason:
@@ -76,6 +78,9 @@ def measure(rounds: int, nodes: int, profiles: list[str], cheats: tuple[str, ...
     try:
         for copy in (wk for group in workers for wk in group):
             copy.effective  # noqa: B018 - each started at once, then waited for
+        if protocol == "momentum":
+            return momentum_grid.measure(workers, rounds, nodes, model, progress=progress,
+                                         until=time.perf_counter() + seconds)
         return _play(workers, rounds, nodes, cheats, model, steps, settle_share, progress,
                      time.perf_counter() + seconds)
     finally:
@@ -221,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="share of honest bitwise-different checks below the dispute bound disputed anyway")
     p.add_argument("--copies", type=int, default=1, help="processes per profile (its nodes shared among them)")
     p.add_argument("--seconds", type=float, default=float("inf"), help="stop after the round that passes this")
+    p.add_argument("--protocol", choices=("delta", "momentum"), default="delta",
+                   help="momentum: spot checks from named momenta, each row refereed as one step "
+                        "(evaluation.microbench.momentum_grid)")
     p.add_argument("--json", action="store_true", help="end with the result as one JSON line")
     args = p.parse_args(argv)
     if min(args.rounds, args.nodes, args.copies, args.steps) < 1 or not 0 <= args.settle_share <= 1:
@@ -229,19 +237,21 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
 
     def progress(r: int, out: Counter) -> None:
-        console.print(f"round {r}/{args.rounds}: {out['honest_checks']} honest checks, {out['disputes']} disputes, "
+        disputes = f"{out['disputes']} disputes, " if args.protocol == "delta" else ""
+        console.print(f"round {r}/{args.rounds}: {out['honest_checks']} honest checks, {disputes}"
                       f"{out['false_convictions']} false convictions ({time.perf_counter() - began:.0f} s)")
 
     try:
         result = measure(args.rounds, args.nodes, args.profiles or default_profiles(), model=args.model,
                          steps=args.steps, settle_share=args.settle_share, copies=args.copies,
-                         progress=progress, seconds=args.seconds)
+                         progress=progress, seconds=args.seconds, protocol=args.protocol)
     except ValueError as err:
         print(f"python -m evaluation.disputes: error: {err}", file=sys.stderr)
         return 2
     result["seconds"] = round(time.perf_counter() - began, 1)
-    table = Table(title=f"disputes: {result['honest_checks']} honest cross-profile checks "
-                        f"({result['honest_pairs_differing']} bitwise different), {result['disputes']} disputes, "
+    disputes = f"{result['disputes']} disputes, " if args.protocol == "delta" else ""
+    table = Table(title=f"{args.protocol}: {result['honest_checks']} honest cross-profile checks "
+                        f"({result['honest_pairs_differing']} bitwise different), {disputes}"
                         f"{result['false_convictions']} false convictions")
     for column in ("cheat", "checked", "convicted", "why"):
         table.add_column(column)

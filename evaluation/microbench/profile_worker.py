@@ -5,8 +5,10 @@ profile gets a process started with them (``spawn``: a fresh interpreter). The p
 digits and its nodes' memories and answers requests over a pipe, arrays as numpy (pickled by
 value): ``author`` (a node's committed work, ``nodes.engine.committed``), ``answer`` (its
 answer to a dispute: the same work again, bit for bit), ``recompute`` (an honest recomputation
-of a task, as a referee or verifier does) and ``settle`` (a referee's ruling,
-``nodes.engine.referee``, bit for bit when it replays at the author's own profile). The process
+of a task, as a referee or verifier does), ``settle`` (a referee's ruling,
+``nodes.engine.referee``, bit for bit when it replays at the author's own profile), and under
+``momentum`` ``row`` (a node's row from the momentum its task named) and ``settle-step`` (that
+row refereed as one step, ``nodes.engine.referee.settle_step``). The process
 is started by ``robust.profile_process.start``, as the coordinator's ``referee-profile`` is.
 """
 
@@ -71,7 +73,7 @@ def serve(conn, spec: str) -> None:
     import torch
 
     from nodes.engine.committed import author
-    from nodes.engine.referee import Claim, settle
+    from nodes.engine.referee import Claim, settle, settle_step
     from nodes.engine.training import compute, part_of
     from robust.data import load
     from robust.profiles import effective
@@ -111,6 +113,12 @@ def serve(conn, spec: str) -> None:
                     conn.send((claim.hashes, {i: s.numpy() for i, s in claim.states.items()}))
             elif kind == "recompute":
                 conn.send(compute(task, w, p.x, p.y, p.classes, node, device)[0].numpy())
+            elif kind == "row":  # a momentum row from the momentum its task named
+                conn.send(compute(task, w, p.x, p.y, p.classes, node, device, "", tensor(request[5]))[0].numpy())
+            elif kind == "settle-step":  # a momentum row refereed as one step
+                before, row = request[5:7]
+                conn.send(settle_step(task, w, tensor(before), tensor(row), p.x, p.y, p.classes, node,
+                                      device).record())
             elif kind == "settle":
                 row, root, claim, exact = request[5:9]
                 claim = None if claim is None else Claim(claim[0], {i: tensor(s) for i, s in claim[1].items()})

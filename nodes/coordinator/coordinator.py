@@ -207,8 +207,8 @@ class Coordinator:
         each its own number (async; the task count is on disk before any task leaves). Each is
         out once issued (:meth:`issue`), when its message leaves."""
         if not self.settings.asynchronous:
-            task, w = self.task()
-            return dict.fromkeys(nodes, task), w
+            task, w = self.task()  # each continues from the momentum the engine names for its node, if any
+            return {fp: task.continuing(self.engine.named_state(fp)) for fp in nodes}, w
         tasks, (w, base) = {}, self.engine.task_model()
         for fp in nodes:
             self.sent += 1

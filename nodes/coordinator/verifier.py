@@ -13,7 +13,10 @@ A check that disagrees across compute profiles (the author, or a verifier, decla
 profile than the coordinator's) opens a dispute with the node whose row disagrees, and the
 ruling decides (``nodes.coordinator.arbitration``); so does a share (``dispute-share``) of the
 checks that passed across profiles with other bits. Asynchronous rounds ask no verifier (the
-coordinator recomputes each check itself) but do ask for disputes.
+coordinator recomputes each check itself) but do ask for disputes. Under ``momentum`` the
+coordinator recomputes every check itself too, from the momentum the task named
+(``nodes.engine.states``: a verifier would need it sent), and a row across profiles is refereed
+at once as the one step it is (``nodes.engine.referee.settle_step``): no dispute, nothing travels.
 
 With compression the authors' rows are the decoded ones; a verifier sends its recomputation
 encoded like an update (with the author's codec key) and signs the decoded row; the
@@ -36,6 +39,7 @@ from robust.codecs.sparse import SparseCodec
 from robust.params import sha256
 
 from ..engine.ledger import Ticket
+from ..engine.referee import settle_step
 from ..engine.spotcheck import SELF, Verdict, assign, compare, distance, referee, round_seed, uniform
 from ..engine.training import NodeData, compute, part_of, transmitted
 from ..wire import Reply, Task, read_reply, reply_payload, task_content
@@ -84,7 +88,8 @@ class SpotChecks:
         tasks = {author: Task.of(s, c.run_id, ticket.number, ticket.base) for author, (ticket, _) in rows.items()}
         seed = round_seed(s.seed, t, list(rows), [sha256(row) for _, row in rows.values()])
         asked: dict[str, tuple[str, RecordDict]] = {}
-        if s.verifier == "nodes" and self.checkers is not None:
+        momentum = any(ticket.start is not None for ticket, _ in rows.values())  # the coordinator holds the states
+        if s.verifier == "nodes" and self.checkers is not None and not momentum:
             pool = [fp for fp in self.checkers.candidates if fp in c.keys and fp not in c.engine.flags.quarantined]
             for author, verifier in assign(seed, list(rows), pool).items():
                 if verifier is not None:
@@ -97,7 +102,7 @@ class SpotChecks:
             task, w, declared = tasks[author], ticket.model, self.replies[author]
             work = {author: Dispute(author, author, task, w, declared.part, row, declared.root, declared.profile)}
             if author not in asked:
-                verdict, differs = self._referee(task, w, author, row)
+                verdict, differs = self._referee(task, w, author, row, start=ticket.start)
             else:
                 verifier = asked[author][0]
                 got = self._read(verifier, author, task, w.numel(), answers.get(author, "no reply before the deadline"))
@@ -118,8 +123,9 @@ class SpotChecks:
                     verdict.check = evidence
             # a disagreement across profiles is a dispute, not a verdict; and a share of the checks
             # that passed across profiles with other bits are disputed too (``dispute-share``)
-            for party in verdict.guilty:
-                if party in work and work[party].profile != self.own and self.checkers is not None:
+            for party in verdict.guilty:  # (a momentum row across profiles was refereed as one step already)
+                if (party in work and work[party].profile != self.own and self.checkers is not None
+                        and ticket.start is None):
                     disputed[author, party] = work[party]
             if (not verdict.guilty and differs and self.checkers is not None
                     and uniform(seed, "dispute", author) < s.dispute_share):
@@ -180,13 +186,22 @@ class SpotChecks:
         return tensor, reply
 
     def _referee(self, task: Task, w: torch.Tensor, author: str, row: torch.Tensor, verifier: str = SELF,
-                 verifier_row: tuple[torch.Tensor, bool] | None = None) -> tuple[Verdict, bool]:
+                 verifier_row: tuple[torch.Tensor, bool] | None = None, start: torch.Tensor | None = None
+                 ) -> tuple[Verdict, bool]:
         """The coordinator's own recomputation of ``author``'s update decides; and whether the
-        author's row differs from it bitwise, across profiles."""
+        author's row differs from it bitwise, across profiles (to be disputed). ``start``: the
+        momentum a ``momentum`` task named (``nodes.engine.states``): across profiles its row is
+        refereed at once as the one step it is (``settle_step``)."""
         declared = self.replies[author]
         try:
             data = self._part(declared.part)
-            raw, _ = self.judge.run(compute, task, w, data.x, data.y, data.classes, author, self.judge.device)
+            if start is not None and declared.profile != self.own:
+                ruling = self.judge.run(settle_step, task, w, start, row, data.x, data.y, data.classes, author,
+                                        self.judge.device)
+                return Verdict(author, verifier, ruling.gap, [author] if ruling.guilty else [],
+                               f"one step across profiles: {ruling.reason}"), False
+            raw, _ = self.judge.run(compute, task, w, data.x, data.y, data.classes, author, self.judge.device,
+                                    "", start)
             codec = self.coord.codec
             honest = transmitted(codec, raw, (task.seed, task.round, author))
         except ValueError as err:

@@ -49,12 +49,14 @@ Spot checks (``spot-check = p``, ``nodes.engine.spotcheck``): the committed rows
 of the rows to recompute; the engine's ``verifier`` (the coordinator's, the bench's, or a
 log's replay) recomputes each drawn row from that row's own task (a straggler's from the older
 model it was sent) and returns the verdicts; a convicted node's row is dropped before the rule
-and the node banned.
+and the node banned. Under ``momentum`` each task names the worker momentum its node continues
+from (``nodes.engine.states``: the node's last row a round used), and a check recomputes from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Protocol as Interface
 
 import torch
@@ -77,6 +79,7 @@ from .root import Root
 from .rows import rejected_rows
 from .spotcheck import Verifier, draw, round_seed
 from .staleness import stale_reason, weight_of
+from .states import States
 
 
 class ThreatHook(Interface):
@@ -226,6 +229,8 @@ class Engine:
         self.lookahead = Lookahead() if s.lookahead and s.round == "async" else None
         self.downlink = None if s.downlink == "none" else codecs.build(s.downlink)
         self._sent: tuple[int, torch.Tensor, str] | None = None  # (round, model, SHA-256) tasks carry
+        # momentum work is checked from the momentum each task names (nodes.engine.states)
+        self.states = States(self.w.numel()) if s.spot_check and self.protocol.keeps_momentum else None
         self.round = 0  # rounds finished
 
     @property
@@ -251,6 +256,11 @@ class Engine:
                 w = self.downlink.decode(self.downlink.encode(w, ()), w.numel())
             self._sent = (self.round, w, sha256(w))
         return self._sent[1], self._sent[2]
+
+    def named_state(self, node: str) -> str:
+        """The momentum ``node``'s next task continues from (``nodes.engine.states``; ``""``: the
+        run names none, the node carries its own)."""
+        return "" if self.states is None else self.states.named(node)
 
     @property
     def done(self) -> bool:
@@ -303,6 +313,7 @@ class Engine:
             if self.settings.spot_check and not skipped:
                 ids, X, verdicts, convicted = self._spot_check(t, ids, X, tasks, rejected)
                 skipped = cannot_step(self.chain, self.quorum, len(ids))
+            used = X  # as the nodes sent them
             if staleness is not None:
                 X = scaled(X, torch.tensor([self.weight(staleness[i]) for i in ids], dtype=X.dtype))
             inputs = None if skipped or not self.chain.needs else self.inputs(ids)
@@ -312,6 +323,8 @@ class Engine:
                 aggregate, scores, flagged = judge(self.chain, self.flags, t, ids, X, rejected, not skipped, inputs,
                                                    self.device)
             if aggregate is not None:
+                if self.states is not None:
+                    self.states.keep(ids, used)
                 w_old = self.w
                 self.w, self.buffer = self.protocol.apply(self.w, aggregate, self.buffer)
                 if self.lookahead is not None:
@@ -339,7 +352,7 @@ class Engine:
         if not drawn:
             return ids, X, [], []
         index = {fp: i for i, fp in enumerate(ids)}
-        verdicts = self.verifier(t, {fp: (tasks[fp], X.row(index[fp])) for fp in drawn})
+        verdicts = self.verifier(t, {fp: (self._from_state(tasks[fp]), X.row(index[fp])) for fp in drawn})
         convicted = sorted({fp for v in verdicts for fp in v.guilty})
         for v in verdicts:
             for fp in v.guilty:
@@ -352,6 +365,11 @@ class Engine:
                                     + (f" (relative distance {v.distance:.3g})" if fp == v.author else ""))
         keep = [i for i, fp in enumerate(ids) if fp not in convicted]
         return [ids[i] for i in keep], X.take(keep), verdicts, convicted
+
+    def _from_state(self, ticket: Ticket) -> Ticket:
+        """``ticket`` with the momentum its task continued from, where the run names one (a node
+        has one training task out, and only its own used row moves its named momentum)."""
+        return ticket if self.states is None else replace(ticket, start=self.states.start(ticket.node))
 
     def _fresh_enough(self, ids: list[str], X: Rows, staleness: dict[str, int], rejected: dict[str, str]
                       ) -> tuple[list[str], Rows]:
@@ -373,6 +391,8 @@ class Engine:
             state["root"] = self.root.state()
         if self.lookahead is not None:
             state["lookahead"] = self.lookahead.state()
+        if self.states is not None:
+            state["states"] = self.states.state()
         return state
 
     def load_state(self, state: dict) -> None:
@@ -384,4 +404,6 @@ class Engine:
             self.root.load_state(state.get("root", {}))
         if self.lookahead is not None:
             self.lookahead.load_state(state.get("lookahead", {}))
+        if self.states is not None:
+            self.states.load_state(state.get("states", {}))
         self._sent = None

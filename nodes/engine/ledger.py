@@ -63,6 +63,7 @@ class Ticket:
     expires: float = math.inf  # given up at this time, on the driver's clock
     handle: object = None  # the transport's name for it (a Flower message id, the bench's task number)
     kind: str = TRAIN
+    start: torch.Tensor | None = None  # the worker momentum its task continued from (nodes.engine.states), at a check
 
     def staleness(self, version: int) -> int:
         """Versions the model moved between this task and ``version`` (the current one)."""

@@ -118,6 +118,13 @@ class Protocol:
         v = {k: self.momentum * v[k] + g[k] for k in v}
         return {k: local[k] - self.lr * v[k] for k in local}, v
 
+    def momentum_step(self, model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor
+                      ) -> torch.Tensor:
+        """An honest ``momentum`` row, ``beta m + g`` on the batch ``(x, y)`` at ``params``: a check's
+        recomputation from the momentum its task named (``nodes.engine.states``); the same
+        arithmetic as :meth:`node_update`'s."""
+        return self.momentum * m + _flat(self.gradient(model, params)(params, x, y))
+
     def node_update(self, model: nn.Module, params: Params, xs: torch.Tensor, ys: torch.Tensor,
                     m: torch.Tensor, shaping: Shaping | None = None, on_state=None
                     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -49,7 +49,7 @@ import torch
 from robust.params import sha256
 
 from . import near_ties, trajectory
-from .training import redo_step
+from .training import redo_momentum, redo_step
 
 STEP_TOLERANCE = 1e-5  # one step's relative gap between honest profiles, where its sums are well conditioned
 ROUNDING = 8.0  # or this many times the referee's own float32 error on the step
@@ -144,10 +144,13 @@ def settle(task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int
             continue
         if exact:
             return ruling(True, f"step {i} is not the task's step at its own level (not bit for bit)", i, None, i)
-        ok, gap = step_check(before, claimed, redone, redo_step(task, before, x, y, classes, author, i, device,
-                                                                precise=True))
+
+        def redo(flips=(), precise=False, i=i, before=before):
+            return redo_step(task, before, x, y, classes, author, i, device, flips, precise=precise)
+
+        ok, gap = step_check(before, claimed, redone, redo(precise=True))
         if not ok:  # a NaN too: then only near-ties may explain it
-            explained = _near_tie(task, claim, x, y, classes, author, i, device, sorted(set(found)))
+            explained = _near_tie(redo, before, claimed, sorted(set(found)))
             if explained is None:
                 return ruling(True, f"step {i} is not the task's step (gap {gap:.2e}, "
                                     f"{len(set(found))} near-ties)", i, gap, i)
@@ -161,15 +164,41 @@ def settle(task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int
     return cleared
 
 
-def _near_tie(task, claim: Claim, x, y, classes: int, author: str, i: int, device: torch.device,
-              units: list[near_ties.Decision]) -> float | None:
-    """The gap of step ``i`` under the smallest set of its fragile decisions that, resolved
-    the other way, lets it pass (``nodes.engine.near_ties``); ``None``: no set does."""
-    before, claimed = claim.states[i - 1], claim.states[i]
+def settle_step(task, w: torch.Tensor, before: torch.Tensor, row: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                classes: int, author: str, device: torch.device) -> Ruling:
+    """The ruling on ``author``'s ``momentum`` ``row`` for ``task`` (model ``w``) across compute
+    profiles: its whole update is one step, from the momentum ``before`` its task named
+    (``nodes.engine.states``) to the row, and the referee holds both ends, so the per-step rule
+    (:func:`step_check`, near-ties included) applies to the row directly; nothing travels."""
+    began = time.perf_counter()
+    found: list[near_ties.Decision] = []
+
+    def redo(flips=(), precise=False):
+        return redo_momentum(task, w, before, x, y, classes, author, device, flips, found if not (flips or precise)
+                             else None, precise)
+
+    own = redo()
+    if torch.equal(own, row):
+        return Ruling(False, "cleared: bit for bit", None, 0.0, 1, 0, time.perf_counter() - began)
+    ok, gap = step_check(before, row, own, redo(precise=True))
+    ties = 0
+    if not ok:
+        explained = _near_tie(redo, before, row, sorted(set(found)))
+        if explained is None:
+            return Ruling(True, f"its row is not the task's step from the momentum it was named (gap {gap:.2e}, "
+                                f"{len(set(found))} near-ties)", 1, gap, 1, 0, time.perf_counter() - began)
+        gap, ties = explained, 1
+    because = "hardware rounding" + (" and near-ties resolved otherwise" if ties else "")
+    return Ruling(False, f"cleared: {because} (step gap {gap:.2e})", None, gap, 1, 0, time.perf_counter() - began,
+                  ties)
+
+
+def _near_tie(redo, before: torch.Tensor, claimed: torch.Tensor, units: list[near_ties.Decision]) -> float | None:
+    """The gap of a step (``redo(flips, precise)`` recomputes it from ``before``) under the
+    smallest set of its fragile decisions that, resolved the other way, lets ``claimed`` pass
+    (``nodes.engine.near_ties``); ``None``: no set does."""
     for flips in near_ties.subsets(units):
-        own = redo_step(task, before, x, y, classes, author, i, device, flips)
-        ok, gap = step_check(before, claimed, own, redo_step(task, before, x, y, classes, author, i, device, flips,
-                                                             precise=True))
+        ok, gap = step_check(before, claimed, redo(flips), redo(flips, precise=True))
         if ok:
             return gap
     return None

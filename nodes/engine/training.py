@@ -16,7 +16,7 @@ The coordinator runs it too: a spot check's referee recomputes a volunteer's row
 from __future__ import annotations
 
 import re
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -155,6 +155,26 @@ def _batches(task: Task, protocol: Protocol, y: torch.Tensor, node: str) -> torc
     return draw_batches([len(y)], protocol.batch_size, [node_key(task.seed, node)], task.round, protocol.steps)[0]
 
 
+@contextmanager
+def _replay(task: Task, w: torch.Tensor, x: torch.Tensor, classes: int, node: str, device: torch.device,
+            flips: list[near_ties.Decision], found: list[near_ties.Decision] | None, precise: bool):
+    """``(model, params of w, x)`` for a referee's one-step recomputation under the task's profile,
+    in float64 if ``precise``, with ``flips`` resolved the other way and ``found`` collecting the
+    fragile decisions (``nodes.engine.near_ties``)."""
+    dtype = torch.float64 if precise else torch.float32
+    with profile(task.threads, device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        model, params = _model(task, w.to(dtype), x, classes, node, device)
+        if precise:
+            model, params = model.to(dtype), {k: t.to(dtype) for k, t in params.items()}
+            x = x.to(dtype) if x.is_floating_point() else x
+        with ExitStack() as hooks:
+            if found is not None:
+                hooks.enter_context(near_ties.fragile(model, found))
+            if flips:
+                hooks.enter_context(near_ties.flipped(model, list(flips)))
+            yield model, params, x
+
+
 def redo_step(task: Task, before: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,
               step: int, device: torch.device, flips: list[near_ties.Decision] = (),
               found: list[near_ties.Decision] | None = None, precise: bool = False) -> torch.Tensor:
@@ -165,23 +185,28 @@ def redo_step(task: Task, before: torch.Tensor, x: torch.Tensor, y: torch.Tensor
     ``precise``: in float64 (the step's value to float64 rounding), returned as float64."""
     protocol = Protocol.of(task)
     d = before.numel() // 2
-    dtype = torch.float64 if precise else torch.float32
-    with profile(task.threads, device), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        model, local = _model(task, before[:d].to(dtype), x, classes, node, device)
-        if precise:
-            model, local = model.to(dtype), {k: t.to(dtype) for k, t in local.items()}
-            x = x.to(dtype) if x.is_floating_point() else x
+    with _replay(task, before[:d], x, classes, node, device, flips, found, precise) as (model, local, x):
+        dtype = next(iter(local.values())).dtype
         v = {k: t.view_as(p) for (k, p), t in zip(local.items(), torch.split(before[d:].to(device, dtype),
                                                                               [p.numel() for p in local.values()]))}
         batch = _batches(task, protocol, y, node)[step - 1]
-        with ExitStack() as hooks:
-            if found is not None:
-                hooks.enter_context(near_ties.fragile(model, found))
-            if flips:
-                hooks.enter_context(near_ties.flipped(model, list(flips)))
-            local, v = protocol.local_step(protocol.gradient(model, local), local, v, x[batch].to(device),
-                                           y[batch].to(device))
+        local, v = protocol.local_step(protocol.gradient(model, local), local, v, x[batch].to(device),
+                                       y[batch].to(device))
         return trajectory.state(local, v, dtype)
+
+
+def redo_momentum(task: Task, w: torch.Tensor, before: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                  classes: int, node: str, device: torch.device, flips: list[near_ties.Decision] = (),
+                  found: list[near_ties.Decision] | None = None, precise: bool = False) -> torch.Tensor:
+    """A ``momentum`` task's honest row from the model ``w`` it carried and the momentum ``before``
+    it named (``nodes.engine.states``): one step, ``beta before + g``, on the CPU; otherwise as
+    :func:`redo_step` (``precise``: float64)."""
+    protocol = Protocol.of(task)
+    with _replay(task, w, x, classes, node, device, flips, found, precise) as (model, params, x):
+        dtype = next(iter(params.values())).dtype
+        batch = _batches(task, protocol, y, node)[0]
+        return protocol.momentum_step(model, params, x[batch].to(device), y[batch].to(device),
+                                      before.to(device, dtype)).detach().cpu()
 
 
 def estimates(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,

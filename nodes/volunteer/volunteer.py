@@ -42,6 +42,7 @@ from ..checkpoint import write_atomic
 from ..engine.committed import author
 from ..engine.protocol import Protocol
 from ..engine.spotcheck import profile_of
+from ..engine.states import ZERO
 from ..engine.training import NodeData, compute, estimates, parse_part, part_of, playing
 from ..wire import Reply, Task, claim_payload, refusal, reply_payload
 from . import faults
@@ -117,8 +118,22 @@ def _state_path(folder: Path, run: str) -> Path:
     return folder / STATE / (re.sub(r"[^A-Za-z0-9._-]", "_", run) + ".pt")
 
 
+KEPT = 4  # named momenta a node keeps (nodes.engine.states): the one its last task named and those sent since
+
+
 def load_momentum(folder: Path, task: Task, d: int) -> torch.Tensor | str:
-    """The node's worker momentum before ``task``'s round, or why it cannot be had."""
+    """The node's worker momentum before ``task``'s round: the one the task names
+    (``nodes.engine.states``), or its own as it carried it; or why it cannot be had."""
+    if task.state == ZERO:
+        return torch.zeros(d)
+    if task.state:
+        path = _state_path(folder, task.run).with_suffix(".named.pt")
+        m = (torch.load(path, weights_only=True) if path.exists() else {}).get(task.state)
+        if m is None:
+            return (f"this node does not hold the momentum its task continues from ({task.state[:12]}): it keeps "
+                    f"the momentum of its last {KEPT} rows sent, so its folder was replaced or the coordinator "
+                    "went back further (a restored checkpoint?)")
+        return m if m.numel() == d else f"this node's momentum has {m.numel()} values, the model {d}"
     path = _state_path(folder, task.run)
     if not path.exists():
         return torch.zeros(d)
@@ -134,6 +149,21 @@ def save_momentum(folder: Path, task: Task, before: torch.Tensor, after: torch.T
     path = _state_path(folder, task.run)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, lambda out: torch.save({"round": task.round, "before": before, "after": after}, out))
+
+
+def keep_named(folder: Path, task: Task, after: torch.Tensor, sent: str) -> None:
+    """Keep ``after``, the momentum this node holds once it sent the row whose SHA-256 is
+    ``sent``: a later task names it if a round used that row (``nodes.engine.states``). The
+    momentum ``task`` named is kept too, for a task that names it again (a row not used)."""
+    path = _state_path(folder, task.run).with_suffix(".named.pt")
+    kept = torch.load(path, weights_only=True) if path.exists() else {}
+    named = kept.pop(task.state, None)
+    if named is not None:
+        kept[task.state] = named  # the newest but one
+    kept[sent] = after
+    kept = dict(list(kept.items())[-KEPT:])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, lambda out: torch.save(kept, out))
 
 
 def load_residual(folder: Path, task: Task, codec: Codec, d: int) -> torch.Tensor | None | str:
@@ -276,7 +306,7 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
     except ValueError as err:  # the weights do not fit the model on this data
         return refusal(task, f"model {task.model} on {data.dataset}: {err}"), None
     seconds = time.perf_counter() - start
-    if keeps:
+    if keeps and not task.state:
         save_momentum(folder, task, m, after)
     remember(folder, task, played, last, weights, computed)
     row = faults.corrupt_row(attack, delta.numpy())
@@ -289,7 +319,10 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
     count, base = faults.corrupt_fields(attack, len(data.y), task.base)
     reply = Reply(run=task.run, round=task.round, base=base, count=count, signature=b"", seconds=seconds,
                   part=part, profile=profile_of(device), root=root)
-    reply = sign(reply, key, sha256(torch.from_numpy(signed)))
+    signed_sha = sha256(torch.from_numpy(signed))
+    reply = sign(reply, key, signed_sha)
+    if keeps and task.state:
+        keep_named(folder, task, after, signed_sha)
     if folder is not None:
         reply, again = faults.corrupt_reply(attack, reply, signed, folder)
         if again is not signed:  # a replayed (decoded) row: sent again as the codec carries it
@@ -309,7 +342,8 @@ def check(task: Task, w: np.ndarray, author_fp: str, part: str, data_of: Callabl
         return refusal(task, "the model received does not match its announced SHA-256", author_fp), None
     try:
         if Protocol.of(task).keeps_momentum:
-            return refusal(task, "a momentum-protocol update cannot be recomputed from its task", author_fp), None
+            return refusal(task, "a momentum-protocol update is recomputed by the coordinator, which holds the "
+                                 "momentum its task named", author_fp), None
         codec = codecs.build(task.compression)
         if codec.biased:
             return refusal(task, f"a {codec.spec} update carries its author's error-feedback residual: it cannot "

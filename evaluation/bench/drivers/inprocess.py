@@ -104,6 +104,9 @@ class CellRun:
         # where the batched kernels train (the per-node path is a volunteer's CPU function)
         self.device = self.engine.device if vectorize else torch.device("cpu")
         self.momenta = torch.zeros(len(self.ids), self.engine.w.numel(), device=self.device)
+        # where the engine names the momentum each task continues from (nodes.engine.states): each
+        # node's momentum after its last row a round used, which it continues from, as a volunteer does
+        self.kept = None if self.engine.states is None else self.momenta.clone()
         self.records: list[dict] = []
         self.training = 0.0  # seconds spent computing the nodes' rows
         self.checks = 0  # spot checks recomputed
@@ -185,13 +188,14 @@ class CellRun:
     def _verify(self, t: int, rows: dict[str, tuple[Ticket, torch.Tensor]]) -> list[Verdict]:
         """Spot checks, as the coordinator referees them: each drawn node's own task (a
         straggler's: the older model it was sent) recomputed by a volunteer's own function, on
-        its data, without any attack; bit for bit against the per-node driver's rows, within
-        the tolerance against the batched kernels'."""
+        its data, without any attack (under ``momentum``, from the momentum its task named); bit
+        for bit against the per-node driver's rows, within the tolerance against the batched
+        kernels'."""
         data, verdicts = self.setup.data, []
         for fp, (ticket, row) in rows.items():
             part, task = self.setup.parts[fp], Task.of(self.setup.settings, "bench", ticket.number, ticket.base)
             honest, _ = compute(task, ticket.model, data.x_train[part], data.y_train[part], data.classes, fp,
-                                torch.device("cpu"))
+                                torch.device("cpu"), "", ticket.start)
             verdicts.append(referee(fp, row, not self.vectorize, honest))
         self.checks += len(rows)
         return verdicts
@@ -210,6 +214,8 @@ class CellRun:
         idx = [self.index[fp] for fp in asked]
         if not idx:  # every node quarantined
             return torch.empty(0, self.engine.w.numel())
+        if self.kept is not None:
+            self.momenta[idx] = self.kept[idx]
         task, before = self.task(), self._before(idx)
         if not self.vectorize:
             return self._forge(idx, self._per_node(idx, task), task, before)
@@ -295,6 +301,9 @@ class CellRun:
         record["time"], record["bytes_up"], record["bytes_down"] = (self.timeline.now, traffic.bytes_up,
                                                                    traffic.bytes_down)
         self.records.append(record)
+        if self.kept is not None and record["aggregate_sha256"] is not None:  # the rows used: named from now on
+            used = [self.index[fp] for fp in record["ids"]]
+            self.kept[used] = self.momenta[used]
         if self.engine.round == self.stop:  # the backdoor's last attacked round: how much it holds now
             self.asr_at_stop = backdoor_success(self.setup, self.engine.w)
 

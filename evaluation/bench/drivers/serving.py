@@ -60,7 +60,8 @@ class BenchDesk:
     def tasks(self, nodes: list[str]) -> tuple[dict[str, Task], torch.Tensor]:
         w, base = self.engine.task_model()
         if not self.settings.asynchronous:
-            return dict.fromkeys(nodes, Task.of(self.settings, "bench", self.engine.round + 1, base)), w
+            task = Task.of(self.settings, "bench", self.engine.round + 1, base)
+            return {fp: task.continuing(self.engine.named_state(fp)) for fp in nodes}, w
         tasks = {}
         for fp in nodes:
             self.sent += 1
