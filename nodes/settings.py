@@ -42,10 +42,23 @@ def _datasets() -> list[str]:
     return names()
 
 
+def _text_set(spec: str) -> None:
+    from robust.data import text_spec
+
+    if text_spec(spec) is None:
+        raise ValueError(f"{spec!r} is not a text set")
+
+
 def _models() -> tuple[str, ...]:
     from robust.models import MODELS
 
     return MODELS
+
+
+def _gpt(spec: str) -> None:
+    from robust.gpt import config
+
+    config(spec)
 
 
 def _aggregator(spec: str) -> None:
@@ -80,10 +93,10 @@ def _protocol(spec: str) -> None:
 
 RUN = table(
     Param("seed", Interval(int, 0, None), 0, "run seed: the initial model, node selection, every node's batches"),
-    Param("dataset", OneOf(_datasets, "load"), "digits",
+    Param("dataset", OneOf(_datasets, "load", _text_set, "pystdlib:context=256"), "digits",
           "the data set, or your loader package.module:load; volunteers must hold the same one"),
-    Param("data-root", Text(), "", "folder of local files for mnist / fashion-mnist / cifar10 / hf-disk"),
-    Param("model", OneOf(_models, "make"), "mlp", "the model, or your factory package.module:make (called as make(shape, classes))"),
+    Param("data-root", Text(), "", "folder of local files for mnist / fashion-mnist / cifar10 / hf-disk / text"),
+    Param("model", OneOf(_models, "make", _gpt, "gpt:layers=2,width=64,heads=4,context=64"), "mlp", "the model, or your factory package.module:make (called as make(shape, classes))"),
     Param("code", Folder(), "", "a folder put first on the import path for your model and dataset; shipped to volunteers"),
     Param("rounds", Interval(int, 1, None), 5, "rounds to train (round = async: buffers aggregated)"),
     Param("aggregator", Spec(_aggregator, "an aggregator spec"), "trimmed-mean",

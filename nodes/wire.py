@@ -58,14 +58,16 @@ class Task:
     # the worker momentum the node continues from (``momentum`` with spot checks, nodes.engine.engine):
     # ZERO, or the SHA-256 of the node's last row the coordinator used; "" for its own, as it carries it
     state: str = ""
+    data_sha256: str = ""  # the data set's identity where it has one (a text set's content, robust.text)
 
     @classmethod
-    def of(cls, settings, run: str, round: int, base: str) -> Task:
-        """Round ``round``'s task under ``settings`` (``nodes.settings.Settings``)."""
+    def of(cls, settings, run: str, round: int, base: str, data_sha256: str = "") -> Task:
+        """Round ``round``'s task under ``settings`` (``nodes.settings.Settings``), on the data set
+        whose identity is ``data_sha256`` where it has one."""
         s = settings
         return cls(run=run, round=round, base=base, seed=s.seed, dataset=s.dataset, model=s.model,
                    protocol=s.protocol, batch_size=s.batch_size, lr=s.lr, momentum=s.momentum, threads=s.threads,
-                   deadline=s.deadline, compression=s.compression, late=s.stale_rows)
+                   deadline=s.deadline, compression=s.compression, late=s.stale_rows, data_sha256=data_sha256)
 
     def continuing(self, state: str) -> Task:
         """This task for a node that continues from the momentum ``state`` names

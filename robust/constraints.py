@@ -79,15 +79,28 @@ class OneOf(_AsGiven):
 
     choices: tuple[str, ...] | Callable[[], Iterable[str]]
     user: str = ""
+    spec: Callable[[str], object] | None = None  # also a spec it parses (raising ValueError otherwise)
+    example: str = ""  # such a spec, for the message
 
     def names(self) -> list[str]:
         return list(self.choices() if callable(self.choices) else self.choices)
 
     def accepts(self, value: object) -> bool:
-        return isinstance(value, str) and (value in self.names() or bool(self.user) and is_reference(value))
+        return isinstance(value, str) and (value in self.names() or bool(self.user) and is_reference(value)
+                                           or self._parses(value))
+
+    def _parses(self, value: str) -> bool:
+        if self.spec is None or ":" not in value or is_reference(value):
+            return False
+        try:
+            self.spec(value)
+        except ValueError:
+            return False
+        return True
 
     def describe(self) -> str:
-        return "one of " + ", ".join(self.names()) + (f", or package.module:{self.user}" if self.user else "")
+        return ("one of " + ", ".join(self.names()) + (f", a spec such as {self.example}" if self.example else "")
+                + (f", or package.module:{self.user}" if self.user else ""))
 
 
 @dataclass(frozen=True)

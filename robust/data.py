@@ -13,6 +13,13 @@ repository (``hf download ylecun/mnist --repo-type dataset --local-dir DIR``). I
 channel), its "label" column (or single ``ClassLabel`` column) the labels; ``classes`` is the
 ClassLabel's count. ``datasets`` is imported only then: importing this module stays light.
 
+Two text sets (``robust.text``): ``pystdlib``, the running interpreter's standard library source,
+and ``text``, a user's folder of text files (``root``), as next-byte prediction: inputs
+``(N, context)`` uint8 bytes, targets ``(N, context)`` int64 (the next byte at each position),
+256 classes, each training window's package in ``groups`` (what the label-skew partitions
+split), the content's SHA-256 in ``sha256``. Written ``pystdlib`` or ``pystdlib:context=256``
+(bytes a sample holds; 64 by default). Nothing is standardised: they are tokens.
+
 A user's own set is named ``package.module:load`` (``robust.user_code``): ``load()`` returns
 ``(x_train, y_train, x_test, y_test)`` as tensors or NumPy arrays, inputs ``(N, *shape)`` and
 integer labels ``(N,)``; ``classes`` is the largest label + 1.
@@ -24,6 +31,7 @@ test set is scaled exactly like the data the model trains on.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import math
@@ -36,12 +44,15 @@ from typing import Callable
 import numpy as np
 import torch
 
+from . import text
+from .spec import parse
 from .user_code import is_reference, resolve
 
 
 @dataclass(frozen=True)
 class Dataset:
-    """A train/test split: float32 inputs ``(N, *shape)``, int64 labels in ``[0, classes)``."""
+    """A train/test split: float32 inputs ``(N, *shape)``, int64 labels in ``[0, classes)`` (a
+    text set: uint8 bytes, int64 next bytes ``(N, context)``, and its windows' ``groups``)."""
 
     name: str
     x_train: torch.Tensor
@@ -49,11 +60,18 @@ class Dataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
     classes: int
+    groups: torch.Tensor | None = None  # a text set's training windows' packages
+    sha256: str = ""  # a text set's identity: the SHA-256 of its content
 
     @property
     def shape(self) -> tuple[int, ...]:
         """The shape of one sample."""
         return tuple(self.x_train.shape[1:])
+
+    @property
+    def strata(self) -> torch.Tensor:
+        """What the label-skew partitions split by: the labels, or a text set's packages."""
+        return self.y_train if self.groups is None else self.groups
 
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # x_train, y_train, x_test, y_test
@@ -240,7 +258,20 @@ LOADERS: dict[str, Callable[[Path | None, int], Arrays]] = {
 
 def names() -> list[str]:
     """The data sets ``load`` knows; the first three need no files."""
-    return [*LOADERS, HF_DISK]
+    return [*LOADERS, HF_DISK, *text.TEXT_SETS]
+
+
+def text_spec(name: str) -> tuple[str, int] | None:
+    """``(set, context)`` of a text set's name (``pystdlib``, ``text:context=128``), ``None`` for
+    any other name; ``ValueError`` for a text set written wrong."""
+    if name.split(":", 1)[0] not in text.TEXT_SETS:
+        return None
+    from .constraints import Interval, Param, check_all, table
+
+    [spec] = parse(name)
+    values = check_all(f"dataset {spec.name}", table(
+        Param("context", Interval(int, 1, None), text.CONTEXT, "bytes a sample holds")), spec.params)
+    return spec.name, values["context"]
 
 
 def load(name: str, *, root: str | None = None, seed: int = 0) -> Dataset:
@@ -253,6 +284,10 @@ def load(name: str, *, root: str | None = None, seed: int = 0) -> Dataset:
     if is_reference(name):
         x_train, y_train, x_test, y_test = _user_data(name)
         return _finish(name, x_train, y_train, x_test, y_test, classes=int(max(y_train.max(), y_test.max())) + 1)
+    if text_spec(name) is not None:
+        kind, context = text_spec(name)
+        data = _stdlib(context) if kind == "pystdlib" else _text(kind, context, folder)
+        return data if data.name == name else dataclasses.replace(data, name=name)  # named as asked: tasks compare it
     if name == HF_DISK:
         from .flower_datasets import read_folder  # lazily: datasets and pyarrow are heavy
 
@@ -275,6 +310,20 @@ def _generated(name: str, seed: int) -> Dataset:
     bench process runs many cells on it). Callers share its tensors and never write to them
     (a node's part is a copy); the dataclass is frozen."""
     return _finish(name, *LOADERS[name](None, seed))
+
+
+@functools.lru_cache(maxsize=4)
+def _stdlib(context: int) -> Dataset:
+    """``pystdlib``, read once per process (its tensors are shared, never written): the
+    interpreter's own files do not change while it runs."""
+    return _text("pystdlib", context, None)
+
+
+def _text(name: str, context: int, root: Path | None) -> Dataset:
+    """A text set (``robust.text``)."""
+    c = text.corpus(name, root, context)
+    return Dataset(name if context == text.CONTEXT else f"{name}:context={context}", torch.from_numpy(c.x_train), torch.from_numpy(c.y_train), torch.from_numpy(c.x_test),
+                   torch.from_numpy(c.y_test), text.VOCAB, torch.from_numpy(c.groups), c.sha256)
 
 
 LOADER = "loader() -> (x_train, y_train, x_test, y_test)"

@@ -1,7 +1,9 @@
 """The models a scenario can name, built deterministically from a seed.
 
 ``logreg`` (linear), ``mlp`` (one hidden layer of 64), ``wide-mlp`` (two of 1024), ``cnn`` (two conv blocks; a 1-D CNN when a
-sample is a sequence ``(C, L)``, e.g. mnist1d), or a user's factory ``package.module:make``,
+sample is a sequence ``(C, L)``, e.g. mnist1d), a byte-level transformer for the text sets
+(``gpt:layers=L,width=W,heads=H,context=C`` and its presets ``gpt-tiny``, ``gpt-small``,
+``gpt-100m``: ``robust.gpt``), or a user's factory ``package.module:make``,
 called as ``make(shape, classes)`` (``robust.user_code``). Parameters are initialised under a
 private RNG seeded by ``seed``, so the global torch RNG is neither read nor changed.
 
@@ -21,16 +23,21 @@ import torch
 from torch import nn
 from torch.func import replace_all_batch_norm_modules_
 
+from . import gpt
 from .user_code import is_reference, resolve
 from .params import trained
 
-MODELS = ("logreg", "mlp", "wide-mlp", "cnn")
+MODELS = ("logreg", "mlp", "wide-mlp", "cnn", *gpt.PRESETS)  # and gpt:... specs
 
 
 def build_model(name: str, shape: tuple[int, ...], classes: int, seed: int = 0) -> nn.Module:
     """A fresh model for samples of ``shape`` and ``classes`` labels."""
     if is_reference(name):
         return _user_model(name, shape, classes, seed)
+    if gpt.is_gpt(name):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return gpt.build(name, shape, classes)
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}: choose from {', '.join(MODELS)}, or name your factory package.module:make")
     features = math.prod(shape)
@@ -148,6 +155,11 @@ class Scorer:
         self.size = sum(p.numel() for p in params)
 
     def __call__(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
+        return self.evaluate(w, x, y)[0]
+
+    def evaluate(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        """``(accuracy, mean cross-entropy)`` on ``(x, y)`` from one forward pass (a text model's:
+        next-token accuracy and the held-out loss)."""
         if w.shape != (self.size,):
             raise ValueError(f"a vector of shape {tuple(w.shape)} for a model of {self.size} trained values")
         with torch.no_grad():
@@ -155,4 +167,6 @@ class Scorer:
             for p, shape in zip(self.params, self.shapes):
                 p.data = w[start : start + shape.numel()].view(shape)
                 start += shape.numel()
-            return float((self.model(x).argmax(dim=1) == y).float().mean())
+            logits = self.model(x)
+            return (float((logits.argmax(dim=1) == y).float().mean()),
+                    float(torch.nn.functional.cross_entropy(logits, y)))

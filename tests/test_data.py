@@ -40,7 +40,7 @@ def channel_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_names():
-    assert names() == ["digits", "mnist1d", "synthetic", "mnist", "fashion-mnist", "cifar10", "hf-disk"]
+    assert names() == ["digits", "mnist1d", "synthetic", "mnist", "fashion-mnist", "cifar10", "hf-disk", "pystdlib", "text"]
 
 
 @pytest.mark.parametrize("name", OFFLINE)

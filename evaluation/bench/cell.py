@@ -86,7 +86,7 @@ class CellSetup:
     def parts(self) -> dict[str, torch.Tensor]:
         """Each node's indices into the training set."""
         cfg = self.cell.config
-        split = partition(self.data.y_train, self.n, cfg["partition"], alpha=float(cfg["alpha"]), seed=self.cell.seed)
+        split = partition(self.data.strata, self.n, cfg["partition"], alpha=float(cfg["alpha"]), seed=self.cell.seed)
         return dict(zip(self.by_index, split))
 
     @cached_property
@@ -128,6 +128,7 @@ def cell_record(setup: CellSetup, rounds: list[dict], w: torch.Tensor, kappa: li
         "aggregator": cell.aggregator, "attack": cell.attack, "seed": cell.seed,
         "config": cell.config, "sweep": cell.sweep, "engine": engine,
         "final_accuracy": rounds[-1]["accuracy"], "accuracy": [r["accuracy"] for r in rounds],
+        "final_loss": rounds[-1]["loss"], "loss": [r["loss"] for r in rounds], "data_sha256": setup.data.sha256 or None,
         "detect": summarize_detection(scores, positive),
         "kappa": kappa, "kappa_max": max(finite, default=math.nan) if kappa is not None else None,
         "kappa_bound": kappa_bound(n, f) if n > 2 * f else math.inf,

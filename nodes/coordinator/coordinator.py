@@ -200,7 +200,8 @@ class Coordinator:
     def task(self) -> tuple[Task, np.ndarray]:
         """The next round's task and the model array it carries (``downlink``: as it travels)."""
         w, base = self.engine.task_model()
-        return Task.of(self.settings, self.run_id, self.round + 1, base), model_array(w.numpy(), self.settings.downlink)
+        task = Task.of(self.settings, self.run_id, self.round + 1, base, self.data.sha256)
+        return task, model_array(w.numpy(), self.settings.downlink)
 
     def tasks(self, nodes: list[str]) -> tuple[dict[str, Task], np.ndarray]:
         """A task for each of ``nodes`` and the model array they carry: this round's (sync), or
@@ -212,7 +213,7 @@ class Coordinator:
         tasks, (w, base) = {}, self.engine.task_model()
         for fp in nodes:
             self.sent += 1
-            tasks[fp] = Task.of(self.settings, self.run_id, self.sent, base)
+            tasks[fp] = Task.of(self.settings, self.run_id, self.sent, base, self.data.sha256)
         if tasks:
             checkpoint.write_atomic(self.folder / TASKS_SENT, lambda out: out.write(f"{self.sent}\n".encode()))
         return tasks, model_array(w.numpy(), self.settings.downlink)
@@ -419,7 +420,7 @@ class Coordinator:
         checkpoint.append_round(self.folder, record)
         self._tip = audit.line_hash(record)
         if self.done:
-            self.finish(record["accuracy"])
+            self.finish(record["accuracy"], record["loss"])
         log.info("round %d: accepted %d/%d, accuracy %.3f, flagged %s, rejected %s", record["round"],
                  record["accepted"], record["asked"], record["accuracy"], [short(fp) for fp in record["flagged"]],
                  {short(fp): r for fp, r in record["rejected"].items()})
@@ -439,13 +440,14 @@ class Coordinator:
         admission.ban(self.folder, fp)
         self.keys.pop(fp, None)
 
-    def finish(self, final_accuracy: float) -> None:
+    def finish(self, final_accuracy: float, final_loss: float) -> None:
         """Write the final model (a ``state_dict``) and ``result.json``."""
         engine = self.engine
         params = {k: v.clone() for k, v in unflatten(engine.w, engine.model).items()}
         checkpoint.write_atomic(self.folder / "model.pt", lambda out: torch.save(params, out))
         checkpoint.write_result(self.folder, {
-            "final_accuracy": final_accuracy, "model_sha256": engine.base, "rounds": self.round,
+            "final_accuracy": final_accuracy, "final_loss": final_loss, "data_sha256": self.data.sha256 or None,
+            "model_sha256": engine.base, "rounds": self.round,
             "rejected": {short(fp): r for fp, r in sorted(self.rejected.items())},
             "flagged": sorted(short(fp) for fp in engine.flags.flags),
             "quarantined": sorted(short(fp) for fp in engine.flags.quarantined),

@@ -277,8 +277,10 @@ class Engine:
         reference = self.root.update(self.round + 1, self.w) if "reference" in self.chain.needs else None
         return aggregators.RoundInputs(ids=tuple(ids), w=self.w, reference=reference)
 
-    def accuracy(self) -> float:
-        return self.scorer(self.w, self.x_test, self.y_test)
+    def evaluate(self) -> tuple[float, float]:
+        """The model's ``(accuracy, loss)`` on the test set (a text set: next-token accuracy and
+        the held-out loss)."""
+        return self.scorer.evaluate(self.w, self.x_test, self.y_test)
 
     def ticket(self, node: str) -> Ticket:
         """The task of a node asked this round with the current task model (a synchronous
@@ -332,7 +334,7 @@ class Engine:
             if self.hook is not None:
                 self.hook.observe(ids, X.tensor(), aggregate)
             self.round = t
-            acc = self.accuracy()
+            acc, loss = self.evaluate()
         rows = {
             **({"task_sha256": self.task_model()[1]} if self.lookahead is not None or self.downlink is not None else {}),
             "spot": [v.record() for v in verdicts], "convicted": convicted,
@@ -341,7 +343,8 @@ class Engine:
         }
         device = ran_on(self.device)
         return record(t, asked, ids, rejected, failed or {}, self.flags, flagged, skipped, aggregate, scores,
-                      {"accuracy": acc, "model_sha256": self.base, **({"device": device} if device else {})}, rows)
+                      {"accuracy": acc, "loss": loss, "model_sha256": self.base,
+                       **({"device": device} if device else {})}, rows)
 
     def _spot_check(self, t: int, ids: list[str], X: Rows, tasks: Mapping[str, Ticket],
                     rejected: dict[str, str]) -> tuple[list[str], Rows, list, list[str]]:

@@ -52,15 +52,16 @@ class NodeData:
     x: torch.Tensor
     y: torch.Tensor
     classes: int
+    sha256: str = ""  # the data set's identity where it has one (a text set's content, robust.text)
 
     def save(self, path: Path) -> None:
         write_atomic(path, lambda out: torch.save({"dataset": self.dataset, "x": self.x, "y": self.y,
-                                                   "classes": self.classes}, out))
+                                                   "classes": self.classes, "sha256": self.sha256}, out))
 
     @classmethod
     def load(cls, path: Path) -> NodeData:
         raw = torch.load(path, weights_only=True)
-        return cls(raw["dataset"], raw["x"], raw["y"], int(raw["classes"]))
+        return cls(raw["dataset"], raw["x"], raw["y"], int(raw["classes"]), str(raw.get("sha256", "")))
 
 
 # A part spec: ``I/N`` (part I of N of the iid split of seed 0: what `node join --partition` takes),
@@ -98,8 +99,8 @@ def part_of(data: Dataset, part: str) -> NodeData:
     kind, params = split_of(part)
     if total > len(data.y_train):
         raise ValueError(f"partition {part}: {data.name} has only {len(data.y_train)} training samples")
-    rows = partition(data.y_train, total, kind, alpha=params["alpha"], seed=params["seed"])[index - 1]
-    return NodeData(data.name, data.x_train[rows].clone(), data.y_train[rows].clone(), data.classes)
+    rows = partition(data.strata, total, kind, alpha=params["alpha"], seed=params["seed"])[index - 1]
+    return NodeData(data.name, data.x_train[rows].clone(), data.y_train[rows].clone(), data.classes, data.sha256)
 
 
 def part_spec(index: int, total: int, kind: str = "iid", alpha: float = 1.0, seed: int = 0) -> str:

@@ -261,6 +261,10 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
         return refusal(task, faults.DECLINE), None
     if task.dataset != data.dataset:
         return refusal(task, f"this node holds {data.dataset}, the task trains on {task.dataset}: rejoin with --data {task.dataset}"), None
+    if task.data_sha256 and task.data_sha256 != data.sha256:
+        return refusal(task, f"this node's {data.dataset} is not the coordinator's (SHA-256 {data.sha256[:12] or 'unknown'}, "
+                             f"the task's {task.data_sha256[:12]}): another Python version's standard library, or "
+                             "other files; rejoin with the coordinator's"), None
     weights = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
     if sha256(weights) != task.base:
         return refusal(task, "the model received does not match its announced SHA-256"), None

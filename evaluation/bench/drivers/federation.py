@@ -39,7 +39,8 @@ def build(setup: CellSetup, root: Path, **deployment: object) -> tuple[Path, lis
     for i, (folder, fp) in enumerate(zip(folders, setup.by_index), start=1):
         part = setup.parts[fp]
         path = folder / "data.pt"
-        NodeData(data.name, data.x_train[part].clone(), data.y_train[part].clone(), data.classes).save(path)
+        NodeData(data.name, data.x_train[part].clone(), data.y_train[part].clone(), data.classes,
+                 data.sha256).save(path)
         device = "cuda" if setup.profile_of(fp).kind == "cuda" else "cpu"
         declared = part_spec(i, setup.n, cfg["partition"], float(cfg["alpha"]), setup.cell.seed)  # what a check recomputes from
         NodeConfig(str(path.resolve()), device, setup.attack_of(fp), part=declared, code=settings.code).save(folder)

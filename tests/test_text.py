@@ -1,0 +1,101 @@
+"""Language models on real text: the byte corpora (``robust.text``), the GPT family
+(``robust.gpt``), the held-out loss, and a bench cell whose batched rows equal a volunteer's
+to rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from evaluation.bench.cell import Cell
+from evaluation.bench.drivers.inprocess import CellRun
+from nodes.settings import Settings
+from robust import gpt, text
+from robust.data import load
+from robust.models import build_model
+from robust.params import flat_params
+
+
+def test_pystdlib_is_the_interpreters_own_source_cut_into_windows_held_out_by_file():
+    data = load("pystdlib")
+    root, files = text.stdlib_files()
+    assert len(files) > 300 and not any("test" in f.relative_to(root).parts[:-1] for f in files)
+    assert data.x_train.dtype == torch.uint8 and data.y_train.dtype == torch.int64 and data.classes == 256
+    assert data.x_train.shape[1] == text.CONTEXT and data.x_test.shape == (text.EVAL_WINDOWS, text.CONTEXT)
+    assert torch.equal(data.x_train[:, 1:].long(), data.y_train[:, :-1])  # targets: the next byte
+    assert len(data.groups) == len(data.y_train) and int(data.groups.max()) > 50  # windows know their package
+    assert load("pystdlib") is data and len(data.sha256) == 64
+    first = files[0].read_bytes()[: text.CONTEXT + 1]
+    held = text.held_out(files[0].relative_to(root).as_posix())
+    assert held or bytes(data.x_train[0].tolist()) == first[:-1]  # the first file's first window, if trained on
+
+
+def test_a_text_folder_is_read_in_order_and_its_identity_is_its_content(tmp_path):
+    for i in range(40):
+        (tmp_path / f"f{i:02d}.txt").write_text(f"line {i} " * 40)
+    (tmp_path / "binary.bin").write_bytes(b"\0\1\2" * 100)
+    (tmp_path / ".hidden").write_text("never read " * 50)
+    data = load("text:context=16", root=str(tmp_path))
+    assert data.x_train.shape[1] == 16 and len(data.x_test) > 0
+    assert b"never" not in bytes(data.x_train.flatten().tolist())
+    (tmp_path / "f00.txt").write_text("changed " * 40)
+    assert load("text:context=16", root=str(tmp_path)).sha256 != data.sha256
+    with pytest.raises(ValueError, match="set data-root"):
+        load("text")
+    with pytest.raises(ValueError, match="held-out windows"):
+        (tmp_path / "few").mkdir()
+        (tmp_path / "few" / "a.txt").write_text("x" * 100)
+        load("text", root=str(tmp_path / "few"))
+
+
+def test_the_gpt_family_counts_its_parameters_and_refuses_what_it_cannot_read():
+    assert {name: gpt.count(**gpt.config(name)) for name in gpt.PRESETS} == {
+        "gpt-tiny": 137_216, "gpt-small": 10_942_720, "gpt-100m": 100_411_648}
+    model = build_model("gpt-tiny", (64,), 256, 0)
+    assert flat_params(model).numel() == 137_216
+    assert torch.equal(flat_params(model), flat_params(build_model("gpt:layers=2,width=64,heads=4,context=64",
+                                                                   (64,), 256, 0)))
+    assert build_model("gpt:layers=1,width=32,heads=2,context=32", (16,), 256, 0)(
+        torch.zeros(3, 16, dtype=torch.uint8)).shape == (3, 256, 16)
+    with pytest.raises(ValueError, match="heads=3 must divide width=64"):
+        build_model("gpt:width=64,heads=3", (64,), 256, 0)
+    with pytest.raises(ValueError, match="reads at most 64 bytes"):
+        build_model("gpt-tiny", (128,), 256, 0)
+    with pytest.raises(ValueError, match="byte sequences"):
+        build_model("gpt-tiny", (1, 8, 8), 10, 0)
+    assert Settings(model="gpt-small", dataset="pystdlib:context=256").model == "gpt-small"
+    with pytest.raises(ValueError, match="model"):
+        Settings(model="gpt:layers=0")
+
+
+def test_text_splits_by_package_under_the_label_skew_partitions():
+    data = load("pystdlib")
+    parts = [data.groups[rows] for rows in _parts(data, "label-shards")]
+    assert max(len(set(p.tolist())) for p in parts) < 60  # each node holds some packages (of 180), in runs of whole ones
+    iid = [data.groups[rows] for rows in _parts(data, "iid")]
+    assert min(len(set(p.tolist())) for p in iid) > 150
+
+
+def _parts(data, kind):
+    from robust.partition import partition
+
+    return partition(data.strata, 8, kind, seed=0)
+
+
+TEXT = {"dataset": "pystdlib", "model": "gpt:layers=1,width=32,heads=2,context=64", "nodes": 6, "byzantine": 1,
+        "rounds": 3, "partition": "iid", "alpha": 1.0, "protocol": "delta:steps=2", "batch_size": 8, "lr": 0.3}
+
+
+def test_a_text_cell_batched_equals_a_volunteers_rows_to_rounding_and_its_held_out_loss_falls():
+    records = {}
+    for vectorize in (False, True):
+        run = CellRun(Cell(TEXT, "mean", "none", 0), vectorize)
+        asked = run.engine.select(run.ids)
+        records[vectorize] = run.rows(asked)
+    per_node, batched = records[False], records[True]
+    assert torch.allclose(per_node, batched, rtol=1e-4, atol=1e-6), (per_node - batched).abs().max()
+    run = CellRun(Cell(TEXT | {"rounds": 6}, "mean", "none", 0), True)
+    log = []
+    while (record := run.play_round()) is not None:
+        log.append(record)
+    assert log[-1]["loss"] < 0.8 * log[0]["loss"] and 0 <= log[-1]["accuracy"] <= 1
