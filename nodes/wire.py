@@ -277,9 +277,10 @@ def claim_content(reply: Reply, hashes: list[str] | None = None, states: np.ndar
     return RecordDict(records)
 
 
-def read_claim(content: RecordDict, d: int, steps: int) -> tuple[Reply, list[str], np.ndarray | None]:
-    """Decode a dispute's answer for a model of ``d`` values and ``steps`` local steps:
-    ``(reply, hashes, (steps + 1, 2d) float32 states)`` (a refusal: no hashes, ``None``);
+def read_claim(content: RecordDict, d: int, steps: int, width: int = 2) -> tuple[Reply, list[str], np.ndarray | None]:
+    """Decode a dispute's answer for a model of ``d`` values and ``steps`` local steps, states of
+    ``width`` blocks (``Protocol.width``): ``(reply, hashes, (steps + 1, width d) float32 states)``
+    (a refusal: no hashes, ``None``);
     ``ValueError`` says what is malformed: exactly ``steps + 1`` hashes of 64 hex digits, the
     states' bytes checked before they are read (``read_array``)."""
     reply = _reply_of(content)
@@ -292,8 +293,9 @@ def read_claim(content: RecordDict, d: int, steps: int) -> tuple[Reply, list[str
     if not isinstance(hashes, list) or len(hashes) != steps + 1 or not all(
             isinstance(h, str) and len(h) == 64 and all(c in "0123456789abcdef" for c in h) for h in hashes):
         raise ValueError(f"the answer's hashes are not {steps + 1} SHA-256 hex digests")
-    states = read_array(array, "states", ROW_DTYPE, (steps + 1) * 2 * d, f"{steps + 1} states of {2 * d} float32 take")
-    return reply, list(hashes), states.reshape(steps + 1, 2 * d)
+    size = width * d
+    states = read_array(array, "states", ROW_DTYPE, (steps + 1) * size, f"{steps + 1} states of {size} float32 take")
+    return reply, list(hashes), states.reshape(steps + 1, size)
 
 
 def read_encoded(record: ArrayRecord, d: int, codec: Codec) -> tuple[np.ndarray, Encoded]:

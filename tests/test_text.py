@@ -99,3 +99,66 @@ def test_a_text_cell_batched_equals_a_volunteers_rows_to_rounding_and_its_held_o
     while (record := run.play_round()) is not None:
         log.append(record)
     assert log[-1]["loss"] < 0.8 * log[0]["loss"] and 0 <= log[-1]["accuracy"] <= 1
+
+
+def test_inner_adamw_is_torchs_adamw_clipped_and_starts_afresh_with_each_task():
+    from torch.func import functional_call
+
+    from nodes.engine.protocol import Protocol, loss_fn
+
+    data = load("pystdlib")
+    model = build_model("gpt:layers=1,width=16,heads=2,context=64", (64,), 256, 0)
+    w = flat_params(model)
+    protocol = Protocol.parse("delta:steps=3,inner=adamw,clip=0.5,beta2=0.95,weight_decay=0.1", lr=0.01,
+                              momentum=0.9, batch_size=4)
+    assert protocol.width == 3
+    xs, ys = data.x_train[:12].view(3, 4, 64), data.y_train[:12].view(3, 4, 64)
+    params = {k: p.detach() for k, p in model.named_parameters()}
+    row, _ = protocol.node_update(model, params, xs, ys, torch.zeros_like(w))
+    reference = {k: p.clone().requires_grad_() for k, p in params.items()}
+    opt = torch.optim.AdamW(reference.values(), lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    for s in range(3):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(functional_call(model, reference, (xs[s],)), ys[s]).backward()
+        torch.nn.utils.clip_grad_norm_(list(reference.values()), 0.5)
+        opt.step()
+    expected = torch.cat([(reference[k] - params[k]).detach().reshape(-1) for k in params])
+    assert torch.allclose(row, expected, rtol=1e-3, atol=1e-5), (row - expected).abs().max()  # of steps ~1e-2
+    again, _ = protocol.node_update(model, params, xs, ys, torch.zeros_like(w))
+    assert torch.equal(row, again) and loss_fn  # no state carried from one task to the next
+
+
+def test_an_adamw_trajectory_is_disputed_step_by_step_honest_cleared_a_forger_convicted():
+    from nodes.engine.committed import author
+    from nodes.engine.referee import settle
+    from nodes.engine.training import part_of
+    from nodes.wire import Task
+
+    data = load("pystdlib")
+    settings = Settings(dataset="pystdlib", model="gpt:layers=1,width=16,heads=2,context=64", lr=0.01,
+                        protocol="delta:steps=3,inner=adamw,clip=1.0", batch_size=4)
+    w = flat_params(build_model(settings.model, data.shape, data.classes, 0))
+    task, part = Task.of(settings, "run", 1, "base"), part_of(data, "3/40")
+    cpu = torch.device("cpu")
+    for cheat, guilty in (("", False), ("forge:scale=0.999,consistent=true", True)):
+        done, _ = author(task, w, part.x, part.y, part.classes, "node", cpu, cheat, answering=True)
+        assert done.committed[0].numel() == 3 * w.numel()  # parameters and AdamW's two moments
+        ruling = settle(task, w, part.x, part.y, part.classes, "node", done.row, done.root, done.claim(), cpu)
+        assert ruling.guilty == guilty and ruling.steps_checked == (1 if guilty else 3), ruling.reason
+
+
+ADAMW = TEXT | {"model": "gpt-tiny", "protocol": "delta:steps=4,inner=adamw,clip=1.0", "lr": 0.003, "rounds": 8,
+                "batch_size": 16}
+
+
+def test_a_gpt_tiny_cell_under_adamw_learns_and_its_batched_rows_equal_a_volunteers():
+    rows = {}
+    for vectorize in (False, True):
+        run = CellRun(Cell(ADAMW, "mean", "none", 0), vectorize)
+        rows[vectorize] = run.rows(run.engine.select(run.ids))
+    assert torch.allclose(rows[False], rows[True], rtol=1e-3, atol=1e-6), (rows[False] - rows[True]).abs().max()
+    run = CellRun(Cell(ADAMW, "trimmed-mean", "none", 0), True)
+    log = []
+    while (record := run.play_round()) is not None:
+        log.append(record)
+    assert log[-1]["loss"] < 0.7 * log[0]["loss"], [r["loss"] for r in log]

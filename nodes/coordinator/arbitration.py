@@ -122,7 +122,8 @@ def _sent(codec: Codec, key: tuple, raw: torch.Tensor) -> torch.Tensor:
 def _read(d: Dispute, content: RecordDict, key) -> tuple[Claim | str, dict]:
     """The signed claim in ``content``, or why it cannot be used; what the record keeps of it."""
     try:
-        reply, hashes, states = read_claim(content, d.w.numel(), Protocol.of(d.task).steps)
+        protocol = Protocol.of(d.task)
+        reply, hashes, states = read_claim(content, d.w.numel(), protocol.steps, protocol.width)
     except Exception as err:  # noqa: BLE001 - untrusted input: a reason, never an exception
         return f"an unreadable answer ({str(err)[:160]})", {}
     if reply.refused:
@@ -143,7 +144,7 @@ def replay(record: dict, d: Dispute, states: torch.Tensor, data: NodeData, codec
     ruling), or what differs: ``robust audit verify``. (A dispute without a usable answer
     keeps no states: it convicts, which the audit checks by itself.)"""
     hashes = list(record.get("hashes") or [])
-    if states.numel() != len(hashes) * 2 * d.w.numel():
+    if states.numel() != len(hashes) * Protocol.of(d.task).width * d.w.numel():
         return f"its kept states do not fit its {len(hashes)} hashes"
     rows = states.reshape(len(hashes), -1)
     again = decide(d, Claim(hashes, {i: rows[i] for i in range(len(hashes))}), data, codec, judge)

@@ -15,6 +15,15 @@ result describes a protocol that can be deployed. Its spec uses the project's gr
   momentum ``mu = server_momentum`` (PyTorch's convention): ``b <- mu b - F``,
   ``w <- w - server_lr (-F + mu b)`` with Nesterov, else ``w <- w - server_lr b``. With
   ``mu = 0`` that is ``w <- w + server_lr F``.
+- ``delta:...,inner=adamw`` (what language models train with; DiLoCo's inner optimiser): the
+  local steps are AdamW's (Loshchilov and Hutter, ICLR 2019): ``m <- b1 m + (1 - b1) g``,
+  ``v <- b2 v + (1 - b2) g^2``, ``local <- local (1 - lr decay) - lr m_hat / (sqrt(v_hat) + eps)``
+  with the bias corrections ``m_hat = m / (1 - b1^t)``, ``v_hat = v / (1 - b2^t)`` at step ``t``;
+  ``b1`` is the run's ``momentum``, ``b2 = beta2``, ``eps = 1e-8``, ``decay = weight_decay``.
+  Its state (``m``, ``v``) starts at zero with every task, as SGD's momentum does, so an update
+  stays a function of its task (checkable by recomputation).
+- ``clip = C`` (``delta``, either inner optimiser): each step's gradient is scaled to an L2
+  norm of at most ``C`` (over all parameters; 0: not clipped).
 
 The number of local steps is the protocol's, never a function of a node's data size: a node
 with fewer samples than a batch samples with replacement (``robust.batches``).
@@ -35,16 +44,22 @@ from torch import nn
 from torch.func import functional_call, grad
 
 from attacks.base import Shaping
-from robust.constraints import Flag, Interval, Param, Relation, check_all, table
+from robust.constraints import Flag, Interval, OneOf, Param, Relation, check_all, table
 from robust.spec import parse
 
 KINDS = ("delta", "momentum")
+INNER = ("sgd", "adamw")
+EPS = 1e-8  # AdamW's
 PARAMS = {  # each kind's spec parameters
     "delta": table(
         Param("steps", Interval(int, 1, 100_000), 10, "local SGD steps per round"),
         Param("server_lr", Interval(float, 0, None, "neither"), 1.0, "the server's step on the aggregate"),
         Param("server_momentum", Interval(float, 0, 1, "left"), 0.0, "the server's outer momentum"),
         Param("nesterov", Flag(), False, "Nesterov outer momentum"),
+        Param("inner", OneOf(INNER), "sgd", "the local optimiser: SGD with momentum, or AdamW"),
+        Param("clip", Interval(float, 0, None), 0.0, "each local step's gradient clipped to this L2 norm (0: none)"),
+        Param("beta2", Interval(float, 0, 1, "left"), 0.999, "AdamW's second-moment decay"),
+        Param("weight_decay", Interval(float, 0, None), 0.01, "AdamW's decoupled weight decay"),
     ),
     "momentum": {},
 }
@@ -79,6 +94,10 @@ class Protocol:
     server_lr: float = 1.0
     server_momentum: float = 0.0
     nesterov: bool = False
+    inner: str = "sgd"
+    clip: float = 0.0
+    beta2: float = 0.999
+    weight_decay: float = 0.01
 
     @classmethod
     def parse(cls, spec: str, *, lr: float, momentum: float, batch_size: int) -> Protocol:
@@ -108,15 +127,39 @@ class Protocol:
             return grad(lambda p, x, y: loss_fn(model, p, x, y))
         return grad(lambda p, x, y: shaping.loss(loss_fn(model, p, x, y), p, params))
 
-    def local_step(self, g_of, local: Params, v: Params, x: torch.Tensor, y: torch.Tensor,
-                   bend=None) -> tuple[Params, Params]:
-        """One local SGD step of ``delta`` on the batch ``(x, y)``: ``v <- beta v + g``,
-        ``local <- local - lr v``; the new ``(local, v)``. ``bend``: an attacker's gradient hook."""
+    @property
+    def width(self) -> int:
+        """How many ``d``-long blocks a node's local state holds (``nodes.engine.trajectory``): the
+        parameters and SGD's momentum, or the parameters and AdamW's two moments."""
+        return 3 if self.inner == "adamw" else 2
+
+    def zero_state(self, params: Params) -> tuple[Params, ...]:
+        """The local optimiser's state at the start of a task: zeros (``width - 1`` of them)."""
+        return tuple({k: torch.zeros_like(p) for k, p in params.items()} for _ in range(self.width - 1))
+
+    def local_step(self, g_of, local: Params, state: tuple[Params, ...], x: torch.Tensor, y: torch.Tensor,
+                   bend=None, t: int = 1) -> tuple[Params, tuple[Params, ...]]:
+        """Local step ``t`` (1-based) of ``delta`` on the batch ``(x, y)``, from the optimiser
+        ``state``: SGD (``v <- beta v + g``, ``local <- local - lr v``) or AdamW (see the
+        module); the new ``(local, state)``. ``bend``: an attacker's gradient hook."""
         g = g_of(local, x, y)
-        if bend is not None:  # before the local momentum: every step's update stays bent
+        if bend is not None:  # before the optimiser: every step's update stays bent
             g = _like(bend(_flat(g)), g)
-        v = {k: self.momentum * v[k] + g[k] for k in v}
-        return {k: local[k] - self.lr * v[k] for k in local}, v
+        if self.clip:
+            norm = torch.sqrt(sum((p * p).sum() for p in g.values()))
+            scale = (self.clip / (norm + 1e-6)).clamp(max=1.0)
+            g = {k: p * scale for k, p in g.items()}
+        if self.inner == "sgd":
+            (v,) = state
+            v = {k: self.momentum * v[k] + g[k] for k in v}
+            return {k: local[k] - self.lr * v[k] for k in local}, (v,)
+        m, v = state
+        b1, b2 = self.momentum, self.beta2
+        m = {k: b1 * m[k] + (1 - b1) * g[k] for k in m}
+        v = {k: b2 * v[k] + (1 - b2) * g[k] * g[k] for k in v}
+        c1, c2 = 1 - b1 ** t, 1 - b2 ** t
+        return {k: local[k] * (1 - self.lr * self.weight_decay)
+                - self.lr * (m[k] / c1) / ((v[k] / c2).sqrt() + EPS) for k in local}, (m, v)
 
     def momentum_step(self, model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor
                       ) -> torch.Tensor:
@@ -133,8 +176,9 @@ class Protocol:
         zeros in its first round; unused by ``delta``). Written with ``torch.func`` so the
         harness can ``vmap`` it; gradients stay a parameter dict until the row is flattened.
         ``shaping``: a node-side attacker's hook (its loss, its per-step gradient transform).
-        ``on_state(s, local, v)``: called with ``delta``'s state before the first step (``s = 0``)
-        and after each step ``s`` (``nodes.engine.trajectory``: the trajectory a node commits to)."""
+        ``on_state(s, local, state)``: called with ``delta``'s state (the optimiser's, a tuple)
+        before the first step (``s = 0``) and after each step ``s`` (``nodes.engine.trajectory``:
+        the trajectory a node commits to)."""
         g_of = self.gradient(model, params, shaping)
         bend = None if shaping is None else shaping.grad
         taken = self.steps if shaping is None or shaping.fraction is None else int(self.steps * shaping.fraction)
@@ -142,15 +186,15 @@ class Protocol:
             g = _flat(g_of(params, xs[0], ys[0])) if taken else torch.zeros_like(m)
             m = self.momentum * m + (g if bend is None else bend(g))
             return m, m
-        v = {k: torch.zeros_like(p) for k, p in params.items()}
+        state = self.zero_state(params)
         local = params
         if on_state is not None:
-            on_state(0, local, v)
+            on_state(0, local, state)
         for s in range(self.steps):
             if s < taken:  # a node that skips steps (``fewer-steps``) stands still for the rest
-                local, v = self.local_step(g_of, local, v, xs[s], ys[s], bend)
+                local, state = self.local_step(g_of, local, state, xs[s], ys[s], bend, s + 1)
             if on_state is not None:
-                on_state(s + 1, local, v)
+                on_state(s + 1, local, state)
         return _flat(local) - _flat(params), m
 
     def apply(self, w: torch.Tensor, aggregate: torch.Tensor, buffer: torch.Tensor | None

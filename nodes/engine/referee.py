@@ -49,6 +49,7 @@ import torch
 from robust.params import sha256
 
 from . import near_ties, trajectory
+from .protocol import Protocol
 from .training import redo_momentum, redo_step
 
 STEP_TOLERANCE = 1e-5  # one step's relative gap between honest profiles, where its sums are well conditioned
@@ -127,11 +128,11 @@ def settle(task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int
         return ruling(True, "its state hashes do not give the root it signed")
     if sorted(claim.states) != list(range(steps + 1)) or steps < 1:
         return ruling(True, f"answered {len(claim.states)} states for a trajectory of {steps} steps")
-    d = w.numel()
+    d, width = w.numel(), Protocol.of(task).width
     for i, s in sorted(claim.states.items()):
-        if s.dtype != torch.float32 or s.shape != (2 * d,) or sha256(s) != claim.hashes[i]:
+        if s.dtype != torch.float32 or s.shape != (width * d,) or sha256(s) != claim.hashes[i]:
             return ruling(True, f"state {i} does not match its commitment", i)
-    if not torch.equal(claim.states[0], trajectory.start(w)):
+    if not torch.equal(claim.states[0], trajectory.start(w, width)):
         return ruling(True, "its trajectory does not start at the task's base model", 0)
     if not torch.equal(sent(claim.states[steps][:d] - claim.states[0][:d]), row):
         return ruling(True, "its last state does not give the row it signed", steps)

@@ -185,15 +185,16 @@ def redo_step(task: Task, before: torch.Tensor, x: torch.Tensor, y: torch.Tensor
     resolved the other way; ``found`` collects the step's fragile ones (``nodes.engine.near_ties``).
     ``precise``: in float64 (the step's value to float64 rounding), returned as float64."""
     protocol = Protocol.of(task)
-    d = before.numel() // 2
+    d = before.numel() // protocol.width
     with _replay(task, before[:d], x, classes, node, device, flips, found, precise) as (model, local, x):
         dtype = next(iter(local.values())).dtype
-        v = {k: t.view_as(p) for (k, p), t in zip(local.items(), torch.split(before[d:].to(device, dtype),
-                                                                              [p.numel() for p in local.values()]))}
+        sizes = [p.numel() for p in local.values()]
+        state = tuple({k: t.view_as(p) for (k, p), t in zip(local.items(), torch.split(block, sizes))}
+                      for block in before[d:].to(device, dtype).split(d))
         batch = _batches(task, protocol, y, node)[step - 1]
-        local, v = protocol.local_step(protocol.gradient(model, local), local, v, x[batch].to(device),
-                                       y[batch].to(device))
-        return trajectory.state(local, v, dtype)
+        local, state = protocol.local_step(protocol.gradient(model, local), local, state, x[batch].to(device),
+                                           y[batch].to(device), t=step)
+        return trajectory.state(local, state, dtype)
 
 
 def redo_momentum(task: Task, w: torch.Tensor, before: torch.Tensor, x: torch.Tensor, y: torch.Tensor,

@@ -1,8 +1,9 @@
 """A node's committed trajectory: the hash of its state after each local step, as one root.
 
-Under ``delta:steps=K`` a node's state is its local parameters and its local momentum. State
-``s_i`` (:func:`state`) is the float32 vector ``[local_i, v_i]`` on the CPU, ``s_0 = [w, 0]`` (the
-task's base model, no momentum), and ``s_K`` gives the row: ``row = local_K - w``. The node
+Under ``delta:steps=K`` a node's state is its local parameters and its local optimiser's state.
+State ``s_i`` (:func:`state`) is the float32 vector ``[local_i, v_i]`` on the CPU (with
+``inner=adamw``: ``[local_i, m_i, v_i]``), ``s_0 = [w, 0]`` (the task's base model, no momentum),
+and ``s_K`` gives the row: ``row = local_K - w``. The node
 commits to
 
     h_i = SHA-256(s_i)  (``robust.params.sha256``: dtype, shape and bytes),
@@ -31,10 +32,12 @@ from robust.params import sha256
 VERSION = b"robust-trajectory/v1"
 
 
-def state(local: dict[str, torch.Tensor], v: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32
-          ) -> torch.Tensor:
-    """The state ``[local, v]`` as one CPU vector (float32 unless said; a fresh tensor)."""
-    return torch.cat([p.detach().reshape(-1) for p in (*local.values(), *v.values())]).to("cpu", dtype)
+def state(local: dict[str, torch.Tensor], optimiser: tuple[dict[str, torch.Tensor], ...],
+          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The state ``[local, *optimiser]`` (SGD's ``v``, or AdamW's ``m, v``) as one CPU vector
+    (float32 unless said; a fresh tensor)."""
+    blocks = (local, *optimiser)
+    return torch.cat([p.detach().reshape(-1) for block in blocks for p in block.values()]).to("cpu", dtype)
 
 
 def root(hashes: list[str]) -> str:
@@ -45,10 +48,11 @@ def root(hashes: list[str]) -> str:
     return h.hexdigest()
 
 
-def start(w: torch.Tensor) -> torch.Tensor:
-    """``s_0 = [w, 0]``: where every honest trajectory of a task on base ``w`` begins."""
+def start(w: torch.Tensor, width: int = 2) -> torch.Tensor:
+    """``s_0 = [w, 0, ...]`` (``width`` blocks: ``Protocol.width``): where every honest trajectory
+    of a task on base ``w`` begins."""
     w = w.detach().to("cpu", torch.float32)
-    return torch.cat([w, torch.zeros_like(w)])
+    return torch.cat([w, torch.zeros((width - 1) * w.numel())])
 
 
 class Recorder:
@@ -60,8 +64,9 @@ class Recorder:
         self.hashes: list[str] = []
         self.states: dict[int, torch.Tensor] = {}
 
-    def __call__(self, step: int, local: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> None:
-        s = state(local, v)
+    def __call__(self, step: int, local: dict[str, torch.Tensor], optimiser: tuple[dict[str, torch.Tensor], ...]
+                 ) -> None:
+        s = state(local, optimiser)
         self.hashes.append(sha256(s))
         if self.keep is True or (self.keep and step in self.keep):
             self.states[step] = s

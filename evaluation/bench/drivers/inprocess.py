@@ -115,7 +115,8 @@ class CellRun:
         self.alone = [bool(setup.attack_of(fp)) and isinstance(attack, NodeAttack) and attack.trains_alone
                       for fp in self.ids]
         if vectorize:
-            self.net = DenseNet.of(self.engine.model)
+            plain = self.protocol.inner == "sgd" and not self.protocol.clip  # what the hand-written kernels do
+            self.net = DenseNet.of(self.engine.model) if plain else None
             # the vmap path's model: the engine's own on the CPU, a copy (buffers too) elsewhere
             self.model = (self.engine.model if self.device.type == "cpu"
                           else copy.deepcopy(self.engine.model).to(self.device))
