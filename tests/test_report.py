@@ -285,3 +285,27 @@ def test_the_page_escapes_every_value(tmp_path):
     assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "a&amp;b" in page
     assert "<code>code &lt;b&gt;</code>" in page and "<strong>bold &amp; more</strong>" in page
     assert "<li>item &lt;i&gt;</li>" in page and "figure gone.png is not beside the report" in page
+
+
+def test_a_text_grid_is_ranked_by_held_out_loss_lower_is_better(tmp_path):
+    """Language models (``evaluation.reports.metric``): the worst case is the highest loss, the
+    damage is attacked minus clean loss, and time to target is the first round at or below the
+    bar (the best clean final loss / target)."""
+    config = {**CONFIG, "dataset": "pystdlib", "model": "gpt-tiny"}
+    losses = {("mean", "none"): [4.0, 3.0, 2.5], ("mean", "alie"): [4.0, 3.5, 3.1],
+              ("mean", "ipm"): [4.0, 3.2, 2.7], ("krum", "none"): [4.0, 3.1, 2.6], ("krum", "alie"): [4.0, 3.3, 2.9]}
+    records = []
+    for (agg, attack), curve in losses.items():
+        r = record(agg, attack, 0, [0.35] * 3, CLEAN_SCORES if attack == "none" else {"norm": (.5, .1, None)}, 1.0,
+                   config=config)
+        records.append({**r, "loss": curve, "final_loss": curve[-1]})
+    text = write_summary(records, tmp_path).read_text()
+    assert "## Held-out loss" in text and "Final held-out loss (nats per byte)" in text
+    assert "| mean | alie | 3.100 (3.100) | 0.600 |" in text  # the highest loss; 3.1 - 2.5 nats
+    assert "| krum | 2.600 | 2.900 | — | 2.900 | alie |" in text and "| mean | 0.600 nats: alie, AUC 0.50 |" in text
+    from evaluation.reports.results import Results
+
+    res = Results(records)
+    assert res.metric.name == "held-out loss"
+    bar = {r["attack"] + r["aggregator"]: (r["target_bar"], r["round_to_target"]) for r in res.records}
+    assert bar["nonemean"] == (2.5 / 0.95, 2) and bar["ipmmean"] == (2.5 / 0.95, None)

@@ -67,6 +67,9 @@ SCENARIO = {
         Param("target-accuracy", Interval(float, 0, 1), 0.0,
               "an absolute accuracy to reach instead (0: target x the best clean one); each cell then records "
               "what reaching it cost"),
+        Param("target-loss", Interval(float, 0, None), 0.0,
+              "text sets (the report ranks by held-out loss): an absolute held-out loss to reach, nats per byte "
+              "(0: the best clean final loss / target)"),
     ),
     **CLOCK,
 }

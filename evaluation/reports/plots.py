@@ -27,28 +27,30 @@ def heatmap(records: Sequence[dict], path: str | Path) -> list[Path]:
     """Aggregator x attack grid of mean final accuracy, rows by worst case as in the summary;
     a big grid on several pages (``evaluation.reports.paging``)."""
     res = Results(records)
-    rows = res.accuracy_rows()
+    rows, m = res.accuracy_rows(), res.metric
     pages = sheets(list(dict.fromkeys(row.aggregator for row in rows)), res.attacks())
-    every = [100 * group.mean for row in rows for group in row.cells.values()]
+    every = [m.scale * group.mean for row in rows for group in row.cells.values()]
     scale = {"vmin": min(every, default=0), "vmax": max(every, default=100)}  # one scale on every page
     out = []
     for number, ((defences, attacks), page) in enumerate(zip(pages, page_paths(path, len(pages))), start=1):
         shown = [row for row in rows if row.aggregator in defences]
-        values = np.array([[100 * row.cells[a].mean if a in row.cells else math.nan for a in attacks]
+        values = np.array([[m.scale * row.cells[a].mean if a in row.cells else math.nan for a in attacks]
                            for row in shown])
         label_width = max(len(row.label) for row in shown)
         figure = new_figure(2.5 + 0.08 * label_width + 1.1 * len(attacks), 1.9 + 0.45 * len(shown))
         ax = figure.add_subplot()
-        image = ax.imshow(np.ma.masked_invalid(values), cmap="viridis", aspect="auto", **scale)
+        image = ax.imshow(np.ma.masked_invalid(values), cmap="viridis" if m.higher_is_better else "viridis_r",
+                          aspect="auto", **scale)
         for (i, j), value in np.ndenumerate(values):
             dark = math.isnan(value) or image.norm(value) < 0.5
-            ax.text(j, i, "—" if math.isnan(value) else f"{value:.1f}", ha="center", va="center",
+            ax.text(j, i, "—" if math.isnan(value) else f"{value:.1f}" if m.higher_is_better else f"{value:.3f}",
+                    ha="center", va="center",
                     color="white" if dark else "black", fontsize=9)
         ax.set_xticks(range(len(attacks)), attacks, rotation=30, ha="right")
         ax.set_yticks(range(len(shown)), [row.label for row in shown])
         ax.set(xlabel="attack", ylabel="aggregator", title=sheet_title(
-            "Final accuracy (%), mean over seeds", number, len(pages), defences, attacks))
-        figure.colorbar(image, ax=ax, label="final accuracy (%)")
+            f"{m.title}, mean over seeds", number, len(pages), defences, attacks))
+        figure.colorbar(image, ax=ax, label=f"final {m.axis}")
         out.append(save_png(figure, page))
     return out
 
@@ -88,34 +90,35 @@ def accuracy_curves(records: Sequence[dict], path: str | Path) -> list[Path]:
             for group in groups:
                 curve = group.curve
                 clean = group.key.attack == CLEAN  # wide and underneath: visible where lines overlap
-                ax.plot(range(len(curve)), [100 * a for a in curve], label=group.key.attack,
+                ax.plot(range(len(curve)), [res.metric.scale * a for a in curve], label=group.key.attack,
                         color=colours[group.key.attack], linewidth=3 if clean else 1.5,
                         zorder=1 if clean else 2)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set(title=res.label(aggregator, scenario), xlabel="round",
-                   ylabel="accuracy (%)" if i % 3 == 0 else "")
+                   ylabel=res.metric.axis if i % 3 == 0 else "")
             ax.grid(alpha=0.3)
         lines = {line.get_label(): line for ax in axes for line in ax.get_lines()}
         figure.legend(lines.values(), lines.keys(), title="attack", loc="outside right upper")
-        figure.suptitle(sheet_title("Test accuracy per round, mean over seeds", number, count, defences, attacks))
+        figure.suptitle(sheet_title(f"Test {res.metric.name} per round, mean over seeds", number, count, defences,
+                                    attacks))
         out.append(save_png(figure, page))
     return out
 
 
 def _point(res: Results, group: Group) -> tuple[float, float] | None:
-    """(best detector's mean AUC, damage in pp) of ``group``, if both are known."""
+    """(best detector's mean AUC, damage: pp, or nats for text) of ``group``, if both are known."""
     damage = res.damage(group)
     if damage is None or group.detection is None:
         return None
-    return group.detection.auc, 100 * damage
+    return group.detection.auc, res.metric.scale * damage
 
 
-def _damage_axes(figure: Figure, title: str) -> Axes:
+def _damage_axes(figure: Figure, title: str, res: Results) -> Axes:
     ax = figure.add_subplot()
     ax.axvline(STEALTH_AUC, color="grey", linestyle="--", label=f"AUC {STEALTH_AUC}")
     ax.axhline(0, color="grey", linewidth=0.8)
     ax.set(xlim=(-0.02, 1.02), title=title, xlabel="best detector AUC (mean over seeds)",
-           ylabel="damage (accuracy pp below the clean run)")
+           ylabel=f"damage ({res.metric.damage_is}, {res.metric.unit})")
     ax.grid(alpha=0.3)
     return ax
 
@@ -141,11 +144,12 @@ def damage_vs_detectability(records: Sequence[dict], path: str | Path) -> list[P
         for i, (ax, ((aggregator, scenario), groups)) in enumerate(zip(axes, panels.items())):
             ax.axvline(STEALTH_AUC, color="grey", linestyle="--")
             ax.axhline(0, color="grey", linewidth=0.8)
-            ax.set(xlim=(-0.02, 1.02), ylim=(bottom - 1, top + 1), title=res.label(aggregator, scenario))
+            pad = 0.05 * (top - bottom) or 1.0
+            ax.set(xlim=(-0.02, 1.02), ylim=(bottom - pad, top + pad), title=res.label(aggregator, scenario))
             ax.title.set_fontsize(9)
             ax.grid(alpha=0.3)
             if i % 3 == 0:
-                ax.set_ylabel("damage (pp)")
+                ax.set_ylabel(f"damage ({res.metric.unit})")
             if i >= len(panels) - 3:
                 ax.set_xlabel("best detector AUC")
             for group in groups:
@@ -172,7 +176,7 @@ def stealth_frontier(records: Sequence[dict], path: str | Path) -> list[Path]:
     if not lines:
         return []
     figure = new_figure(8, 5.5)
-    ax = _damage_axes(figure, "Stealth frontier: damage vs detectability along each sweep")
+    ax = _damage_axes(figure, "Stealth frontier: damage vs detectability along each sweep", res)
     for label, (param, points) in lines.items():
         ax.plot(*zip(*(p for _, p in points)), marker="o", label=label)
         for value, point in points:

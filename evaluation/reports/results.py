@@ -2,8 +2,9 @@
 
 A record is one finished cell (aggregator x attack x seed x scenario). Records that differ
 only by their seed form a :class:`Group` (mean and minimum over seeds). A group's *clean*
-group has the same aggregator and scenario and attack ``none``; its *damage* is the clean
-mean final accuracy minus its own. Sweep records (``--sweep``) are kept apart from the grid.
+group has the same aggregator and scenario and attack ``none``; its *damage* is how much
+worse its mean is than the clean one: in final accuracy, or for text in held-out loss
+(``evaluation.reports.metric``). Sweep records (``--sweep``) are kept apart from the grid.
 Rounds count from 0 as in the engine's records (``accuracy[0]``, ``rounds_to_detect``).
 "Never" is ``math.inf`` wherever a median of rounds is taken, so a median that lands on an
 undetected cell reads "never".
@@ -18,6 +19,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+from .metric import ACCURACY, Metric, metric_of
 from .tables import show
 from .target_costs import CLEAN, complete
 STEALTH_AUC = 0.6  # a detector at or below this AUC is taken not to see the attack
@@ -95,21 +97,22 @@ class Group:
 
     key: Key
     records: list[dict]
+    metric: Metric = ACCURACY
 
     @property
     def mean(self) -> float:
-        """Mean final accuracy over seeds."""
-        return statistics.fmean(r["final_accuracy"] for r in self.records)
+        """Mean final value over seeds (accuracy, or held-out loss: :attr:`metric`)."""
+        return statistics.fmean(r[self.metric.final] for r in self.records)
 
     @property
-    def minimum(self) -> float:
-        """Lowest final accuracy over seeds."""
-        return min(r["final_accuracy"] for r in self.records)
+    def worst_seed(self) -> float:
+        """The worst seed's final value."""
+        return self.metric.worst(r[self.metric.final] for r in self.records)
 
     @property
     def curve(self) -> list[float]:
-        """Accuracy per round, mean over seeds (as long as the shortest run)."""
-        return [statistics.fmean(a) for a in zip(*(r["accuracy"] for r in self.records))]
+        """The metric per round, mean over seeds (as long as the shortest run)."""
+        return [statistics.fmean(a) for a in zip(*(self.metric.of(r) for r in self.records))]
 
     @cached_property
     def detection(self) -> Detection | None:
@@ -140,11 +143,12 @@ class Results:
     record with what reaching its target cost (:func:`evaluation.reports.target_costs.complete`)."""
 
     def __init__(self, records: Sequence[dict]):
-        self.records = complete(records)
+        self.metric = metric_of(records)
+        self.records = complete(records, self.metric)
         grouped: dict[Key, list[dict]] = {}
         for record in self.records:
             grouped.setdefault(key_of(record), []).append(record)
-        self.groups = {key: Group(key, members) for key, members in grouped.items()}
+        self.groups = {key: Group(key, members, self.metric) for key, members in grouped.items()}
         self.config_keys = list(dict.fromkeys(
             k for r in self.records for k in r["config"] if k not in CELL_AXES
         ))
@@ -179,9 +183,10 @@ class Results:
         return self.groups.get(Key(key.aggregator, CLEAN, key.scenario, None))
 
     def damage(self, group: Group) -> float | None:
-        """Clean minus attacked mean final accuracy (a fraction); ``None`` without a clean run."""
+        """How much worse the attacked mean is than the clean one (accuracy: a fraction; loss:
+        nats); ``None`` without a clean run."""
         clean = self.clean(group.key)
-        return clean.mean - group.mean if clean else None
+        return self.metric.cost(clean.mean, group.mean) if clean else None
 
     def mean_damage(self, groups: Iterable[Group]) -> float | None:
         """Mean damage over the groups that have a clean run."""
@@ -201,6 +206,6 @@ class Results:
         ).items():
             cells = {g.key.attack: g for g in groups}
             attacked = [g for a, g in cells.items() if a != CLEAN]
-            worst = min(attacked, key=lambda g: g.mean, default=None)
+            worst = max(attacked, key=lambda g: self.metric.worse(g.mean), default=None)
             rows.append(AccuracyRow(self.label(aggregator, scenario), aggregator, cells, worst))
-        return sorted(rows, key=lambda row: -row.worst.mean if row.worst else math.inf)
+        return sorted(rows, key=lambda row: self.metric.worse(row.worst.mean) if row.worst else math.inf)

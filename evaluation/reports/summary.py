@@ -91,19 +91,19 @@ def _scenario_section(res: Results) -> list[str]:
 
 
 def _accuracy_section(res: Results) -> list[str]:
-    rows = res.accuracy_rows()
+    rows, m = res.accuracy_rows(), res.metric
 
     def cell(row: AccuracyRow, attack: str) -> str:
         group = row.cells.get(attack)
         if group is None:
             return "—"
-        low = f" ({pct(group.minimum)})" if len(group.records) > 1 else ""
-        return pct(group.mean) + low
+        low = f" ({m.show(group.worst_seed)})" if len(group.records) > 1 else ""
+        return m.show(group.mean) + low
 
     pages = sheets(list(dict.fromkeys(row.aggregator for row in rows)), res.attacks())
     lines = [
-        "## Accuracy", "",
-        "Final accuracy (%), mean over seeds (lowest seed in brackets). Worst case: the lowest "
+        "## Accuracy" if m.higher_is_better else "## Held-out loss", "",
+        f"{m.title}, mean over seeds (worst seed in brackets). Worst case: the worst "
         "mean over the attacks other than none" + (", over the whole grid; a big grid's table is split "
         "by attack and defence family" if len(pages) > 1 else "") + ".", "",
     ]
@@ -112,7 +112,7 @@ def _accuracy_section(res: Results) -> list[str]:
             lines += [f"### {sheet_name(number, len(pages), defences, attacks).capitalize()}", ""]
         lines += table(["aggregator", *attacks, "worst case", "worst attack"], [
             [row.label, *(cell(row, a) for a in attacks),
-             pct(row.worst.mean) if row.worst else "—", row.worst.key.attack if row.worst else "—"]
+             m.show(row.worst.mean) if row.worst else "—", row.worst.key.attack if row.worst else "—"]
             for row in rows if row.aggregator in defences
         ])
     return lines
@@ -120,7 +120,7 @@ def _accuracy_section(res: Results) -> list[str]:
 
 def _worst_section(res: Results) -> list[str]:
     """Per defence, the attack that hurt it most: the grid's worst cases, ahead of its tables."""
-    rows = [row for row in res.accuracy_rows() if row.worst]
+    rows, m = [row for row in res.accuracy_rows() if row.worst], res.metric
     if not rows:
         return []
 
@@ -133,13 +133,14 @@ def _worst_section(res: Results) -> list[str]:
 
     return [
         "## Worst cases", "",
-        "Per defence, the attack that left the lowest final accuracy (mean over seeds, lowest seed in "
-        "brackets), the accuracy it cost (clean minus attacked, pp), its best detector's mean AUC, and how "
+        f"Per defence, the attack that left the worst final {m.name} (mean over seeds, worst seed in "
+        f"brackets), the damage ({m.damage_is}, {m.unit}), its best detector's mean AUC, and how "
         "many of its nodes were quarantined (mean over seeds) and, when all were, by which round (median "
         "over seeds). Defences by worst case, worst last.", "",
-        *table(["defence", "worst attack", "accuracy", "damage (pp)", "best AUC", "quarantined"], [
-            [row.label, row.worst.key.attack, f"{pct(row.worst.mean)} ({pct(row.worst.minimum)})",
-             pct(res.damage(row.worst)), num(row.worst.detection and row.worst.detection.auc), quarantined(row.worst)]
+        *table(["defence", "worst attack", m.name, f"damage ({m.unit})", "best AUC", "quarantined"], [
+            [row.label, row.worst.key.attack, f"{m.show(row.worst.mean)} ({m.show(row.worst.worst_seed)})",
+             m.show_damage(res.damage(row.worst)), num(row.worst.detection and row.worst.detection.auc),
+             quarantined(row.worst)]
             for row in rows
         ]),
     ]
@@ -156,42 +157,43 @@ def _kappa(groups: Sequence[Group]) -> str:
 
 
 def _detect_section(res: Results) -> list[str]:
-    rows = []
+    rows, m = [], res.metric
     attacked = [g for g in res.grid if g.key.attack != CLEAN]
     for (attack, scenario), groups in partition(attacked, lambda k: (k.attack, k.scenario)).items():
         best = best_detector(r for g in groups for r in g.records)
         validation = median_round(
-            validation_detect_round(g.curve, [r["accuracy"] for r in clean.records])
+            validation_detect_round(g.curve, [m.of(r) for r in clean.records])
             for g in groups if (clean := res.clean(g.key))
         )
         rows.append([
-            res.label(attack, scenario), pct(res.mean_damage(groups)),
+            res.label(attack, scenario), m.show_damage(res.mean_damage(groups)),
             best.name if best else "—", num(best and best.auc), num(best and best.tpr),
             rounds(best and best.rounds), rounds(validation), _kappa(groups),
         ])
-    header = ["attack", "damage (pp)", "best detector", "AUC", "TPR@5%FPR",
+    header = ["attack", f"damage ({m.unit})", "best detector", "AUC", "TPR@5%FPR",
               "rounds to detect", "validation detect", "κ max vs bound"]
     return [
         "## Detectability", "",
-        "Damage: clean minus attacked final accuracy, mean over aggregators and seeds. Best "
+        f"Damage: {m.damage_is} at the end, mean over aggregators and seeds. Best "
         "detector: highest mean AUC; its rounds to detect are a median over cells. Validation "
-        "detect: first round the attacked accuracy leaves the clean runs' band (median over "
+        f"detect: first round the attacked {m.name} leaves the clean runs' band (median over "
         "aggregators). Rounds count from 0. κ: largest kappa_max and kappa_bound over cells.",
         "", *table(header, rows),
     ]
 
 
 def caught_damage(group: Group, clean: Group | None) -> float | None:
-    """Mean over seeds of the accuracy the attack cost (clean minus attacked, at that round)
-    by the round its last Byzantine node was quarantined, or by the end if one never was."""
+    """Mean over seeds of the damage the attack did (``group.metric``'s, at that round) by the
+    round its last Byzantine node was quarantined, or by the end if one never was."""
     if clean is None:
         return None
-    curve, gaps = clean.curve, []
+    curve, gaps, m = clean.curve, [], group.metric
     for r in group.records:
+        values = m.of(r)
         at = r.get("caught_round")
-        at = len(r["accuracy"]) - 1 if at is None else at
+        at = len(values) - 1 if at is None else at
         if at < len(curve):
-            gaps.append(curve[at] - r["accuracy"][at])
+            gaps.append(m.cost(curve[at], values[at]))
     return statistics.fmean(gaps) if gaps else None
 
 
@@ -214,7 +216,7 @@ def _quarantine_section(res: Results) -> list[str]:
             res.label(g.key.attack, g.key.scenario), g.key.aggregator,
             "{:g}/{}".format(*caught(g)) if attacked else "—",
             rounds(median_round(r["caught_round"] for r in g.records)) if attacked else "—",
-            pct(caught_damage(g, res.clean(g.key))) if attacked else "—",
+            res.metric.show_damage(caught_damage(g, res.clean(g.key))) if attacked else "—",
             f"{statistics.fmean(r['false_quarantines'] for r in g.records):g}",
         ])
     false = sum(r["false_quarantines"] for g in groups for r in g.records)
@@ -229,10 +231,11 @@ def _quarantine_section(res: Results) -> list[str]:
         "evidence over rounds (a CUSUM of how atypical its update's direction is) crosses the threshold set "
         "for that chance of ever quarantining an honest node. Caught: Byzantine nodes quarantined "
         "(mean over seeds). Caught by: round the last one was (median over seeds; rounds count from 0). "
-        "Damage before: clean minus attacked accuracy at that round (pp), or at the end if one never was. "
+        f"Damage before: {res.metric.damage_is} at that round ({res.metric.unit}), or at the end if one never was. "
         "False: honest nodes quarantined (mean over seeds).", "",
         f"Honest nodes quarantined over all {cells} cells: **{false}**.", "",
-        *table(["attack", "aggregator", "caught", "caught by round", "damage before (pp)", "false"], rows),
+        *table(["attack", "aggregator", "caught", "caught by round", f"damage before ({res.metric.unit})", "false"],
+               rows),
     ]
 
 
@@ -279,7 +282,7 @@ def _backdoor_section(res: Results) -> list[str]:
     for g in sorted(groups, key=lambda g: (g.key.attack, g.key.aggregator)):
         stop = g.records[0].get("backdoor_stop_round")
         rows.append([
-            res.label(g.key.attack, g.key.scenario), g.key.aggregator, pct(g.mean),
+            res.label(g.key.attack, g.key.scenario), g.key.aggregator, res.metric.show(g.mean),
             pct(mean("backdoor_asr_at_stop", g)) if stop else "—", f"{stop:g}" if stop else "—",
             f"{len(g.records[0]['accuracy']) - stop:g}" if stop else "—", pct(mean("backdoor_asr", g)),
         ])
@@ -289,8 +292,8 @@ def _backdoor_section(res: Results) -> list[str]:
         "the model classifies as the target, mean over seeds. An attack with `stop_after=R` turns honest "
         "after round R: its success at that round (when its nodes stop; — where the driver kept only the "
         "final model) and at the end, that many rounds later, say how long the backdoor survives honest "
-        "training. Accuracy: final accuracy on the clean test set.", "",
-        *table(["attack", "aggregator", "accuracy", "success at stop", "stop round", "rounds after stop",
+        f"training. {res.metric.name.capitalize()}: final {res.metric.name} on the clean test set.", "",
+        *table(["attack", "aggregator", res.metric.name, "success at stop", "stop round", "rounds after stop",
                  "success at end"], rows),
     ]
 
@@ -326,11 +329,11 @@ def _stealth_section(res: Results) -> list[str]:
         if group is None:
             return "—"
         extra = f", AUC {group.detection.auc:.2f}" if auc and group.detection else ""
-        return f"{pct(res.damage(group))} pp: {group.key.attack}{extra}"
+        return f"{res.metric.show_damage(res.damage(group))} {res.metric.unit}: {group.key.attack}{extra}"
 
     return [
         "## Stealth frontier", "",
-        f"Per defence, the largest damage (clean minus attacked final accuracy, mean over seeds) any attack "
+        f"Per defence, the largest damage ({res.metric.damage_is} at the end, mean over seeds) any attack "
         f"of this run achieved while every detector's AUC stayed <= {STEALTH_AUC} (its best detector's mean "
         f"AUC), while none of its nodes was ever quarantined, and while both held: what a patient attacker "
         f"gets through unseen. Sweeps count as attacks. Defences by the last column, worst first.", "",
@@ -352,12 +355,13 @@ def _frontier_section(res: Results) -> list[str]:
         if stealthy:
             damage, value = max(stealthy, key=lambda p: p[0])
             verdict = f"largest damage with best-detector AUC <= {STEALTH_AUC}: " \
-                      f"{pct(damage)} pp at {param}={format_value(value)}"
+                      f"{res.metric.show_damage(damage)} {res.metric.unit} at {param}={format_value(value)}"
         else:
             verdict = f"none stays below AUC {STEALTH_AUC}"
-        rows = [[format_value(v), pct(d), b.name if b else "—", num(b and b.auc)] for v, d, b in points]
+        rows = [[format_value(v), res.metric.show_damage(d), b.name if b else "—", num(b and b.auc)]
+                for v, d, b in points]
         lines += [f"### {res.label(attack, scenario)}", "",
-                  *table([param, "damage (pp)", "best detector", "AUC"], rows), verdict, ""]
+                  *table([param, f"damage ({res.metric.unit})", "best detector", "AUC"], rows), verdict, ""]
     return lines
 
 

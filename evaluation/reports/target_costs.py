@@ -1,6 +1,9 @@
 """What reaching the target accuracy costs a cell: rounds, simulated seconds, bytes up and down.
 
-A cell reaches its target at the first round whose accuracy is at least its *bar*:
+A cell reaches its target at the first round whose accuracy is at least its *bar* (a report of
+language models, ``evaluation.reports.metric.LOSS``: whose held-out loss is at most its bar, set
+by ``target-loss``, an absolute loss in nats per byte, else the best clean final loss divided by
+``target``: 5% above it at 0.95):
 
 - ``target-accuracy`` when the scenario gives one (an absolute accuracy, e.g. 0.9): the cell
   then writes the costs into its own record as it ends;
@@ -31,26 +34,29 @@ import math
 import statistics
 from collections.abc import Sequence
 
+from .metric import ACCURACY, Metric
+
 CLEAN = "none"
 # How a cell's updates travel and when: the keys whose values the report sets side by side.
 KEYS = ("protocol", "round", "buffer", "staleness", "lookahead", "late", "compression", "downlink", "speed", "link",
         "churn", "deadline")
-HOW = frozenset(KEYS + ("rounds", "step-seconds", "calibration", "target", "target-of", "target-accuracy"))
+HOW = frozenset(KEYS + ("rounds", "step-seconds", "calibration", "target", "target-of", "target-accuracy",
+                        "target-loss"))
 BASELINE = {"protocol": "momentum", "compression": "none", "downlink": "none"}  # the way the others are compared with
 OF = ("best", "baseline")  # what ``target`` multiplies: the best clean accuracy of a task, or its baseline's
 FIELDS = ("round_to_target", "time_to_target", "bytes_up_to_target", "bytes_down_to_target")
 Task = tuple[str, int, str]  # (aggregator, seed, JSON of the config's keys outside HOW)
 
 
-def first_reached(accuracies: Sequence[float], bar: float) -> int | None:
-    """Index of the first accuracy at or above ``bar`` (NaN never is); ``None`` if none."""
-    return next((i for i, a in enumerate(accuracies) if a >= bar), None)
+def first_reached(values: Sequence[float], bar: float, metric: Metric = ACCURACY) -> int | None:
+    """Index of the first value at ``bar`` or better (NaN never is); ``None`` if none."""
+    return next((i for i, a in enumerate(values) if metric.reached(a, bar)), None)
 
 
-def costs(record: dict, bar: float | None) -> dict:
-    """:data:`FIELDS` of ``record`` (its per-round ``accuracy``, ``times``, ``bytes`` up and
-    ``bytes_down_by_round``) against ``bar``; a list a driver does not keep gives ``None``."""
-    at = None if bar is None else first_reached(record["accuracy"], bar)
+def costs(record: dict, bar: float | None, metric: Metric = ACCURACY) -> dict:
+    """:data:`FIELDS` of ``record`` (its per-round ``accuracy`` or ``loss``, ``times``, ``bytes`` up
+    and ``bytes_down_by_round``) against ``bar``; a list a driver does not keep gives ``None``."""
+    at = None if bar is None else first_reached(metric.of(record), bar, metric)
     lists = (record.get("times"), record.get("bytes"), record.get("bytes_down_by_round"))
     if at is not None and any(values is not None and len(values) != len(record["accuracy"]) for values in lists):
         raise ValueError(f"record of {record['attack']!r} has {len(record['accuracy'])} accuracies but "
@@ -70,39 +76,45 @@ def sent_as_baseline(config: dict) -> bool:
     return all(config.get(k, v) == v for k, v in BASELINE.items())
 
 
-def bars(records: Sequence[dict], of: str = "best") -> dict[Task, float]:
-    """Task -> the best clean final accuracy among ``records`` (NaN left out); ``of =
+def bars(records: Sequence[dict], of: str = "best", metric: Metric = ACCURACY) -> dict[Task, float]:
+    """Task -> the best clean final value among ``records`` (NaN and missing left out); ``of =
     "baseline"``: among the records of the :data:`BASELINE` way only."""
     best: dict[Task, float] = {}
     for r in records:
-        if r["attack"] == CLEAN and not math.isnan(r["final_accuracy"]) and (of == "best" or
-                                                                             sent_as_baseline(r["config"])):
+        value = r.get(metric.final)
+        if (r["attack"] == CLEAN and value is not None and not math.isnan(value)
+                and (of == "best" or sent_as_baseline(r["config"]))):
             key = task(r)
-            best[key] = max(best.get(key, -math.inf), r["final_accuracy"])
+            best[key] = value if key not in best else (max if metric.higher_is_better else min)(best[key], value)
     return best
 
 
-def bar_of(record: dict, found: dict[str, dict[Task, float]]) -> float | None:
-    """The accuracy ``record`` must reach: its absolute ``target-accuracy``, else ``target`` x
-    its task's best clean accuracy, or its baseline's (``target-of``; ``found``: :func:`bars`
-    for each of :data:`OF`); ``None`` without such a clean cell."""
+def bar_of(record: dict, found: dict[str, dict[Task, float]], metric: Metric = ACCURACY) -> float | None:
+    """The value ``record`` must reach: its absolute ``target-accuracy`` (``target-loss``), else
+    ``target`` x its task's best clean accuracy (the best clean loss / ``target``), or its
+    baseline's (``target-of``; ``found``: :func:`bars` for each of :data:`OF`); ``None``
+    without such a clean cell."""
     config = record["config"]
-    if config.get("target-accuracy"):
-        return float(config["target-accuracy"])
+    absolute = config.get("target-accuracy" if metric.higher_is_better else "target-loss")
+    if absolute:
+        return float(absolute)
     clean = found[config.get("target-of", "best")].get(task(record))
-    return None if clean is None else config.get("target", 0.95) * clean
+    if clean is None:
+        return None
+    target = config.get("target", 0.95)
+    return target * clean if metric.higher_is_better else clean / target
 
 
-def with_costs(record: dict, bar: float | None) -> dict:
+def with_costs(record: dict, bar: float | None, metric: Metric = ACCURACY) -> dict:
     """A copy of ``record`` with ``target_bar`` and its :data:`FIELDS` against ``bar``."""
-    return {**record, "target_bar": bar, **costs(record, bar)}
+    return {**record, "target_bar": bar, **costs(record, bar, metric)}
 
 
-def complete(records: Sequence[dict]) -> list[dict]:
+def complete(records: Sequence[dict], metric: Metric = ACCURACY) -> list[dict]:
     """Copies of ``records``, each with ``target_bar`` and :data:`FIELDS` (a record that wrote
-    its own, against an absolute bar, keeps them)."""
-    found = {of: bars(records, of) for of in OF}
-    return [r if "target_bar" in r else with_costs(r, bar_of(r, found)) for r in records]
+    its own, against an absolute bar, keeps them), by ``metric``."""
+    found = {of: bars(records, of, metric) for of in OF}
+    return [r if "target_bar" in r else with_costs(r, bar_of(r, found, metric), metric) for r in records]
 
 
 def mean_over_seeds(values: Sequence[float | None]) -> float | None:
