@@ -46,7 +46,7 @@ def _text_set(spec: str) -> None:
     from robust.data import text_spec
 
     if text_spec(spec) is None:
-        raise ValueError(f"{spec!r} is not a text set")
+        raise ValueError(f"{spec!r}: only a text set takes options (pystdlib:context=N, text:context=N)")
 
 
 def _models() -> tuple[str, ...]:
@@ -96,7 +96,8 @@ RUN = table(
     Param("dataset", OneOf(_datasets, "load", _text_set, "pystdlib:context=256"), "digits",
           "the data set, or your loader package.module:load; volunteers must hold the same one"),
     Param("data-root", Text(), "", "folder of local files for mnist / fashion-mnist / cifar10 / hf-disk / text"),
-    Param("model", OneOf(_models, "make", _gpt, "gpt:layers=2,width=64,heads=4,context=64"), "mlp", "the model, or your factory package.module:make (called as make(shape, classes))"),
+    Param("model", OneOf(_models, "make", _gpt, "gpt:layers=2,width=64,heads=4,context=64"), "mlp",
+          "the model, or your factory package.module:make (called as make(shape, classes))"),
     Param("code", Folder(), "", "a folder put first on the import path for your model and dataset; shipped to volunteers"),
     Param("rounds", Interval(int, 1, None), 5, "rounds to train (round = async: buffers aggregated)"),
     Param("aggregator", Spec(_aggregator, "an aggregator spec"), "trimmed-mean",

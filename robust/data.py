@@ -322,7 +322,8 @@ def _stdlib(context: int) -> Dataset:
 def _text(name: str, context: int, root: Path | None) -> Dataset:
     """A text set (``robust.text``)."""
     c = text.corpus(name, root, context)
-    return Dataset(name if context == text.CONTEXT else f"{name}:context={context}", torch.from_numpy(c.x_train), torch.from_numpy(c.y_train), torch.from_numpy(c.x_test),
+    named = name if context == text.CONTEXT else f"{name}:context={context}"
+    return Dataset(named, torch.from_numpy(c.x_train), torch.from_numpy(c.y_train), torch.from_numpy(c.x_test),
                    torch.from_numpy(c.y_test), text.VOCAB, torch.from_numpy(c.groups), c.sha256)
 
 

@@ -162,3 +162,31 @@ def test_a_gpt_tiny_cell_under_adamw_learns_and_its_batched_rows_equal_a_volunte
     while (record := run.play_round()) is not None:
         log.append(record)
     assert log[-1]["loss"] < 0.7 * log[0]["loss"], [r["loss"] for r in log]
+
+
+def test_a_federation_of_volunteers_trains_on_pystdlib_and_one_with_another_corpus_declines(tmp_path):
+    import json
+
+    from nodes import checkpoint
+    from nodes.coordinator.coordinator import Coordinator
+    from nodes.engine.training import NodeData
+
+    from .federation_kit import fingerprint, make_federation, play
+
+    settings = Settings(dataset="pystdlib", model="gpt:layers=1,width=32,heads=2,context=64", rounds=4,
+                        protocol="delta:steps=3,inner=adamw,clip=1.0", lr=0.003, batch_size=16,
+                        aggregator="trimmed-mean", tolerate=1, quorum=3)
+    folder, nodes = make_federation(tmp_path, 5, settings)
+    other = next(nodes[4].glob("data-*.pt"))
+    data = NodeData.load(other)
+    NodeData(data.dataset, data.x, data.y, data.classes, "f" * 64).save(other)  # another Python's stdlib
+    coord = Coordinator(folder)
+    log = []
+    while not coord.done:
+        log.append(play(coord, nodes))
+    decliner = fingerprint(nodes[4])
+    assert all(len(r["ids"]) == 4 and decliner not in r["ids"] for r in log)
+    assert "pystdlib is not the coordinator's (SHA-256 ffffffffffff" in log[0]["failed"][decliner]  # then it rests
+    assert log[-1]["loss"] < 0.9 * log[0]["loss"], [r["loss"] for r in log]
+    result = json.loads((folder / checkpoint.RESULT).read_text())
+    assert result["data_sha256"] == load("pystdlib").sha256 and result["final_loss"] == log[-1]["loss"]

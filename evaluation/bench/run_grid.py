@@ -22,6 +22,7 @@ from robust.allocator import reuse_freed_memory
 
 from .cell import Cell
 from evaluation.bench.drivers.inprocess import run_cell
+from evaluation.reports.metric import is_text
 from evaluation.reports.summary import read_results, write_report
 from .scenario import cell_id, cells, load_scenario
 from evaluation.peers.per_node_loop import median, paired_speed
@@ -68,8 +69,10 @@ class Progress:
         return int(self.bar.tasks[0].completed)
 
     def update(self, record: dict, node: str | None = None) -> None:
+        text = is_text(record) and record.get("final_loss") is not None  # ranked by held-out loss
         last = (f"{record['aggregator']} vs {record['attack']} seed {record['seed']}: "
-                f"accuracy {100 * record['final_accuracy']:.1f}%")
+                + (f"held-out loss {record['final_loss']:.3f}" if text
+                   else f"accuracy {100 * record['final_accuracy']:.1f}%"))
         if node is not None:
             self.nodes[node] += 1
             last += " | per node: " + ", ".join(f"{name} {count}" for name, count in sorted(self.nodes.items()))
