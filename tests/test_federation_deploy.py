@@ -49,13 +49,15 @@ def wait_until(predicate, timeout: float, what: str, logs: list[Path]) -> None:
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tails}")
 
 
-def deploy(tmp_path: Path, coord: Path, nodes: list[Path], port: int, procs: list, timeout: float = 300) -> list[Path]:
+def deploy(tmp_path: Path, coord: Path, nodes: list[Path], port: int, procs: list, timeout: float = 300,
+           join_args: tuple[str, ...] = ()) -> list[Path]:
     """Start the coordinator of ``coord`` and, once its run is submitted, a volunteer for each
-    of ``nodes``; wait for the run to finish and the coordinator to exit cleanly. The logs."""
+    of ``nodes`` (``node join`` with ``join_args`` too); wait for the run to finish and the
+    coordinator to exit cleanly. The logs."""
     procs.append(robust("coordinator", "start", str(coord), log=tmp_path / "coordinator.log"))
     logs = [tmp_path / "coordinator.log", coord / "logs" / "superlink.log", *(n / "join.log" for n in nodes)]
     wait_until(lambda: "submitted" in (tmp_path / "coordinator.log").read_text(), 120, "the run", logs)
-    procs.extend(join(node, coord, port) for node in nodes)
+    procs.extend(join(node, coord, port, *join_args) for node in nodes)
     wait_until(lambda: (coord / checkpoint.RESULT).exists(), timeout, "the run to finish", logs)
     assert procs[0].wait(30) == 0
     return logs
@@ -156,3 +158,20 @@ def test_a_shared_support_crosses_real_flower_messages_and_the_audit_replays_it(
     assert audit.main(str(coord)) == 0 and audit.replay_main(str(coord)) == 0
     out = capsys.readouterr().out
     assert "2 rounds verified" in out and "2 rounds replayed: every model SHA-256 matches" in out
+
+
+def test_a_byte_level_gpt_trains_on_pystdlib_over_tls_with_the_in_process_bits(tmp_path, procs):
+    """Language models deployed (``docs/language-models.md``): volunteers join with ``--data
+    pystdlib``, prepare their part of their own interpreter's standard library, train a byte-level
+    GPT with local AdamW; the held-out loss falls, and the bits are the in-process federation's."""
+    port = launch.free_port()
+    settings = Settings(rounds=3, aggregator="trimmed-mean", tolerate=0, quorum=2, deadline=60.0, port=port,
+                        dataset="pystdlib", model="gpt:layers=1,width=32,heads=2,context=64", lr=0.003,
+                        protocol="delta:steps=3,inner=adamw,clip=1.0", batch_size=16)
+    coord, nodes = make_federation(tmp_path / "deployed", 2, settings)
+    deploy(tmp_path, coord, nodes, port, procs, join_args=("--data", "pystdlib"))
+    records = rounds_done(coord)
+    assert [r["accepted"] for r in records] == [2, 2, 2]
+    assert records[-1]["loss"] < 0.9 * records[0]["loss"], [r["loss"] for r in records]
+    result = json.loads((coord / checkpoint.RESULT).read_text())
+    assert result["model_sha256"] == reference_sha256(tmp_path / "reference", 2, settings)
