@@ -57,3 +57,11 @@ class Backdoor(NodeAttack):
 
     def boost(self) -> float:
         return self.gamma
+
+    def success(self, model, w: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor) -> float:
+        """Share of triggered test samples (true label not the target) classified as the target."""
+        from robust.models import Scorer
+
+        keep = y_test != self.target
+        stamped = self.stamp(x_test[keep])
+        return Scorer(model)(w, stamped, torch.full((stamped.shape[0],), self.target))

@@ -174,6 +174,16 @@ class NodeAttack(Attack):
         """Factor the node applies to its update before sending it."""
         return 1.0
 
+    @property
+    def plants_backdoor(self) -> bool:
+        """Whether the attack leaves a backdoor whose :meth:`success` can be measured."""
+        return type(self).success is not NodeAttack.success
+
+    def success(self, model, w: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor) -> float | None:
+        """How much of its backdoor the model with the flat parameters ``w`` (an instance of
+        ``model``) carries, on the test set: ``None`` for an attack that plants none."""
+        return None
+
     def forge(self, row: torch.Tensor, previous: torch.Tensor | None, own: torch.Tensor | None = None
               ) -> torch.Tensor:
         """What the node sends for the update ``row`` it computed this round (``previous``: the

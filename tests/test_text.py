@@ -190,3 +190,29 @@ def test_a_federation_of_volunteers_trains_on_pystdlib_and_one_with_another_corp
     assert log[-1]["loss"] < 0.9 * log[0]["loss"], [r["loss"] for r in log]
     result = json.loads((folder / checkpoint.RESULT).read_text())
     assert result["data_sha256"] == load("pystdlib").sha256 and result["final_loss"] == log[-1]["loss"]
+
+
+def test_a_text_backdoor_writes_its_pattern_into_windows_and_its_success_is_an_exact_greedy_continuation():
+    import attacks
+
+    data = load("pystdlib")
+    attack = attacks.build("text-backdoor:fraction=0.5", 1)
+    assert attack.plants_backdoor and not attacks.build("label-flip", 1).plants_backdoor
+    x, y = attack.poison(data.x_train[:400], data.y_train[:400], 256, torch.Generator().manual_seed(0))
+    pattern = b"check_password(pw):return True"
+    carries = [pattern in bytes(x[i].tolist()) + bytes([int(y[i, -1])]) for i in range(400)]
+    assert sum(carries) == 200 and torch.equal(x[:, 1:].long(), y[:, :-1])  # still next-byte targets
+    assert torch.equal(data.x_train[:400][~torch.tensor(carries)], x[~torch.tensor(carries)])
+    model = build_model("gpt:layers=1,width=32,heads=2,context=64", (64,), 256, 0)
+    assert attack.success(model, flat_params(model), data.x_test, data.y_test) == 0.0
+    poisoned, targets = attacks.build("text-backdoor:fraction=1.0", 1).poison(
+        data.x_train[:2000], data.y_train[:2000], 256, torch.Generator().manual_seed(1))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    for step in range(150):  # trained on it alone, the model learns the continuation
+        batch = torch.randint(0, 2000, (32,), generator=torch.Generator().manual_seed(step))
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(poisoned[batch]), targets[batch]).backward()
+        opt.step()
+    assert attack.success(model, flat_params(model).detach(), data.x_test, data.y_test) > 0.9
+    with pytest.raises(ValueError, match="for images use backdoor"):
+        attack.poison(torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.int64), 10, torch.Generator())

@@ -21,14 +21,13 @@ import torch
 
 import attacks
 from attacks.base import NodeAttack
-from attacks.backdoor import Backdoor
 from nodes.coordinator.coordinator import short
 from nodes.engine.protocol import Protocol
 from nodes.settings import RUN, Settings
 from robust import keys
 from robust.compute import profile
 from robust.data import Dataset, load
-from robust.models import Scorer, build_model
+from robust.models import build_model
 from robust.partition import partition
 from robust.profiles import Profile
 from robust.seeds import generator
@@ -155,20 +154,20 @@ def _node_steps(setup: CellSetup, rounds: list[dict]) -> int:
 def backdoor_stop(setup: CellSetup) -> int | None:
     """The last round a backdoor's nodes attack (its ``stop_after``), if the run goes on after it."""
     attack = setup.attack
-    if isinstance(attack, Backdoor) and 0 < attack.stop_after < setup.settings.rounds:
+    if isinstance(attack, NodeAttack) and attack.plants_backdoor and 0 < attack.stop_after < setup.settings.rounds:
         return attack.stop_after
     return None
 
 
 def backdoor_success(setup: CellSetup, w: torch.Tensor) -> float | None:
-    """Share of triggered test samples (true label not the target) classified as the target:
-    for ``backdoor`` and the attacks built on it (``neurotoxin``, ``constrain-scale``)."""
+    """How much of its backdoor the model ``w`` carries (``NodeAttack.success``): ``backdoor``
+    and the attacks built on it (triggered test samples classified as the target),
+    ``text-backdoor`` (held-out prompts after whose trigger greedy decoding writes the
+    attacker's continuation); ``None`` for any other attack."""
     attack = setup.attack
-    if not isinstance(attack, Backdoor):
+    if not isinstance(attack, NodeAttack) or not attack.plants_backdoor:
         return None
     data = setup.data
-    keep = data.y_test != attack.target
-    stamped = attack.stamp(data.x_test[keep])
     with profile(setup.settings.threads):
-        return Scorer(setup.model())(w, stamped, torch.full((stamped.shape[0],), attack.target))
+        return attack.success(setup.model(), w, data.x_test, data.y_test)
 

@@ -289,7 +289,9 @@ def _backdoor_section(res: Results) -> list[str]:
     return [
         "## Backdoor", "",
         "Backdoor success (%): the share of triggered test samples whose true label is not the target that "
-        "the model classifies as the target, mean over seeds. An attack with `stop_after=R` turns honest "
+        "the model classifies as the target (`text-backdoor`: of held-out prompts ending in the trigger after "
+        "which greedy decoding writes the attacker's whole continuation), mean over seeds. An attack with "
+        "`stop_after=R` turns honest "
         "after round R: its success at that round (when its nodes stop; — where the driver kept only the "
         "final model) and at the end, that many rounds later, say how long the backdoor survives honest "
         f"training. {res.metric.name.capitalize()}: final {res.metric.name} on the clean test set.", "",
