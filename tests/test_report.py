@@ -288,7 +288,7 @@ def test_the_page_escapes_every_value(tmp_path):
 
 
 def test_a_text_grid_is_ranked_by_held_out_loss_lower_is_better(tmp_path):
-    """Language models (``evaluation.reports.metric``): the worst case is the highest loss, the
+    """Language models (``evaluation.reports.objective``): the worst case is the highest loss, the
     damage is attacked minus clean loss, and time to target is the first round at or below the
     bar (the best clean final loss / target)."""
     config = {**CONFIG, "dataset": "pystdlib", "model": "gpt-tiny"}
@@ -309,3 +309,21 @@ def test_a_text_grid_is_ranked_by_held_out_loss_lower_is_better(tmp_path):
     assert res.metric.name == "held-out loss"
     bar = {r["attack"] + r["aggregator"]: (r["target_bar"], r["round_to_target"]) for r in res.records}
     assert bar["nonemean"] == (2.5 / 0.95, 2) and bar["ipmmean"] == (2.5 / 0.95, None)
+
+
+def test_a_timed_text_grid_reports_time_to_target_by_held_out_loss(tmp_path):
+    from evaluation.reports.time_section import time_section
+    from evaluation.reports.results import Results
+
+    config = {**CONFIG, "dataset": "pystdlib", "model": "gpt-tiny", "speed": "slow:fraction=0.2,factor=10"}
+    records = []
+    for attack, curve in (("none", [4.0, 2.6, 2.5]), ("alie", [4.0, 3.5, 2.7])):
+        r = record("mean", attack, 0, [0.35] * 3, CLEAN_SCORES if attack == "none" else {"norm": (.5, .1, None)}, 1.0,
+                   config=config)
+        records.append({**r, "loss": curve, "final_loss": curve[-1], "times": [10.0, 20.0, 30.0], "sim_seconds": 30.0,
+                        "bytes": [1e6, 2e6, 3e6], "bytes_down_by_round": [1e6, 2e6, 3e6], "bytes_up": 3e6,
+                        "bytes_down": 3e6, "false_quarantines": 0})
+    lines = "\n".join(time_section(Results(records)))
+    assert "held-out loss falls to the best clean final loss" in lines and "held-out loss (nats/byte)" in lines
+    assert "| mean | none | — | 2.500 | 30.00 | 20.00 |" in lines  # 2.6 <= 2.5 / 0.95 = 2.63 first at round 1 (20 s)
+    assert "| mean | alie | — | 2.700 | 30.00 | never |" in lines  # 2.7 never is

@@ -22,7 +22,7 @@ from robust.allocator import reuse_freed_memory
 
 from .cell import Cell
 from evaluation.bench.drivers.inprocess import run_cell
-from evaluation.reports.metric import is_text
+from evaluation.reports.objective import is_text
 from evaluation.reports.summary import read_results, write_report
 from .scenario import cell_id, cells, load_scenario
 from evaluation.peers.per_node_loop import median, paired_speed

@@ -25,7 +25,7 @@ from robust.spec import parse
 
 from .canvas import new_figure, palette, save_png
 from .results import CLEAN, AccuracyRow, Group, Results
-from .tables import pct, show, table
+from .tables import show, table
 from .target_costs import BASELINE, mean_over_seeds
 
 WAYS = ("protocol", "compression", "downlink")  # what a row's way of sending is
@@ -51,13 +51,13 @@ class Way:
     down: float | None
     clean_up: float | None
     total_up: float  # bytes up over the whole run, worst over attacks
-    clean: float | None  # clean final accuracy
-    worst: Group | None  # the attacked group of lowest mean final accuracy
+    clean: float | None  # clean final value (accuracy, or held-out loss: the report's metric)
+    worst: Group | None  # the attacked group of worst mean final value
     honest_quarantined: float  # honest nodes quarantined at the end, worst over the groups (mean over seeds)
 
     @property
     def accuracy(self) -> float | None:
-        """Worst-case final accuracy over attacks (clean when there is no attack)."""
+        """Worst-case final value over attacks (clean when there is no attack): accuracy, or held-out loss."""
         return self.worst.mean if self.worst else self.clean
 
 
@@ -100,39 +100,43 @@ def communication_section(res: Results) -> list[str]:
     """The summary's "Bytes to target" section (nothing when :func:`communicating` says no)."""
     if not communicating(res):
         return []
-    everything = ways(res)
+    everything, m = ways(res), res.metric
     rows = []
     for way in sorted(everything, key=lambda w: (w.row.aggregator, math.inf if w.up is None else w.up)):
         base = baseline_of(way, everything)
         ratio = f"{base.clean_up / way.up:.1f}x" if base and base.clean_up is not None and way.up else "—"
-        below = pct(base.accuracy - way.accuracy) if base and base.accuracy is not None and way.accuracy is not None \
-            else "—"
+        below = (m.show_damage(m.cost(base.accuracy, way.accuracy))
+                 if base and base.accuracy is not None and way.accuracy is not None else "—")
         rows.append([way.row.label, _mb(way.up), _mb(way.down), ratio, _mb(way.clean_up), _mb(way.total_up),
-                     pct(way.clean), pct(way.accuracy), way.worst.key.attack if way.worst else "—", below,
+                     m.show(way.clean), m.show(way.accuracy), way.worst.key.attack if way.worst else "—", below,
                      f"{way.honest_quarantined:.1f}"])
     return [
         "## Bytes to target", "",
-        "Per way of sending: MB sent up and down until the target accuracy is first reached (`target` x the best "
-        "clean final accuracy of the same aggregator, seed and task, or x the baseline's with `target-of = "
-        "\"baseline\"`, or `target-accuracy`), the worst over the "
+        f"Per way of sending: MB sent up and down until the target is first reached (its {m.target_is}; with "
+        "`target-of = \"baseline\"` the baseline's clean value instead of the best), the worst over the "
         "attacks of the mean over seeds (never: some attack's seed never got there); x fewer: the baseline's "
         "(`momentum`, float32 both ways, same aggregator and task) MB up to target in its clean run over this "
         "one's; pp below: "
-        "worst-case accuracy under the baseline's worst case; honest quarantined: at the end, the most over "
+        f"how much worse the worst-case {m.name} is than the baseline's worst case ({m.unit}); honest "
+        "quarantined: at the end, the most over "
         "attacks (mean over seeds).", "",
         *table(["defence (way)", "MB up to target", "MB down to target", "x fewer up", "MB up to target (clean)",
-                "MB up in all", "clean (%)", "worst case (%)", "worst attack", "pp below baseline",
+                "MB up in all", f"clean ({m.name})" if not m.higher_is_better else "clean (%)",
+                "worst case (%)" if m.higher_is_better else f"worst case ({m.name})", "worst attack",
+                f"{m.unit} below baseline" if m.higher_is_better else f"{m.unit} above baseline",
                 "honest quarantined"], rows),
     ]
 
 
-def pareto(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The points no other beats on both fewer bytes (x) and higher accuracy (y), by x."""
+def pareto(points: Sequence[tuple[float, float]], higher_is_better: bool = True) -> list[tuple[float, float]]:
+    """The points no other beats on both fewer bytes (x) and a better value (y: higher accuracy,
+    or lower loss), by x."""
+    sign = 1 if higher_is_better else -1
     best, out = -math.inf, []
-    for x, y in sorted(points, key=lambda p: (p[0], -p[1])):
-        if y > best:
+    for x, y in sorted(points, key=lambda p: (p[0], -sign * p[1])):
+        if sign * y > best:
             out.append((x, y))
-            best = y
+            best = sign * y
     return out
 
 
@@ -159,6 +163,7 @@ def bytes_frontier(records: Sequence[dict], path: str | Path) -> list[Path]:
     res = Results(records)
     if not communicating(res):
         return []
+    m = res.metric
     reached = [w for w in ways(res) if w.up is not None and w.accuracy is not None]
     if not reached:
         return []
@@ -173,21 +178,21 @@ def bytes_frontier(records: Sequence[dict], path: str | Path) -> list[Path]:
     figure = new_figure(9, 6)
     ax = figure.add_subplot()
     for name, members in series.items():
-        points = {id(w): (w.up / 1e6, 100 * w.accuracy) for w in members}
+        points = {id(w): (w.up / 1e6, m.scale * w.accuracy) for w in members}
         ax.scatter(*zip(*points.values()), s=30, zorder=3, label=name, edgecolors=colours[name],
                    facecolors=[colours[name] if w.honest_quarantined == 0 else "none" for w in members])
         kept = [w for w in members if w.honest_quarantined == 0]
-        front = pareto([points[id(w)] for w in kept])
+        front = pareto([points[id(w)] for w in kept], m.higher_is_better)
         if front:
             ax.plot(*zip(*front), color=colours[name], linewidth=1)
         for way in kept:
             if points[id(way)] in front:
                 ax.annotate(short(dict(way.scenario), compared), points[id(way)], textcoords="offset points",
                             xytext=(4, 3), fontsize=7, color=colours[name])
-    ax.set(xscale="log", xlabel="MB sent up until the target accuracy (worst over attacks)",
-           ylabel="worst-case final accuracy over attacks (%)",
-           title="Bytes to target vs accuracy under attack\n(upper left is better; hollow: honest nodes "
-                 "quarantined; line: the frontier of the others)")
+    ax.set(xscale="log", xlabel=f"MB sent up until the target {m.name} (worst over attacks)",
+           ylabel=f"worst-case final {m.axis} over attacks",
+           title=f"Bytes to target vs {m.name} under attack\n({'upper' if m.higher_is_better else 'lower'} left is "
+                 "better; hollow: honest nodes quarantined; line: the frontier of the others)")
     ax.grid(alpha=0.3)
     ax.legend(title="defence, task", fontsize=8, loc="best")
     return [save_png(figure, path)]

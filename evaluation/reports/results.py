@@ -4,7 +4,7 @@ A record is one finished cell (aggregator x attack x seed x scenario). Records t
 only by their seed form a :class:`Group` (mean and minimum over seeds). A group's *clean*
 group has the same aggregator and scenario and attack ``none``; its *damage* is how much
 worse its mean is than the clean one: in final accuracy, or for text in held-out loss
-(``evaluation.reports.metric``). Sweep records (``--sweep``) are kept apart from the grid.
+(``evaluation.reports.objective``). Sweep records (``--sweep``) are kept apart from the grid.
 Rounds count from 0 as in the engine's records (``accuracy[0]``, ``rounds_to_detect``).
 "Never" is ``math.inf`` wherever a median of rounds is taken, so a median that lands on an
 undetected cell reads "never".
@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from .metric import ACCURACY, Metric, metric_of
+from .objective import ACCURACY, Metric, metric_of
 from .tables import show
 from .target_costs import CLEAN, complete
 STEALTH_AUC = 0.6  # a detector at or below this AUC is taken not to see the attack

@@ -1,7 +1,7 @@
 """What reaching the target accuracy costs a cell: rounds, simulated seconds, bytes up and down.
 
 A cell reaches its target at the first round whose accuracy is at least its *bar* (a report of
-language models, ``evaluation.reports.metric.LOSS``: whose held-out loss is at most its bar, set
+language models, ``evaluation.reports.objective.LOSS``: whose held-out loss is at most its bar, set
 by ``target-loss``, an absolute loss in nats per byte, else the best clean final loss divided by
 ``target``: 5% above it at 0.95):
 
@@ -34,7 +34,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from .metric import ACCURACY, Metric
+from .objective import ACCURACY, Metric
 
 CLEAN = "none"
 # How a cell's updates travel and when: the keys whose values the report sets side by side.

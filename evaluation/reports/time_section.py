@@ -4,8 +4,9 @@ Every local cell records its simulated clock (``evaluation.simtime.timeline``): 
 round (``times``), the bytes sent up and down to then (``bytes``, ``bytes_down_by_round``),
 and in total ``sim_seconds``, ``bytes_up``, ``bytes_down``. Time to target is the first
 simulated second at which a cell's accuracy reaches its bar (``evaluation.reports.target_costs``: ``target``
-x the best clean final accuracy of its task, or an absolute ``target-accuracy``), so every
-round mode, codec and speed is measured against one bar.
+x the best clean final accuracy of its task, or an absolute ``target-accuracy``; for text, its
+held-out loss falls to its bar: ``evaluation.reports.objective``), so every round mode, codec and
+speed is measured against one bar.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def time_section(res: Results) -> list[str]:
         if "times" not in group.records[0]:
             continue
         ttt = mean_over_seeds([r["time_to_target"] for r in group.records])
-        rows.append([group.key.aggregator, group.key.attack, _label(group, res.varying), f"{100 * group.mean:.1f}",
+        rows.append([group.key.aggregator, group.key.attack, _label(group, res.varying), res.metric.show(group.mean),
                      num(statistics.fmean(r["sim_seconds"] for r in group.records)),
                      "never" if ttt is None else num(ttt),
                      f"{statistics.fmean(r['bytes_up'] for r in group.records) / 1e6:.2f}",
@@ -54,11 +55,10 @@ def time_section(res: Results) -> list[str]:
     return [
         "## Time and bytes", "",
         "Simulated clock (speed, link, churn; `step-seconds` per local step). Time to target: first simulated "
-        "second at which accuracy reaches `target` x the best clean final accuracy of the same aggregator, seed "
-        "and task over every cell, or `target-accuracy` (mean over seeds; never if a seed never did). Bytes: the "
+        f"second at which {res.metric.target_is} (mean over seeds; never if a seed never did). Bytes: the "
         "encoded replies (up) and the float32 models (down), MB, mean over seeds. Asynchronous cells aggregate as many replies as their "
         "synchronous twin.", "",
-        *table(["aggregator", "attack", "volunteers", "accuracy (%)", "sim seconds", "time to target",
+        *table(["aggregator", "attack", "volunteers", res.metric.axis, "sim seconds", "time to target",
                  "MB up", "MB down"], rows),
         "",
     ]
@@ -83,19 +83,20 @@ def accuracy_vs_time(records: Sequence[dict], path: str | Path) -> list[Path]:
                 label = f"{group.key.aggregator}: {_label(group, res.varying)}"
                 times = [statistics.fmean(t) for t in zip(*(r["times"] for r in group.records))]
                 sent = [statistics.fmean(b) / 1e6 for b in zip(*(r["bytes"] for r in group.records))]
-                curve = [100 * a for a in group.curve][: len(times)]
+                curve = [res.metric.scale * a for a in group.curve][: len(times)]
                 style = {"label": label, "color": colours[label],
                          "linestyle": "--" if '"async"' in dict(group.key.scenario).get("round", "") else "-"}
                 axes[0][column].plot(times[: len(curve)], curve, **style)
                 axes[1][column].plot(sent[: len(curve)], curve, **style)
-            axes[0][column].set(title=attack, xlabel="simulated seconds", ylabel="accuracy (%)" if column == 0 else "")
-            axes[1][column].set(xlabel="MB sent up", xscale="log", ylabel="accuracy (%)" if column == 0 else "")
+            ylabel = res.metric.axis if column == 0 else ""
+            axes[0][column].set(title=attack, xlabel="simulated seconds", ylabel=ylabel)
+            axes[1][column].set(xlabel="MB sent up", xscale="log", ylabel=ylabel)
             for ax in (axes[0][column], axes[1][column]):
                 ax.grid(alpha=0.3)
         lines = {line.get_label(): line for ax in axes.flat for line in ax.get_lines()}
         figure.legend(lines.values(), lines.keys(), title="defence: volunteers", loc="outside right upper",
                       fontsize="small")
         more = f" (page {number} of {len(columns)})" if len(columns) > 1 else ""
-        figure.suptitle(f"Accuracy against simulated time and bytes, mean over seeds{more}")
+        figure.suptitle(f"{res.metric.name.capitalize()} against simulated time and bytes, mean over seeds{more}")
         out.append(save_png(figure, page))
     return out

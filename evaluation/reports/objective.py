@@ -45,6 +45,15 @@ class Metric:
         return pct(value) if self.higher_is_better else f"{value:.3f}"
 
     @property
+    def target_is(self) -> str:
+        """When a cell reaches its target, in a sentence (``evaluation.reports.target_costs``)."""
+        if self.higher_is_better:
+            return ("accuracy reaches `target` x the best clean final accuracy of the same aggregator, seed and task "
+                    "over every cell, or `target-accuracy`")
+        return ("held-out loss falls to the best clean final loss of the same aggregator, seed and task over every "
+                "cell divided by `target`, or to `target-loss`")
+
+    @property
     def damage_is(self) -> str:
         """What a damage is, in a sentence."""
         return (f"clean minus attacked {self.name}" if self.higher_is_better
@@ -80,8 +89,9 @@ LOSS = Metric("loss", "final_loss", "held-out loss", "Final held-out loss (nats 
 
 
 def is_text(record: dict) -> bool:
+    """Whether ``record`` trained on a text set (``robust.text``)."""
     try:
-        return text_spec(str(record["config"].get("dataset", ""))) is not None
+        return text_spec(str(record.get("config", {}).get("dataset", ""))) is not None
     except ValueError:
         return False
 
