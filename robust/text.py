@@ -23,8 +23,9 @@ cross-entropy.
 
 **Held-out files.** A file is held out when the first byte of the SHA-256 of its relative
 path is below 26 (about 10% of the files, the same on every machine and seed: a split by
-file, so no held-out text was seen in training). The evaluation set is :data:`EVAL_WINDOWS`
-windows spread evenly over the held-out ones (every round evaluates on it).
+file, so no held-out text was seen in training). The evaluation set is :data:`EVAL_BYTES` bytes
+of windows spread evenly over the held-out ones (512 windows at context 64, 128 at 256: every
+round evaluates on it, and a forward pass costs in proportion to its bytes).
 
 **Groups.** Each training window records the package it came from (the first component of
 its relative path: ``asyncio``, ``email``, or a top-level module), so the label-skew
@@ -48,7 +49,7 @@ import numpy as np
 
 TEXT_SETS = ("pystdlib", "text")
 CONTEXT = 64  # bytes a sample holds by default (the gpt-tiny context)
-EVAL_WINDOWS = 512  # held-out windows evaluated each round
+EVAL_BYTES = 32_768  # held-out bytes evaluated each round (at least 16 windows)
 HELD_OUT_BELOW = 26  # a file is held out when its path's SHA-256 starts with a byte below this (~10%)
 VOCAB = 256
 SKIPPED_FOLDERS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
@@ -136,7 +137,8 @@ def corpus(name: str, root: Path | None, context: int = CONTEXT) -> Corpus:
         raise ValueError(f"dataset {name}: {len(files)} files ({total} bytes) give {len(train_w)} training and "
                          f"{len(test_w)} held-out windows of {context + 1} bytes; about 10% of the files are held "
                          "out, by path: give it more (or longer) files, or a shorter context")
-    pick = np.linspace(0, len(test_w) - 1, min(EVAL_WINDOWS, len(test_w))).round().astype(np.int64)
+    windows = max(16, EVAL_BYTES // context)
+    pick = np.linspace(0, len(test_w) - 1, min(windows, len(test_w))).round().astype(np.int64)
     test_w = test_w[pick]
     return Corpus(train_w[:, :-1].copy(), train_w[:, 1:].astype(np.int64), np.asarray(groups, np.int64),
                   test_w[:, :-1].copy(), test_w[:, 1:].astype(np.int64), digest.hexdigest(), len(files), total)

@@ -21,7 +21,8 @@ def test_pystdlib_is_the_interpreters_own_source_cut_into_windows_held_out_by_fi
     root, files = text.stdlib_files()
     assert len(files) > 300 and not any("test" in f.relative_to(root).parts[:-1] for f in files)
     assert data.x_train.dtype == torch.uint8 and data.y_train.dtype == torch.int64 and data.classes == 256
-    assert data.x_train.shape[1] == text.CONTEXT and data.x_test.shape == (text.EVAL_WINDOWS, text.CONTEXT)
+    assert data.x_train.shape[1] == text.CONTEXT and data.x_test.shape == (text.EVAL_BYTES // text.CONTEXT, text.CONTEXT)
+    assert load("pystdlib:context=256").x_test.shape == (128, 256)  # the same held-out bytes at any context
     assert torch.equal(data.x_train[:, 1:].long(), data.y_train[:, :-1])  # targets: the next byte
     assert len(data.groups) == len(data.y_train) and int(data.groups.max()) > 50  # windows know their package
     assert load("pystdlib") is data and len(data.sha256) == 64
