@@ -28,7 +28,7 @@ def make_federation(root: Path, n: int, settings: Settings, seed: int = 0) -> tu
     """A coordinator folder with ``n`` admitted volunteers holding their data, keys derived from ``seed``."""
     coord, nodes = commands.local_federation(root, n, settings, f"test-{seed}", ("test", seed))
     for i, folder in enumerate(nodes, start=1):
-        volunteer.prepare_data(folder, settings.dataset, None, f"{i}/{n}")
+        volunteer.prepare_data(folder, settings.dataset, settings.data_root or None, f"{i}/{n}")
     return coord, nodes
 
 

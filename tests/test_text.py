@@ -165,7 +165,8 @@ def test_a_gpt_tiny_cell_under_adamw_learns_and_its_batched_rows_equal_a_volunte
     assert log[-1]["loss"] < 0.7 * log[0]["loss"], [r["loss"] for r in log]
 
 
-def test_a_federation_of_volunteers_trains_on_pystdlib_and_one_with_another_corpus_declines(tmp_path):
+@pytest.mark.parametrize("corpus", ["pystdlib", "text"])
+def test_a_federation_of_volunteers_trains_on_a_corpus_and_one_with_another_declines(tmp_path, corpus):
     import json
 
     from nodes import checkpoint
@@ -174,7 +175,14 @@ def test_a_federation_of_volunteers_trains_on_pystdlib_and_one_with_another_corp
 
     from .federation_kit import fingerprint, make_federation, play
 
-    settings = Settings(dataset="pystdlib", model="gpt:layers=1,width=32,heads=2,context=64", rounds=4,
+    root = ""
+    if corpus == "text":  # a user's own folder of text: here, a few modules of the standard library
+        stdlib, files = text.stdlib_files()
+        (tmp_path / "corpus").mkdir()
+        for path in files[:120]:
+            (tmp_path / "corpus" / path.relative_to(stdlib).as_posix().replace("/", "_")).write_bytes(path.read_bytes())
+        root = str(tmp_path / "corpus")
+    settings = Settings(dataset=corpus, data_root=root, model="gpt:layers=1,width=32,heads=2,context=64", rounds=4,
                         protocol="delta:steps=3,inner=adamw,clip=1.0", lr=0.003, batch_size=16,
                         aggregator="trimmed-mean", tolerate=1, quorum=3)
     folder, nodes = make_federation(tmp_path, 5, settings)
@@ -187,10 +195,10 @@ def test_a_federation_of_volunteers_trains_on_pystdlib_and_one_with_another_corp
         log.append(play(coord, nodes))
     decliner = fingerprint(nodes[4])
     assert all(len(r["ids"]) == 4 and decliner not in r["ids"] for r in log)
-    assert "pystdlib is not the coordinator's (SHA-256 ffffffffffff" in log[0]["failed"][decliner]  # then it rests
+    assert f"{corpus} is not the coordinator's (SHA-256 ffffffffffff" in log[0]["failed"][decliner]  # then it rests
     assert log[-1]["loss"] < 0.9 * log[0]["loss"], [r["loss"] for r in log]
     result = json.loads((folder / checkpoint.RESULT).read_text())
-    assert result["data_sha256"] == load("pystdlib").sha256 and result["final_loss"] == log[-1]["loss"]
+    assert result["data_sha256"] == load(corpus, root=root or None).sha256 and result["final_loss"] == log[-1]["loss"]
 
 
 def test_a_text_backdoor_writes_its_pattern_into_windows_and_its_success_is_an_exact_greedy_continuation():
