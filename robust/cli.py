@@ -123,7 +123,7 @@ def _federation_parsers(sub: argparse._SubParsersAction) -> None:
     join.add_argument("--path", default="", metavar="DIR", help="folder of your own loader's module (for --data package.module:load)")
     join.add_argument("--trust-code", action="append", default=[], metavar="SHA256",
                       help="run the coordinator's code bundle with this SHA-256 (repeatable; else the node asks, or refuses)")
-    join.add_argument("--data-root", help="folder of local files for mnist / fashion-mnist / cifar10 / hf-disk")
+    join.add_argument("--data-root", help="folder of local files for mnist / fashion-mnist / cifar10 / hf-disk / text")
     join.add_argument("--partition", default="1/1", metavar="I/N", help="train on part I of N (iid split; default 1/1)")
     join.add_argument("--attack", default="", metavar="SPEC", help=f"Byzantine test node: {_NODE_BEHAVIOURS}")
     join.add_argument("--slow", type=float, default=0.0, metavar="S", help="wait a random 0..S seconds before each reply")
