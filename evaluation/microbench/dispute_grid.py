@@ -51,7 +51,7 @@ from robust.params import flat_params, sha256
 from robust.profiles import Profile
 
 from . import momentum_grid
-from .profile_worker import Worker
+from .profile_worker import Crowd, Worker, round_ends
 
 DISPUTE_ABOVE = 1e-5  # a whole update farther than this from the referee's recomputation is disputed
 CHEATS = ("lazy", "forge:scale=0.999", "forge:scale=0.999,consistent=true", "forge:scale=0.9999,consistent=true",
@@ -92,15 +92,8 @@ def _play(workers: list[list[Worker]], rounds: int, nodes: int, cheats, model, s
           until: float) -> dict:
     data = load("digits", seed=0)
     w = flat_params(build_model(model, data.shape, data.classes, 0))
-    crowd = [(f"node-{i:03d}", "") for i in range(nodes)] + [(f"cheat-{k}", spec) for k, spec in enumerate(cheats)]
-    index = {node: i for i, (node, _) in enumerate(crowd)}
-    parts = {node: f"{i + 1}/{len(crowd)}" for node, i in index.items()}
-    P = len(workers)
-
-    def on(node: str, profile: int) -> Worker:  # the copy of ``profile`` that serves ``node``
-        return workers[profile][(index[node] // P) % len(workers[profile])]
-
-    home = {node: i % P for node, i in index.items()}  # the nodes take the profiles in turn
+    people = Crowd(workers, nodes, cheats)
+    crowd, parts, home, on, P = people.members, people.parts, people.home, people.on, len(workers)
     gen = np.random.default_rng(0)
     out = Counter()
     pairs = defaultdict(Counter)  # (author profile, referee profile) -> counts
@@ -177,14 +170,12 @@ def _play(workers: list[list[Worker]], rounds: int, nodes: int, cheats, model, s
                 cheat[attack]["reasons"][ruling["reason"].split(" (")[0] if ruling["guilty"] else "cleared"] += 1
         honest = [rows[node][0] for node, attack in crowd if not attack]
         w = w + torch.stack(honest).mean(0)  # the model trains on
-        if progress:
-            progress(r, out)
-        if time.perf_counter() > until:
+        if round_ends(r, out, progress, until):
             rounds = r
             break
     return {
         "model": model, "steps": steps, "rounds": rounds, "nodes": nodes, "params": w.numel(),
-        "profiles": [{"spec": group[0].profile.spec, "effective": group[0].effective} for group in workers],
+        "profiles": people.profiles,
         "honest_checks": out["honest_checks"], "honest_pairs_differing": out["honest_pairs_differing"],
         "disputes": out["disputes"], "honest_disputes_cleared": out["honest_cleared"],
         "cleared_by_near_ties": out["near_ties"],

@@ -20,7 +20,6 @@ whole-update and step gaps, and the referee's seconds per check.
 
 from __future__ import annotations
 
-import time
 from collections import Counter, defaultdict
 from statistics import median
 
@@ -31,7 +30,7 @@ from robust.data import load
 from robust.models import build_model
 from robust.params import flat_params, sha256
 
-from .profile_worker import Worker
+from .profile_worker import Crowd, Worker, round_ends
 
 CHEATS = ("forge:scale=0.999", "forge:scale=0.9999", "forge:scale=0.99999", "lazy", "unseen", "restart")
 LR, BETA = 0.05, 0.9
@@ -55,14 +54,8 @@ def measure(workers: list[list[Worker]], rounds: int, nodes: int, model: str = "
     """The measurement (see above) on the profiles' started ``workers``."""
     data = load("digits", seed=0)
     w = flat_params(build_model(model, data.shape, data.classes, 0))
-    crowd = [(f"node-{i:03d}", "") for i in range(nodes)] + [(f"cheat-{k}", spec) for k, spec in enumerate(cheats)]
-    index = {node: i for i, (node, _) in enumerate(crowd)}
-    parts = {node: f"{i + 1}/{len(crowd)}" for node, i in index.items()}
-    P = len(workers)
-    home = {node: i % P for node, i in index.items()}
-
-    def on(node: str, profile: int) -> Worker:
-        return workers[profile][(index[node] // P) % len(workers[profile])]
+    people = Crowd(workers, nodes, cheats)
+    crowd, parts, home, on, P = people.members, people.parts, people.home, people.on, len(workers)
 
     named = {node: torch.zeros_like(w) for node, _ in crowd}  # what each node's task names: its last row
     out, pairs = Counter(), defaultdict(Counter)
@@ -109,14 +102,12 @@ def measure(workers: list[list[Worker]], rounds: int, nodes: int, model: str = "
         honest = [rows[node] for node, attack in crowd if not attack]
         w = w - LR * torch.stack(honest).mean(0)  # the protocol's server step: the model trains on
         named = {node: rows[node] for node, _ in crowd}  # every row used: the next tasks name them
-        if progress:
-            progress(r, out)
-        if time.perf_counter() > until:
+        if round_ends(r, out, progress, until):
             rounds = r
             break
     return {
         "protocol": "momentum", "model": model, "rounds": rounds, "nodes": nodes, "params": w.numel(),
-        "profiles": [{"spec": group[0].profile.spec, "effective": group[0].effective} for group in workers],
+        "profiles": people.profiles,
         "honest_checks": out["honest_checks"], "honest_pairs_differing": out["honest_pairs_differing"],
         "false_convictions": out["false_convictions"], "cleared_by_near_ties": out["near_ties"],
         "largest_honest_gap": max(whole_gaps, default=None),

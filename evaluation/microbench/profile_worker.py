@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -67,6 +68,35 @@ class Worker:
         self.proc.join(30)
         if self.proc.is_alive():
             self.proc.kill()
+
+
+def round_ends(r: int, out, progress, until: float) -> bool:
+    """Report round ``r``'s counts ``out`` to ``progress`` (if any); whether the time is up."""
+    if progress:
+        progress(r, out)
+    return time.perf_counter() > until
+
+
+class Crowd:
+    """``nodes`` honest nodes and one node per cheat (``node-000``..., ``cheat-0``...), each with
+    its data part and a home profile, the profiles taken in turn; :meth:`on` is the copy of a
+    profile's process that serves a node."""
+
+    def __init__(self, workers: list[list[Worker]], nodes: int, cheats: tuple[str, ...]) -> None:
+        self.workers = workers
+        self.members = [(f"node-{i:03d}", "") for i in range(nodes)] + [(f"cheat-{k}", s) for k, s in enumerate(cheats)]
+        self.index = {node: i for i, (node, _) in enumerate(self.members)}
+        self.parts = {node: f"{i + 1}/{len(self.members)}" for node, i in self.index.items()}
+        self.home = {node: i % len(workers) for node, i in self.index.items()}
+
+    @property
+    def profiles(self) -> list[dict]:
+        """Each profile's spec and the level (or GPU) it runs at, for a result."""
+        return [{"spec": group[0].profile.spec, "effective": group[0].effective} for group in self.workers]
+
+    def on(self, node: str, profile: int) -> Worker:
+        copies = self.workers[profile]
+        return copies[(self.index[node] // len(self.workers)) % len(copies)]
 
 
 def serve(conn, spec: str) -> None:
