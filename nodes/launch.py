@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -135,7 +136,24 @@ def raise_if_terminated() -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free now, drawn below the kernel's ephemeral range: a port from that range (what
+    binding port 0 gives) can be taken by any process's outgoing connection between this check
+    and the server's own bind, which happened to a SuperLink here ("address already in use")."""
+    low = 32768
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    draw = random.SystemRandom()
+    for _ in range(200 if low > 10_000 else 0):
+        port = draw.randrange(10_000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no room below the ephemeral range: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
