@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.command == "coordinator":
         if args.action == "init":
-            commands.coordinator_init(folder, args.host, Settings().replace(**_overrides(args)))
+            commands.coordinator_init(folder, args.host, Settings.of(_overrides(args)))
             return 0
         if args.action == "admit":
             commands.coordinator_admit(folder, Path(args.public))

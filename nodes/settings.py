@@ -106,9 +106,10 @@ RUN = table(
     Param("quorum", Interval(int, 0, None), 0,
           "valid rows a round needs to step (0: the fewest the aggregator can serve)"),
     Param("protocol", Spec(_protocol, "a protocol spec"), "delta",
-          "momentum (D-SGD, worker momentum) or delta:steps=K[,server_lr=,server_momentum=,nesterov=] (local SGD)"),
+          "momentum (D-SGD, worker momentum) or delta:steps=K[,server_lr=,server_momentum=,nesterov=,inner=adamw,"
+          "clip=] (local steps); gpt models default to delta:steps=4,inner=adamw,clip=1.0"),
     Param("batch-size", Interval(int, 1, None), 32, "samples per local step"),
-    Param("lr", Interval(float, 0, None, "neither"), 0.05, "learning rate"),
+    Param("lr", Interval(float, 0, None, "neither"), 0.05, "learning rate (gpt models default to 0.003)"),
     Param("momentum", Interval(float, 0, 1, "left"), 0.9, "worker momentum (momentum) or local SGD momentum (delta)"),
     Param("max-norm", Interval(float, 0, None, "neither"), 1000.0, "rows with a larger norm are rejected"),
     Param("flag-ratio", Interval(float, 1, None, "neither"), 4.0,
@@ -264,6 +265,18 @@ class _Checked:
         import aggregators
 
         return aggregators.build(self.aggregator, self.tolerate).least_n()
+
+    @classmethod
+    def of(cls, given: dict[str, object]) -> Settings:
+        """The settings of the fields ``given`` (``None``: not given): what the model trains
+        with by default (``robust.models.training_defaults``: a language model's local AdamW)
+        fills the fields not given, the declared defaults the rest; validated."""
+        from robust.models import training_defaults
+
+        given = {k: v for k, v in given.items() if v is not None}
+        model = given.get("model", PARAMS["model"].default)
+        implied = {PARAMS[k].attr: v for k, v in training_defaults(str(model)).items()}
+        return cls(**{**implied, **given})
 
     def replace(self, **changes: object) -> Settings:
         """A copy with ``changes`` (``None`` values ignored), validated."""

@@ -41,6 +41,9 @@ PRESETS = {
     "gpt-100m": "gpt:layers=14,width=768,heads=12,context=1024",
 }
 VOCAB = 256
+# What a language model trains with where the run leaves it unset (``robust.models.training_defaults``):
+# 4 local AdamW steps a round, each step's gradient clipped at norm 1, AdamW's learning rate.
+TRAINING = {"protocol": "delta:steps=4,inner=adamw,clip=1.0", "lr": 0.003}
 
 
 def is_gpt(name: str) -> bool:

@@ -57,6 +57,13 @@ def build_model(name: str, shape: tuple[int, ...], classes: int, seed: int = 0) 
         return _cnn(shape, classes)
 
 
+def training_defaults(name: str) -> dict[str, object]:
+    """The run settings (by key) model ``name`` trains with where the run leaves them unset:
+    a language model's local AdamW (``robust.gpt.TRAINING``; plain SGD diverges on it at the
+    image models' learning rates); nothing for the others, which take the declared defaults."""
+    return dict(gpt.TRAINING) if not is_reference(name) and gpt.is_gpt(name) else {}
+
+
 FACTORY = "factory(shape, classes) -> torch.nn.Module"
 
 

@@ -152,6 +152,27 @@ ADAMW = TEXT | {"model": "gpt-tiny", "protocol": "delta:steps=4,inner=adamw,clip
                 "batch-size": 8}
 
 
+def test_a_gpt_model_trains_with_local_adamw_unless_the_run_says_otherwise(tmp_path):
+    from evaluation.bench.scenario import load_scenario
+    from nodes.settings import RUN
+    from robust.cli import main
+
+    assert gpt.TRAINING == {"protocol": "delta:steps=4,inner=adamw,clip=1.0", "lr": 0.003}
+    assert f"gpt models default to {gpt.TRAINING['protocol']}" in RUN["protocol"].help
+    assert f"gpt models default to {gpt.TRAINING['lr']}" in RUN["lr"].help
+    assert main(["coordinator", "init", str(tmp_path / "c"), "--model", "gpt-tiny", "--dataset", "pystdlib"]) == 0
+    made = Settings.read(tmp_path / "c")
+    assert (made.protocol, made.lr) == (gpt.TRAINING["protocol"], gpt.TRAINING["lr"])
+    assert (Settings.of({"model": "gpt-tiny", "lr": 0.01}).lr, Settings.of({"model": "mlp"}).protocol) == (0.01, "delta")
+    path = tmp_path / "s.toml"
+    path.write_text('[scenario]\ndataset = "pystdlib"\nmodel = "gpt-tiny"\n')
+    assert (load_scenario(str(path))["protocol"], load_scenario(str(path), ["lr=0.01"])["lr"]) == \
+        (gpt.TRAINING["protocol"], 0.01)
+    with pytest.raises(ValueError, match="models mlp and gpt-tiny train with different lr by default"):
+        load_scenario(None, ['model=["mlp","gpt-tiny"]'])
+    assert load_scenario(None, ['model=["mlp","gpt-tiny"]', "lr=0.01", "protocol=delta"])["lr"] == 0.01
+
+
 def test_a_gpt_tiny_cell_under_adamw_learns_and_its_batched_rows_equal_a_volunteers():
     rows = {}
     for vectorize in (False, True):

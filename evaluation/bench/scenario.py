@@ -84,7 +84,7 @@ def load_scenario(path: str | None, overrides: list[str] = (), engine: str = "lo
     """Defaults, then the file's ``[scenario]`` table, then ``--set`` overrides; validated
     (for ``engine``: ``deploy`` and ``field`` play node-side attacks only; only ``field`` plays
     ``faults``)."""
-    scenario = dict(DEFAULTS)
+    scenario, given = dict(DEFAULTS), set()
     if path:
         try:
             table_ = tomllib.loads(Path(path).read_text())
@@ -95,6 +95,7 @@ def load_scenario(path: str | None, overrides: list[str] = (), engine: str = "lo
         if "scenario" not in table_:
             raise ValueError(f"{path} has no [scenario] table: put the settings under [scenario]")
         scenario.update(table_["scenario"])
+        given.update(table_["scenario"])
     for item in overrides:
         key, eq, raw = item.partition("=")
         if not eq:
@@ -103,8 +104,28 @@ def load_scenario(path: str | None, overrides: list[str] = (), engine: str = "lo
             scenario[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             scenario[key.strip()] = raw  # a bare word such as --set dataset=mnist1d
+        given.add(key.strip())
+    scenario.update(model_defaults(scenario["model"], given))
     validate(scenario, engine)
     return scenario
+
+
+def model_defaults(model: object, given: set[str]) -> dict:
+    """What the scenario's model trains with where the scenario does not say
+    (``robust.models.training_defaults``: a language model's local AdamW). A model axis whose
+    models train differently by default must say it (``ValueError``)."""
+    from robust.models import training_defaults
+
+    models = [str(m) for m in model] if isinstance(model, list) else [str(model)]
+    implied = [training_defaults(m) for m in models]
+    chosen = {}
+    for key in sorted({k for d in implied for k in d} - given):
+        values = [d.get(key, DEFAULTS[key]) for d in implied]
+        if len(set(map(repr, values))) > 1:
+            raise ValueError(f"models {' and '.join(models)} train with different {key} by default "
+                             f"({' and '.join(map(str, values))}): set {key} in the scenario")
+        chosen[key] = values[0]
+    return chosen
 
 
 def validate(scenario: dict, engine: str = "local") -> None:
