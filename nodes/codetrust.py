@@ -33,6 +33,10 @@ from pathlib import Path
 TRUSTED, REQUESTS, GATE_DIR = "trusted-code", "code-requests", "bin"
 OWN_CLIENTAPP = "nodes.volunteer.thin_app:app"  # robust's own ClientApp, hands tasks to the warm trainer
 SHA = re.compile(r"[0-9a-f]{64}")
+# In a ClientApp process the gate started: the code bundle it admitted and installed for this
+# task, if it ships code ({"sha": ..., "path": its folder}); the ClientApp hands such a task to
+# that bundle's warm trainer (``nodes.volunteer.bundles``).
+INSTALLED: dict[str, str] = {}
 
 
 def bundle_sha256(fab: bytes) -> tuple[str, dict[str, int], str]:
@@ -46,10 +50,22 @@ def bundle_sha256(fab: bytes) -> tuple[str, dict[str, int], str]:
         clientapp = tomllib.loads(files["pyproject.toml"].decode())["tool"]["flwr"]["app"]["components"]["clientapp"]
     except (zipfile.BadZipFile, KeyError, UnicodeDecodeError, tomllib.TOMLDecodeError, TypeError) as err:
         raise ValueError(f"not a Flower App bundle ({type(err).__name__}: {err})") from None
+    return _digest(files), {name: len(content) for name, content in sorted(files.items())}, str(clientapp)
+
+
+def _digest(files: dict[str, bytes]) -> str:
     h = hashlib.sha256(b"robust-code-bundle/v1\n")
     for name in sorted(files):
         h.update(f"{name}\n{hashlib.sha256(files[name]).hexdigest()}\n".encode())
-    return h.hexdigest(), {name: len(content) for name, content in sorted(files.items())}, str(clientapp)
+    return h.hexdigest()
+
+
+def folder_sha256(folder: Path) -> str:
+    """The bundle hash of the files an installed bundle's ``folder`` holds (:func:`bundle_sha256`
+    of the bundle it was unpacked from, while no file of it changed); the bytecode Python
+    caches beside imported modules (``__pycache__``) is not the bundle's."""
+    return _digest({path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(folder.rglob("*"))
+                    if path.is_file() and "__pycache__" not in path.relative_to(folder).parts})
 
 
 def ships_code(files: dict[str, int], clientapp: str) -> bool:
@@ -106,6 +122,17 @@ def admit_bundle(folder: Path, fab: bytes) -> None:
                           f"{clientapp}): it runs only after `robust node join ... --trust-code {sha}`")
 
 
+def check_installed(folder: Path, sha: str, path: Path) -> None:
+    """Return if the volunteer in ``folder`` trusts bundle ``sha`` and ``path`` holds its files
+    (run before anything of it is imported); else ``ValueError`` saying which."""
+    if sha not in trusted(folder):
+        raise ValueError(f"this volunteer has not accepted the code bundle {sha}")
+    found = folder_sha256(path) if path.is_dir() else "no folder"
+    if found != sha:
+        raise ValueError(f"{path} does not hold the code bundle {sha} (its files hash to {found}): "
+                         "its next task installs it again")
+
+
 def install_gate(folder: Path) -> Path:
     """Write the volunteer's ``flwr-clientapp`` gate into ``folder/bin``; return that folder
     (to put first on the SuperNode's ``PATH``)."""
@@ -137,8 +164,13 @@ def run_gated(folder: str, run: Callable[..., None]) -> int:
     install = run_clientapp.install_from_fab
 
     def gated(fab_file: bytes | Path, *args, **kwargs) -> Path:
-        admit_bundle(Path(folder), fab_file.read_bytes() if isinstance(fab_file, Path) else fab_file)
-        return install(fab_file, *args, **kwargs)
+        fab = fab_file.read_bytes() if isinstance(fab_file, Path) else fab_file
+        admit_bundle(Path(folder), fab)
+        path = install(fab_file, *args, **kwargs)
+        sha, files, clientapp = bundle_sha256(fab)
+        if ships_code(files, clientapp):
+            INSTALLED.update(sha=sha, path=str(path))
+        return path
 
     run_clientapp.install_from_fab = gated
     parser = argparse.ArgumentParser(description="Run a Flower ClientApp (a volunteer's, gated)")

@@ -1,6 +1,7 @@
 """A user's model and data set in a real federation (SuperLink and SuperNodes on loopback): the
 coordinator ships the code in its Flower App bundle; a volunteer that accepted the bundle's
-SHA-256 trains with it, one that did not never unpacks it and says how to accept it."""
+SHA-256 trains with it in the bundle's own warm trainer (one for the whole run, giving the bits of
+the in-process federation), one that did not never unpacks it and says how to accept it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import sys
 from nodes import checkpoint, launch
 from nodes.settings import Settings
 
-from .federation_kit import fingerprint, make_federation
+import json
+
+from nodes.coordinator.coordinator import Coordinator
+
+from .federation_kit import fingerprint, make_federation, play
 from .test_federation_deploy import join, procs, robust, rounds_done, wait_until  # noqa: F401 - procs is a fixture
 from .test_user_code import EXAMPLE
 
@@ -38,3 +43,11 @@ def test_volunteers_run_shipped_code_only_once_they_trust_its_hash(tmp_path, pro
     said = (nodes[2] / "join.log").read_text()
     assert f"bundle {sha}" in said and f"--trust-code {sha}" in said and "mymodel.py" in said
     assert not (nodes[2] / "flwr-home" / "apps").exists() or not any((nodes[2] / "flwr-home" / "apps").iterdir())
+    for node in nodes[:2]:  # warm: one trainer of the bundle answered both rounds
+        assert (node / "join.log").read_text().count(f"code bundle {sha[:12]}: its trainer listens") == 1
+    reference, others = make_federation(tmp_path / "reference", 3, settings)
+    coordinator = Coordinator(reference)
+    while not coordinator.done:
+        play(coordinator, others, {3: "decline"})
+    assert json.loads((coord / checkpoint.RESULT).read_text())["model_sha256"] == \
+        json.loads((reference / checkpoint.RESULT).read_text())["model_sha256"]

@@ -4,6 +4,7 @@ gate (``nodes.codetrust``): what runs, what is refused, and the one-line errors.
 from __future__ import annotations
 
 import io
+import shutil
 import re
 import sys
 import textwrap
@@ -195,6 +196,21 @@ def test_the_bundle_hash_is_of_the_files_and_only_code_needs_trust(tmp_path):
     codetrust.trust(node, sha.upper())
     codetrust.admit_bundle(node, fab)
     assert codetrust.trusted(node) == {sha}
+
+    # installed (as Flower unpacks it, less its metadata): a bundle's trainer checks it before importing it
+    installed = tmp_path / "installed"
+    with zipfile.ZipFile(io.BytesIO(fab)) as z:
+        z.extractall(installed)
+    shutil.rmtree(installed / ".info")
+    (installed / "__pycache__").mkdir()
+    (installed / "__pycache__" / "mymodel.cpython-311.pyc").write_bytes(b"cache")  # Python's, not the bundle's
+    assert codetrust.folder_sha256(installed) == sha
+    codetrust.check_installed(node, sha, installed)
+    with pytest.raises(ValueError, match="has not accepted the code bundle"):
+        codetrust.check_installed(node, "0" * 64, installed)
+    (installed / "mymodel.py").write_bytes(b"import os  # changed after it was admitted\n")
+    with pytest.raises(ValueError, match=f"does not hold the code bundle {sha} .*its next task installs it again"):
+        codetrust.check_installed(node, sha, installed)
 
 
 def test_node_join_shows_refused_code_and_asks_on_a_terminal(tmp_path, monkeypatch, capsys):

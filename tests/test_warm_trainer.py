@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from nodes import checkpoint, launch
+from nodes import checkpoint, codetrust, launch
 from nodes.coordinator.coordinator import Coordinator
 from nodes.settings import Settings
-from nodes.volunteer import channel, worklog
+from nodes.volunteer import bundles, channel, worklog
 from nodes.volunteer.client_app import Node, answer
 from nodes.volunteer.thin_app import MARGIN, budget, relay
 from nodes.volunteer.terminal import FLOWER_LOG, task_line
@@ -103,6 +103,32 @@ def test_the_warm_trainer_replies_as_the_in_process_client_app(federation):
     finally:
         launch.stop(proc)
 
+
+
+def test_a_code_bundle_trainer_starts_once_and_only_for_the_bundle_the_volunteer_accepted(federation, tmp_path):
+    """The node's trainer starts a bundle's trainer as its child (the end-to-end run on a
+    shipped model is ``tests/test_code_bundle_deploy.py``): refused, saying why, for a bundle
+    the volunteer did not accept; started once for one it did; gone with the node's trainer."""
+    _, nodes = federation
+    node, code = nodes[0], tmp_path / "bundle"
+    code.mkdir()
+    (code / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    sha = codetrust.folder_sha256(code)
+    proc = start(node)
+    try:
+        with pytest.raises(RuntimeError, match=f"code bundle {sha[:12]} could not start: it exited \\(2\\): "
+                                               "error: this volunteer has not accepted the code bundle"):
+            bundles.ensure(node, sha, str(code), time.monotonic() + 60)
+        codetrust.trust(node, sha)
+        bundles.ensure(node, sha, str(code), time.monotonic() + 60)
+        pid = channel.peer_pid(channel.connect(node, time.monotonic(), sha))
+        bundles.ensure(node, sha, str(code), time.monotonic() + 60)  # it listens: nothing started
+        assert channel.peer_pid(channel.connect(node, time.monotonic(), sha)) == pid != proc.pid
+        assert (channel.socket_path(node, sha).parent.stat().st_mode & 0o777) == 0o700
+    finally:
+        launch.stop(proc)
+    with pytest.raises(channel.Absent):  # it died with the node's trainer
+        channel.connect(node, time.monotonic() + 10, sha)
 
 
 def test_the_trainer_has_until_the_deadline_or_the_ttl_when_a_late_answer_counts():

@@ -2,7 +2,8 @@
 
 A Unix stream socket, ``DIR/trainer/socket``, in a folder only the volunteer's user may enter
 (0700; the socket itself 0600): no other user of the machine can hand the trainer a task or
-read its replies. The trainer binds it (replacing the one a killed trainer left behind); a
+read its replies. A code bundle's trainer (``nodes.volunteer.bundles``) listens on its own,
+``DIR/trainer/SHA/socket`` (the bundle's SHA-256, its first 16 digits). The trainer binds it (replacing the one a killed trainer left behind); a
 ClientApp connects, sends one request, reads one answer, and the connection closes.
 
 A request and an answer are frames, a frame being its length (8 bytes, big-endian) then its
@@ -67,35 +68,37 @@ class Garbled(ChannelError):
     """What came back is not an answer."""
 
 
-def socket_path(folder: Path) -> Path:
-    return folder / DIR / SOCKET
+def socket_path(folder: Path, bundle: str = "") -> Path:
+    """The socket of the node's trainer, or of its trainer for the code bundle of SHA-256 ``bundle``."""
+    return folder / DIR / bundle[:16] / SOCKET if bundle else folder / DIR / SOCKET
 
 
 @contextmanager
-def _address(folder: Path) -> Iterator[str]:
+def _address(folder: Path, bundle: str = "") -> Iterator[str]:
     """The address of ``folder``'s socket: its path, or (too long for a socket) the same file
     reached through an open descriptor of its folder (Linux)."""
-    path = str(socket_path(folder))
+    path = str(socket_path(folder, bundle))
     if len(os.fsencode(path)) < SUN_PATH:
         yield path
         return
-    fd = os.open(folder / DIR, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(socket_path(folder, bundle).parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         yield f"/proc/self/fd/{fd}/{SOCKET}"
     finally:
         os.close(fd)
 
 
-def listen(folder: Path) -> socket.socket:
-    """The trainer's listening socket for the node in ``folder``."""
+def listen(folder: Path, bundle: str = "") -> socket.socket:
+    """The trainer's listening socket for the node in ``folder`` (for its code bundle ``bundle``)."""
     where = folder / DIR
     where.mkdir(mode=0o700, exist_ok=True)
     where.chmod(0o700)  # made by an older version, or under another umask
-    socket_path(folder).unlink(missing_ok=True)  # a killed trainer's
+    socket_path(folder, bundle).parent.mkdir(mode=0o700, exist_ok=True)
+    socket_path(folder, bundle).unlink(missing_ok=True)  # a killed trainer's
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with _address(folder) as address:
+    with _address(folder, bundle) as address:
         server.bind(address)
-    socket_path(folder).chmod(0o600)
+    socket_path(folder, bundle).chmod(0o600)
     server.listen(8)
     return server
 
@@ -108,19 +111,19 @@ def peer_pid(conn: socket.socket) -> int | None:
     return pid if uid == os.getuid() else None
 
 
-def connect(folder: Path, until: float) -> socket.socket:
-    """A connection to the trainer of ``folder``, waiting (by ``until``, ``time.monotonic()``)
-    for one being started; :class:`Absent` if none listens by then."""
+def connect(folder: Path, until: float, bundle: str = "") -> socket.socket:
+    """A connection to the trainer of ``folder`` (for its code bundle ``bundle``), waiting (by
+    ``until``, ``time.monotonic()``) for one being started; :class:`Absent` if none listens by then."""
     while True:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            with _address(folder) as address:
+            with _address(folder, bundle) as address:
                 conn.connect(address)
             return conn
         except OSError as err:  # none yet (no socket file, or a dead trainer's)
             conn.close()
             if time.monotonic() >= until:
-                raise Absent(f"no trainer listens on {socket_path(folder)} ({err.strerror})") from None
+                raise Absent(f"no trainer listens on {socket_path(folder, bundle)} ({err.strerror})") from None
             time.sleep(0.2)
 
 
@@ -180,13 +183,13 @@ def receive(conn: socket.socket, until: float | None = None) -> tuple[dict, list
     return header, [_frame(conn, BODY_CAP, until) for _ in range(parts)]
 
 
-def ask(folder: Path, header: dict, body: Callable[[], list[bytes]], until: float
+def ask(folder: Path, header: dict, body: Callable[[], list[bytes]], until: float, bundle: str = ""
         ) -> tuple[dict, list[bytearray], int | None]:
     """Send a request (``body()``: its body, made once connected and let go once sent: a big
-    task is not held while the trainer works) to the trainer of ``folder``; its answer, whole
-    by ``until`` (``time.monotonic()``), and the trainer's pid. A :class:`ChannelError` says why
-    not, with the trainer's pid."""
-    conn = connect(folder, until)
+    task is not held while the trainer works) to the trainer of ``folder`` (for its code bundle
+    ``bundle``); its answer, whole by ``until`` (``time.monotonic()``), and the trainer's pid. A
+    :class:`ChannelError` says why not, with the trainer's pid."""
+    conn = connect(folder, until, bundle)
     pid = peer_pid(conn)
     try:
         with conn:

@@ -13,10 +13,12 @@ says so (the coordinator files it as failed: no flag); a hung or garbling traine
 and ``node join`` starts a fresh one, as it does when one dies. A task the trainer could not
 answer (the answer function raised) fails with its words, as in an in-process ClientApp.
 
-A task on the user's own model or data set (``package.module:attribute``) is answered here,
-in-process and cold (:func:`nodes.volunteer.client_app.answer`, loading PyTorch): that code
-comes in the coordinator's bundle, which Flower installs for this process once the volunteer
-accepted it (``nodes.codetrust``); the long-lived trainer runs robust's own code only.
+A task on the coordinator's own model or data set (``package.module:attribute``) comes with
+its code bundle, which Flower installs for this process once the volunteer's gate admitted it
+(``nodes.codetrust``): it is handed to that bundle's own warm trainer, started by the node's
+trainer the first time (``nodes.volunteer.bundles``); the task fails, saying why, if that
+trainer could not start (declined, as above, if it does not answer); the node's trainer runs
+robust's own code only.
 
 A deployed node is authenticated by Flower, never asked to introduce itself: a query is the
 coordinator's no-op nudge (``nodes.coordinator.server_app``), answered with an empty reply.
@@ -36,8 +38,9 @@ from flwr.clientapp import ClientApp
 
 from robust.user_code import is_reference
 
+from .. import codetrust
 from ..wire import REPLY, Task, check_of, pack, refusal, reply_content, task_of, unpack
-from . import channel, worklog
+from . import bundles, channel, worklog
 
 MARGIN = 3.0  # seconds before the deadline the trainer's time is up
 CLOCKS_AGREE = 30.0  # seconds: a task sent longer ago than this (or in the future) means the clocks differ
@@ -87,13 +90,18 @@ def relay(folder: Path, task_content: RecordDict, sent_at: float, ttl: float) ->
     node's warm trainer; a decline saying why if the trainer did not answer. ``RuntimeError``:
     the trainer could not answer this task, and why."""
     task = task_of(task_content)
-    if is_reference(task.model) or is_reference(task.dataset):
-        from .client_app import Node, answer  # the user's code and PyTorch, for this task only
-
-        return answer(Node.load(folder), task_content, sent_at)
     until = time.monotonic() + budget(task, sent_at, ttl, time.time())
+    bundle = ""
+    if is_reference(task.model) or is_reference(task.dataset):
+        bundle = codetrust.INSTALLED.get("sha", "")
+        if not bundle:
+            raise RuntimeError(f"model {task.model!r} / dataset {task.dataset!r} is the coordinator's own code: it runs "
+                               "only in a ClientApp this volunteer's gate started with its code bundle (robust node "
+                               "join installs the gate)")
     try:
-        header, frames, pid = channel.ask(folder, {"sent_at": sent_at}, lambda: pack(task_content), until)
+        if bundle:
+            bundles.ensure(folder, bundle, codetrust.INSTALLED["path"], until)
+        header, frames, pid = channel.ask(folder, {"sent_at": sent_at}, lambda: pack(task_content), until, bundle)
         error = header.get("error")
         if not isinstance(error, str):
             raise channel.Garbled("the answer's header has no error field", pid)
