@@ -59,15 +59,18 @@ class Task:
     # ZERO, or the SHA-256 of the node's last row the coordinator used; "" for its own, as it carries it
     state: str = ""
     data_sha256: str = ""  # the data set's identity where it has one (a text set's content, robust.text)
+    # bytes the volunteer holds at once for it (model, training, gradient, reply: Protocol.memory); 0: not said
+    memory: int = 0
 
     @classmethod
-    def of(cls, settings, run: str, round: int, base: str, data_sha256: str = "") -> Task:
+    def of(cls, settings, run: str, round: int, base: str, data_sha256: str = "", memory: int = 0) -> Task:
         """Round ``round``'s task under ``settings`` (``nodes.settings.Settings``), on the data set
-        whose identity is ``data_sha256`` where it has one."""
+        whose identity is ``data_sha256`` where it has one, needing ``memory`` bytes where said."""
         s = settings
         return cls(run=run, round=round, base=base, seed=s.seed, dataset=s.dataset, model=s.model,
                    protocol=s.protocol, batch_size=s.batch_size, lr=s.lr, momentum=s.momentum, threads=s.threads,
-                   deadline=s.deadline, compression=s.compression, late=s.stale_rows, data_sha256=data_sha256)
+                   deadline=s.deadline, compression=s.compression, late=s.stale_rows, data_sha256=data_sha256,
+                   memory=memory)
 
     def continuing(self, state: str) -> Task:
         """This task for a node that continues from the momentum ``state`` names

@@ -67,6 +67,7 @@ from .. import checkpoint
 from ..engine.engine import Engine, ThreatHook
 from ..engine.inbox import Inbox
 from ..engine.ledger import Ticket, TaskLedger, ttl
+from ..engine.protocol import Protocol
 from ..engine.root import Root
 from ..engine.rows import rejection_reason, stacked
 from ..settings import Settings
@@ -200,7 +201,7 @@ class Coordinator:
     def task(self) -> tuple[Task, np.ndarray]:
         """The next round's task and the model array it carries (``downlink``: as it travels)."""
         w, base = self.engine.task_model()
-        task = Task.of(self.settings, self.run_id, self.round + 1, base, self.data.sha256)
+        task = Task.of(self.settings, self.run_id, self.round + 1, base, self.data.sha256, self.memory)
         return task, model_array(w.numpy(), self.settings.downlink)
 
     def tasks(self, nodes: list[str]) -> tuple[dict[str, Task], np.ndarray]:
@@ -213,10 +214,15 @@ class Coordinator:
         tasks, (w, base) = {}, self.engine.task_model()
         for fp in nodes:
             self.sent += 1
-            tasks[fp] = Task.of(self.settings, self.run_id, self.sent, base, self.data.sha256)
+            tasks[fp] = Task.of(self.settings, self.run_id, self.sent, base, self.data.sha256, self.memory)
         if tasks:
             checkpoint.write_atomic(self.folder / TASKS_SENT, lambda out: out.write(f"{self.sent}\n".encode()))
         return tasks, model_array(w.numpy(), self.settings.downlink)
+
+    @property
+    def memory(self) -> int:
+        """Bytes a volunteer holds at once for a task (``Protocol.memory``), said in every task."""
+        return sum(Protocol.of(self.settings).memory(self.engine.w.numel()).values())
 
     def model(self) -> torch.Tensor:
         """The model the tasks being issued carry (a spot check recomputes from it)."""

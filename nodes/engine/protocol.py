@@ -133,6 +133,14 @@ class Protocol:
         parameters and SGD's momentum, or the parameters and AdamW's two moments."""
         return 3 if self.inner == "adamw" else 2
 
+    def memory(self, d: int) -> dict[str, int]:
+        """Bytes a volunteer holds at once for a task on a ``d``-parameter float32 model, by
+        part: the model as received, the local training (the parameters and the optimiser's
+        state: :attr:`width` blocks), a gradient, the reply's row. What the model's activations
+        take (its batch, its architecture) is not in it."""
+        block = 4 * d
+        return {"model": block, "training": self.width * block, "gradient": block, "reply": block}
+
     def zero_state(self, params: Params) -> tuple[Params, ...]:
         """The local optimiser's state at the start of a task: zeros (``width - 1`` of them)."""
         return tuple({k: torch.zeros_like(p) for k, p in params.items()} for _ in range(self.width - 1))

@@ -39,7 +39,7 @@ from robust.user_code import use_path
 
 from .. import codetrust
 from ..wire import pack, task_of, unpack
-from . import channel, faults
+from . import channel, faults, memory
 from .bundles import START, Bundles
 from .client_app import Node, answer
 from .volunteer import NodeConfig, check_attack, pick_device, prepare_data
@@ -56,7 +56,9 @@ def setup(folder: Path, device: str, dataset: str, root: str | None, part: str, 
     chosen = pick_device(device)
     data = prepare_data(folder, dataset, root, part, code)
     NodeConfig(str(data.resolve()), device, attack, float(slow), part, root or "", code).save(folder)
-    return f"{dataset} part {part} on {chosen}" + (f", playing {attack}" if attack else "")
+    room, bound = memory.available()
+    return (f"{dataset} part {part} on {chosen}" + (f", playing {attack}" if attack else "") +
+            f"; {room / memory.MB:,.0f} MB free ({bound}): {memory.capacity(room)}")
 
 
 def handle(node: Node, conn: socket.socket, bundles: Bundles) -> None:

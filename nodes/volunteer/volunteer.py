@@ -45,7 +45,7 @@ from ..engine.spotcheck import profile_of
 from ..engine.states import ZERO
 from ..engine.training import NodeData, compute, estimates, parse_part, part_of, playing
 from ..wire import Reply, Task, claim_payload, refusal, reply_payload
-from . import faults
+from . import faults, memory
 
 STATE, CONFIG = "state", "node.json"
 
@@ -274,6 +274,9 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
         keeps = Protocol.of(task).keeps_momentum
     except ValueError as err:
         return refusal(task, f"protocol: {err}"), None
+    short = memory.shortfall(task, weights.numel())
+    if short:  # declined before it is started, not killed by the kernel halfway
+        return refusal(task, short), None
     try:
         codec = codecs.build(task.compression)
     except ValueError as err:
@@ -345,6 +348,9 @@ def check(task: Task, w: np.ndarray, author_fp: str, part: str, data_of: Callabl
     if sha256(weights) != task.base:
         return refusal(task, "the model received does not match its announced SHA-256", author_fp), None
     try:
+        short = memory.shortfall(task, weights.numel())
+        if short:
+            return refusal(task, short, author_fp), None
         if Protocol.of(task).keeps_momentum:
             return refusal(task, "a momentum-protocol update is recomputed by the coordinator, which holds the "
                                  "momentum its task named", author_fp), None

@@ -1,0 +1,98 @@
+"""Memory said before it is spent: every task says the bytes a volunteer holds at once for it
+(``nodes.engine.protocol.Protocol.memory``), and a volunteer whose memory control group cannot
+give that declines, saying why, instead of being killed by the kernel mid-task. Under a real
+cgroup limit (v1 ``memory.limit_in_bytes`` or v2 ``memory.max``) around a real trainer process."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from nodes import launch
+from nodes.coordinator.coordinator import Coordinator
+from nodes.engine.protocol import Protocol
+from nodes.settings import Settings
+from nodes.volunteer import channel, memory
+from nodes.volunteer.thin_app import relay
+from nodes.wire import read_reply, task_content
+
+from .federation_kit import fingerprint, make_federation
+
+MB = 2**20
+# a byte-level GPT of 6.6M parameters under local AdamW: 151 MB held at once
+SETTINGS = Settings(dataset="pystdlib", model="gpt:layers=2,width=512,heads=8,context=64", rounds=1,
+                    protocol="delta:steps=1,inner=adamw", lr=0.003, batch_size=2, aggregator="mean", tolerate=0,
+                    quorum=1, deadline=120.0)
+
+
+def test_a_task_says_what_it_needs_and_node_join_what_this_machine_can_serve(tmp_path):
+    assert Protocol.parse("delta:inner=adamw", lr=0.1, momentum=0.9, batch_size=1).memory(10) == \
+        {"model": 40, "training": 120, "gradient": 40, "reply": 40}
+    assert sum(Protocol.parse("delta", lr=0.1, momentum=0.9, batch_size=1).memory(10).values()) == 200
+    coord = Coordinator(make_federation(tmp_path, 1, SETTINGS)[0])
+    task, w = coord.task()
+    assert task.memory == 6 * 4 * w.size == 6 * 4 * 6_600_960
+    assert memory.capacity(600 * MB) == ("parameters, optimiser state and reply of models up to 31M parameters "
+                                         "(local SGD) or 26M parameters (AdamW)")
+    room, bound = memory.available()
+    assert 0 < room and bound
+
+
+def _memory_group(name: str) -> tuple[Path, str, str]:
+    """A memory control group of this process's hierarchy: ``(its folder, its limit file, its use file)``."""
+    for group, version in memory.groups():
+        if version == "v1":  # a child of this process's own group
+            made = group / name
+            files = ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        elif "memory" in (memory.CGROUP / "cgroup.subtree_control").read_text().split():
+            made = memory.CGROUP / name  # v2: a child of the root (a group with processes has no children)
+            files = ("memory.max", "memory.current")
+        else:
+            continue
+        try:
+            made.mkdir()
+        except OSError as err:
+            pytest.skip(f"cannot make a memory control group ({err}): run as root on Linux")
+        return made, *files
+    pytest.skip("this machine has no memory control group to limit (cgroup v1 or v2 `memory`)")
+
+
+def test_a_volunteer_declines_a_task_its_memory_limit_cannot_hold_and_trains_one_it_can(tmp_path):
+    folder, nodes = make_federation(tmp_path, 1, SETTINGS)
+    coord, node = Coordinator(folder), nodes[0]
+    group, limit, use = _memory_group(f"robust-test-{os.getpid()}")
+    proc = None
+    try:
+        proc = launch.start_trainer(node, node / "trainer.log", setup={
+            "device": "cpu", "dataset": "pystdlib", "root": None, "part": "1/1", "attack": "", "slow": 0.0,
+            "code": ""}, wrap=["sh", "-c", f'echo $$ > {group / "cgroup.procs"} && exec "$@"', "sh"])
+        until = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < until:
+            try:
+                channel.connect(node, time.monotonic()).close()
+                break
+            except channel.Absent:
+                time.sleep(0.3)
+        assert proc.poll() is None, (node / "trainer.log").read_text()
+        assert "MB free (its memory control group" not in (node / "trainer.log").read_text()  # no limit yet
+        tasks, w = coord.tasks([fingerprint(node)])
+        task = tasks[fingerprint(node)]
+        held = int((group / use).read_text())
+        (group / limit).write_text(str(held + 100 * MB))  # the model arrives (in copies); 126 MB more cannot
+        reply = read_reply(relay(node, task_content(task, w), time.time(), 120.0), w.size, None)[0]
+        assert reply.refused.startswith(f"this task needs 151 MB held at once (model 25, training 76, gradient 25, "
+                                        f"reply 25 MB), 126 MB more than this node holds now, and its memory control "
+                                        f"group {group} (limit less use) gives it "), reply.refused
+        assert reply.refused.endswith("MB: free memory, raise the limit, or join runs of smaller models")
+        (group / limit).write_text(str(held + 1536 * MB))
+        reply, row, _ = read_reply(relay(node, task_content(task, w), time.time(), 120.0), w.size, None)
+        assert not reply.refused and row.shape == (w.size,) and proc.poll() is None
+    finally:
+        if proc is not None:
+            launch.stop(proc)
+        for pid in (group / "cgroup.procs").read_text().split():
+            (group.parent / "cgroup.procs").write_text(pid)
+        group.rmdir()
