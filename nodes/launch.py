@@ -28,6 +28,12 @@ from .codetrust import OWN_CLIENTAPP, app_sha256, install_gate
 APP_DIR, FLWR_HOME, LOGS, CODE_SHA = "app", "flwr-home", "logs", "code-bundle.sha256"
 CONNECTION = "robust"
 SUPEREXEC_POLL = "0.2"  # seconds
+# glibc serves an allocation above this from its own mapping, given back to the kernel when freed.
+# Its default threshold grows with what was freed (to 32 MB), so a model's per-layer tensors came
+# from the heap and stayed resident after a task: a trainer held 831 MB after a task on a 56 MB
+# model, 460 MB with the fixed threshold, its peak steady to the MB run after run (no slower).
+# Every process robust starts gets it, unless the environment sets its own.
+MALLOC_MMAP_THRESHOLD, MMAP_BYTES = "MALLOC_MMAP_THRESHOLD_", "131072"
 
 APP_TOML = """\
 # A Flower App whose components come from the installed `robust` package.
@@ -65,8 +71,9 @@ def flwr_env(home: Path, first: Path | None = None) -> dict[str, str]:
     for a task to start every ``SUPEREXEC_POLL`` seconds (Flower's default, 1 s, is up to a
     second of every round's wait)."""
     path = os.pathsep.join([*([str(first)] if first else []), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    return {**os.environ, "PATH": path, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
-            "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": SUPEREXEC_POLL}
+    return {MALLOC_MMAP_THRESHOLD: MMAP_BYTES, **os.environ, "PATH": path, "FLWR_HOME": str(home),
+            "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": SUPEREXEC_POLL}
 
 
 def _die_with_parent() -> None:

@@ -33,6 +33,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
+NPY_HEAD = 1 << 16  # bytes: a .npy header is shorter (its length is a 2- or 4-byte field; numpy writes a few dozen)
+
 if TYPE_CHECKING:  # codecs import torch; the volunteer's thin ClientApp reads and writes messages without it
     from robust.codecs import Codec, Encoded
 
@@ -59,7 +61,7 @@ class Task:
     # ZERO, or the SHA-256 of the node's last row the coordinator used; "" for its own, as it carries it
     state: str = ""
     data_sha256: str = ""  # the data set's identity where it has one (a text set's content, robust.text)
-    # bytes the volunteer holds at once for it (model, training, gradient, reply: Protocol.memory); 0: not said
+    # bytes the volunteer holds at once for it (model, training, gradient: Protocol.memory); 0: not said
     memory: int = 0
 
     @classmethod
@@ -186,7 +188,7 @@ def read_task(content: RecordDict) -> tuple[Task, np.ndarray, tuple[str, str] | 
     says what is missing (a coordinator of another version)."""
     task, check = task_of(content), check_of(content)
     try:
-        return task, content.array_records[MODEL]["w"].numpy(), check
+        return task, array_of(content.array_records[MODEL]["w"]), check
     except KeyError as err:
         raise ValueError(f"the task lacks {err}: is the coordinator's robust version the same as this node's?") from None
 
@@ -397,9 +399,31 @@ def pack(content: RecordDict) -> list[bytes]:
             *(content.array_records[name][key].data for name, key in _arrays(content))]
 
 
-def unpack(frames: list[bytes | bytearray]) -> RecordDict:
+def array_of(array: Array) -> np.ndarray:
+    """The ndarray ``array`` holds: a view of its bytes where they are a ``bytearray`` (a task
+    :func:`unpack` read with ``writable``: the model is not copied), else Flower's own copy
+    (``Array.numpy``). ``ValueError`` if the bytes are not one ``.npy`` array."""
+    data = array.data
+    if not isinstance(data, bytearray):
+        return array.numpy()
+    head = io.BytesIO(bytes(data[:NPY_HEAD]))
+    try:
+        version = np.lib.format.read_magic(head)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(head)
+    except ValueError as err:
+        raise ValueError(f"not a .npy array ({err})") from None
+    count, offset = math.prod(shape), head.tell()
+    if dtype.hasobject or offset + count * dtype.itemsize != len(data):
+        raise ValueError(f"not a .npy array ({len(data)} bytes for {count} of {dtype} after a {offset}-byte header)")
+    return np.frombuffer(data, dtype, count, offset).reshape(shape, order="F" if fortran else "C")
+
+
+def unpack(frames: list[bytes | bytearray], writable: bool = False) -> RecordDict:
     """The content :func:`pack` made ``frames`` of; ``ValueError`` if they are none. Consumes
-    ``frames`` (each array's frame is let go once its bytes are the array's)."""
+    ``frames`` (each array's frame is let go once its bytes are the array's). ``writable``: an
+    array keeps its frame's ``bytearray`` (:func:`array_of` then views it, uncopied: a content
+    read, never sent on); else its bytes are copied into the ``bytes`` Flower sends."""
     try:
         content = recorddict_from_proto(ProtoRecordDict.FromString(frames[0]))
     except Exception as err:  # noqa: BLE001 - any parser failure means: not a message's content
@@ -413,6 +437,6 @@ def unpack(frames: list[bytes | bytearray]) -> RecordDict:
         if array.data:
             raise ValueError(f"not a message's content (array {name}.{key} holds bytes in its skeleton)")
         data = frames.pop(0)
-        array.data = data if isinstance(data, bytes) else bytes(data)
+        array.data = data if isinstance(data, bytes) or writable else bytes(data)
         del data
     return content

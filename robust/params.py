@@ -46,5 +46,19 @@ def sha256(vector: torch.Tensor) -> str:
     """SHA-256 of the vector's bytes (dtype and shape included): the model's identity."""
     v = vector.detach().cpu().contiguous()
     h = hashlib.sha256(hash_prefix(v.dtype, v.shape))
-    h.update(v.numpy().tobytes())
+    _feed(h, v)
     return h.hexdigest()
+
+
+def sha256_joined(blocks: list[torch.Tensor], dtype: torch.dtype = torch.float32) -> str:
+    """:func:`sha256` of the blocks flattened and joined, as ``dtype`` (``torch.cat``), without
+    making that vector: block by block."""
+    h = hashlib.sha256(hash_prefix(dtype, (sum(b.numel() for b in blocks),)))
+    for block in blocks:
+        _feed(h, block.detach().to("cpu", dtype).contiguous())
+    return h.hexdigest()
+
+
+def _feed(h, v: torch.Tensor) -> None:
+    """Hash ``v``'s bytes from its own buffer (a contiguous CPU tensor; never a copy of it)."""
+    h.update(memoryview(v.numpy()).cast("B"))

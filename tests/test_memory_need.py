@@ -5,6 +5,7 @@ cgroup limit (v1 ``memory.limit_in_bytes`` or v2 ``memory.max``) around a real t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from nodes.wire import read_reply, task_content
 from .federation_kit import fingerprint, make_federation
 
 MB = 2**20
-# a byte-level GPT of 6.6M parameters under local AdamW: 151 MB held at once
+# a byte-level GPT of 6.6M parameters under local AdamW: 126 MB held at once
 SETTINGS = Settings(dataset="pystdlib", model="gpt:layers=2,width=512,heads=8,context=64", rounds=1,
                     protocol="delta:steps=1,inner=adamw", lr=0.003, batch_size=2, aggregator="mean", tolerate=0,
                     quorum=1, deadline=120.0)
@@ -30,13 +31,13 @@ SETTINGS = Settings(dataset="pystdlib", model="gpt:layers=2,width=512,heads=8,co
 
 def test_a_task_says_what_it_needs_and_node_join_what_this_machine_can_serve(tmp_path):
     assert Protocol.parse("delta:inner=adamw", lr=0.1, momentum=0.9, batch_size=1).memory(10) == \
-        {"model": 40, "training": 120, "gradient": 40, "reply": 40}
-    assert sum(Protocol.parse("delta", lr=0.1, momentum=0.9, batch_size=1).memory(10).values()) == 200
+        {"model": 40, "training": 120, "gradient": 40}
+    assert sum(Protocol.parse("delta", lr=0.1, momentum=0.9, batch_size=1).memory(10).values()) == 160
     coord = Coordinator(make_federation(tmp_path, 1, SETTINGS)[0])
     task, w = coord.task()
-    assert task.memory == 6 * 4 * w.size == 6 * 4 * 6_600_960
-    assert memory.capacity(600 * MB) == ("parameters, optimiser state and reply of models up to 31M parameters "
-                                         "(local SGD) or 26M parameters (AdamW)")
+    assert task.memory == 5 * 4 * w.size == 5 * 4 * 6_600_960
+    assert memory.capacity(600 * MB) == ("the parameters, gradient and optimiser state of models up to 39M "
+                                         "parameters (local SGD) or 31M parameters (AdamW)")
     room, bound = memory.available()
     assert 0 < room and bound
 
@@ -81,11 +82,11 @@ def test_a_volunteer_declines_a_task_its_memory_limit_cannot_hold_and_trains_one
         tasks, w = coord.tasks([fingerprint(node)])
         task = tasks[fingerprint(node)]
         held = int((group / use).read_text())
-        (group / limit).write_text(str(held + 100 * MB))  # the model arrives (in copies); 126 MB more cannot
+        (group / limit).write_text(str(held + 100 * MB))  # the model arrives; 101 MB more cannot
         reply = read_reply(relay(node, task_content(task, w), time.time(), 120.0), w.size, None)[0]
-        assert reply.refused.startswith(f"this task needs 151 MB held at once (model 25, training 76, gradient 25, "
-                                        f"reply 25 MB), 126 MB more than this node holds now, and its memory control "
-                                        f"group {group} (limit less use) gives it "), reply.refused
+        assert reply.refused.startswith(f"this task needs 126 MB held at once (model 25, training 76, gradient 25 MB), "
+                                        f"101 MB more than this node holds now, and its memory control group {group} "
+                                        "(limit less use) gives it "), reply.refused
         assert reply.refused.endswith("MB: free memory, raise the limit, or join runs of smaller models")
         (group / limit).write_text(str(held + 1536 * MB))
         reply, row, _ = read_reply(relay(node, task_content(task, w), time.time(), 120.0), w.size, None)
@@ -96,3 +97,58 @@ def test_a_volunteer_declines_a_task_its_memory_limit_cannot_hold_and_trains_one
         for pid in (group / "cgroup.procs").read_text().split():
             (group.parent / "cgroup.procs").write_text(pid)
         group.rmdir()
+
+
+# model-sized buffers a volunteer's trainer holds at its peak, by protocol, as its tasks say them
+# (Protocol.memory): the model as received, the local parameters, the optimiser's state (SGD's
+# momentum; AdamW's two moments), a gradient: 5 and 4
+COPIES = {spec: sum(Protocol.parse(spec, lr=0.1, momentum=0.9, batch_size=1).memory(1).values()) / 4
+          for spec in ("delta:steps=2,inner=adamw", "delta:steps=2")}
+
+
+def _status(pid: int, key: str) -> float:
+    """``VmRSS`` or ``VmHWM`` (MB) of process ``pid``."""
+    line = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith(key + ":"))
+    return int(line.split()[1]) / 1024
+
+
+def _ready(proc, node: Path) -> None:
+    until = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < until:
+        try:
+            channel.connect(node, time.monotonic()).close()
+            return
+        except channel.Absent:
+            time.sleep(0.3)
+    raise AssertionError(f"the trainer did not start: {(node / 'trainer.log').read_text()[-2000:]}")
+
+
+def test_a_trainer_holds_each_copy_of_the_model_once(tmp_path):
+    """The peak resident memory (``VmHWM``, the kernel's: PyTorch's allocations included) a fresh
+    trainer adds for its first task, at two model sizes: its growth per MB of model is the number
+    of model-sized buffers held at once. One more copy (of the task, a state, the row) fails."""
+    sizes, added, runs = [], {spec: [] for spec in COPIES}, []
+    for layers in (2, 4):
+        settings = SETTINGS.replace(dataset="pystdlib:context=16", batch_size=1,
+                                    model=f"gpt:layers={layers},width=512,heads=8,context=16")
+        folder, nodes = make_federation(tmp_path / f"l{layers}", len(COPIES), settings)
+        tasks, w = Coordinator(folder).tasks([fingerprint(node) for node in nodes])
+        sizes.append(w.nbytes / MB)
+        for node, spec in zip(nodes, COPIES):  # a trainer each: its first task is measured
+            proc = launch.start_trainer(node, node / "trainer.log", setup={
+                "device": "cpu", "dataset": "pystdlib:context=16", "root": None, "part": f"{node.name[-1]}/2",
+                "attack": "", "slow": 0.0, "code": ""})
+            runs.append((proc, node, spec, dataclasses.replace(tasks[fingerprint(node)], protocol=spec), w))
+    try:
+        for proc, node, spec, task, w in runs:
+            _ready(proc, node)
+            idle = _status(proc.pid, "VmRSS")
+            Path(f"/proc/{proc.pid}/clear_refs").write_text("5")  # the peak starts again from now
+            assert not read_reply(relay(node, task_content(task, w), time.time(), 120.0), w.size, None)[0].refused
+            added[spec].append(_status(proc.pid, "VmHWM") - idle)
+    finally:
+        for proc, *_ in runs:
+            launch.stop(proc)
+    slopes = {spec: (mb[1] - mb[0]) / (sizes[1] - sizes[0]) for spec, mb in added.items()}
+    for spec, copies in COPIES.items():
+        assert copies - 0.3 < slopes[spec] < copies + 0.5, (spec, slopes, added, sizes)

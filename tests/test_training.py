@@ -142,6 +142,33 @@ def test_vmapped_updates_equal_per_node_updates(spec, steps):
         assert torch.allclose(rows[i], row, atol=1e-6) and torch.allclose(moms[i], mom, atol=1e-6)
 
 
+@pytest.mark.parametrize("spec", ["momentum", "delta:steps=3", "delta:steps=3,clip=0.5",
+                                  "delta:steps=3,inner=adamw,clip=0.5", "delta:steps=3,inner=adamw"])
+@pytest.mark.parametrize("model_name, shape", [("mlp", (6,)), ("gpt:layers=1,width=16,heads=2,context=8", (8,))])
+def test_the_in_place_kernel_gives_the_functional_kernels_bits_and_leaves_the_model_alone(spec, model_name, shape):
+    """A volunteer's kernel (in place: each state held once) and the batched driver's (functional,
+    as ``vmap`` needs) do the same operations in the same order: the same bits, every state."""
+    classes = 256 if model_name.startswith("gpt") else 3
+    model = build_model(model_name, shape, classes, seed=0)
+    protocol = Protocol.parse(spec, lr=0.05, momentum=0.9, batch_size=5)
+    w = flat_params(model)
+    g = torch.Generator().manual_seed(1)
+    if model_name.startswith("gpt"):
+        xs, ys = torch.randint(256, (3, 5, 8), generator=g), torch.randint(256, (3, 5, 8), generator=g)
+    else:
+        xs, ys = torch.randn(3, 5, 6, generator=g), torch.randint(3, (3, 5), generator=g)
+    m, before = torch.randn(w.numel(), generator=g), w.clone()
+    seen = {False: [], True: []}
+    for in_place in (False, True):
+        params = unflatten(w, model)
+        row, mom = protocol.node_update(model, params, xs, ys, m, in_place=in_place,
+                                        on_state=lambda s, local, state: seen[in_place].append(
+                                            sha256(torch.cat([p.reshape(-1) for b in (local, *state) for p in b.values()]))))
+        seen[in_place] += [sha256(row), sha256(mom)]
+    assert seen[True] == seen[False] and len(seen[True]) == (2 if spec == "momentum" else 6)
+    assert torch.equal(w, before)  # the task's model is not trained in place
+
+
 def test_one_step_update_is_worker_momentum_of_the_gradient():
     model = build_model("logreg", (2,), 2, seed=0)
     protocol = Protocol.parse("momentum", lr=0.5, momentum=0.5, batch_size=2)

@@ -136,36 +136,53 @@ class Protocol:
     def memory(self, d: int) -> dict[str, int]:
         """Bytes a volunteer holds at once for a task on a ``d``-parameter float32 model, by
         part: the model as received, the local training (the parameters and the optimiser's
-        state: :attr:`width` blocks), a gradient, the reply's row. What the model's activations
-        take (its batch, its architecture) is not in it."""
+        state: :attr:`width` blocks, trained in place), a gradient. The reply's row is written
+        once the training's state is let go; what the model's activations take (its batch, its
+        architecture) is not in it. A trainer's measured peak (``tests/test_memory_need.py``)."""
         block = 4 * d
-        return {"model": block, "training": self.width * block, "gradient": block, "reply": block}
+        return {"model": block, "training": self.width * block, "gradient": block}
 
     def zero_state(self, params: Params) -> tuple[Params, ...]:
         """The local optimiser's state at the start of a task: zeros (``width - 1`` of them)."""
         return tuple({k: torch.zeros_like(p) for k, p in params.items()} for _ in range(self.width - 1))
 
     def local_step(self, g_of, local: Params, state: tuple[Params, ...], x: torch.Tensor, y: torch.Tensor,
-                   bend=None, t: int = 1) -> tuple[Params, tuple[Params, ...]]:
+                   bend=None, t: int = 1, in_place: bool = False) -> tuple[Params, tuple[Params, ...]]:
         """Local step ``t`` (1-based) of ``delta`` on the batch ``(x, y)``, from the optimiser
         ``state``: SGD (``v <- beta v + g``, ``local <- local - lr v``) or AdamW (see the
-        module); the new ``(local, state)``. ``bend``: an attacker's gradient hook."""
+        module); the new ``(local, state)``. ``bend``: an attacker's gradient hook.
+
+        Two kernels, the same operations in the same order, hence the same bits (tested):
+        functional (new tensors: what ``vmap`` needs, the batched driver's), and ``in_place``
+        (``local`` and ``state`` overwritten, the gradient scaled where it lies: a volunteer's,
+        which so holds each of them once, never an old and a new copy at the same time)."""
         g = g_of(local, x, y)
         if bend is not None:  # before the optimiser: every step's update stays bent
             g = _like(bend(_flat(g)), g)
         if self.clip:
             norm = torch.sqrt(sum((p * p).sum() for p in g.values()))
             scale = (self.clip / (norm + 1e-6)).clamp(max=1.0)
-            g = {k: p * scale for k, p in g.items()}
+            g = {k: p.mul_(scale) if in_place and p.is_contiguous() else p * scale for k, p in g.items()}
         if self.inner == "sgd":
             (v,) = state
+            if in_place:
+                for k in v:
+                    v[k].mul_(self.momentum).add_(g[k])
+                    local[k].sub_(self.lr * v[k])
+                return local, (v,)
             v = {k: self.momentum * v[k] + g[k] for k in v}
             return {k: local[k] - self.lr * v[k] for k in local}, (v,)
         m, v = state
         b1, b2 = self.momentum, self.beta2
+        c1, c2 = 1 - b1 ** t, 1 - b2 ** t
+        if in_place:
+            for k in local:
+                m[k].mul_(b1).add_((1 - b1) * g[k])
+                v[k].mul_(b2).add_((1 - b2) * g[k] * g[k])
+                local[k].mul_(1 - self.lr * self.weight_decay).sub_(self.lr * (m[k] / c1) / ((v[k] / c2).sqrt() + EPS))
+            return local, (m, v)
         m = {k: b1 * m[k] + (1 - b1) * g[k] for k in m}
         v = {k: b2 * v[k] + (1 - b2) * g[k] * g[k] for k in v}
-        c1, c2 = 1 - b1 ** t, 1 - b2 ** t
         return {k: local[k] * (1 - self.lr * self.weight_decay)
                 - self.lr * (m[k] / c1) / ((v[k] / c2).sqrt() + EPS) for k in local}, (m, v)
 
@@ -177,7 +194,7 @@ class Protocol:
         return self.momentum * m + _flat(self.gradient(model, params)(params, x, y))
 
     def node_update(self, model: nn.Module, params: Params, xs: torch.Tensor, ys: torch.Tensor,
-                    m: torch.Tensor, shaping: Shaping | None = None, on_state=None
+                    m: torch.Tensor, shaping: Shaping | None = None, on_state=None, in_place: bool = False
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(row, the node's new momentum)`` from the global parameters (``unflatten(w)``),
         one batch ``xs[s], ys[s]`` per local step, and the node's momentum ``m`` (``(d,)``;
@@ -186,7 +203,8 @@ class Protocol:
         ``shaping``: a node-side attacker's hook (its loss, its per-step gradient transform).
         ``on_state(s, local, state)``: called with ``delta``'s state (the optimiser's, a tuple)
         before the first step (``s = 0``) and after each step ``s`` (``nodes.engine.trajectory``:
-        the trajectory a node commits to)."""
+        the trajectory a node commits to). ``in_place``: :meth:`local_step`'s in-place kernel (one
+        node's update, not under ``vmap``; ``params`` are left as they are)."""
         g_of = self.gradient(model, params, shaping)
         bend = None if shaping is None else shaping.grad
         taken = self.steps if shaping is None or shaping.fraction is None else int(self.steps * shaping.fraction)
@@ -198,12 +216,21 @@ class Protocol:
         local = params
         if on_state is not None:
             on_state(0, local, state)
+        if in_place and taken:
+            local = {k: p.clone() for k, p in params.items()}
         for s in range(self.steps):
             if s < taken:  # a node that skips steps (``fewer-steps``) stands still for the rest
-                local, state = self.local_step(g_of, local, state, xs[s], ys[s], bend, s + 1)
+                local, state = self.local_step(g_of, local, state, xs[s], ys[s], bend, s + 1, in_place)
             if on_state is not None:
                 on_state(s + 1, local, state)
-        return _flat(local) - _flat(params), m
+        if not in_place:
+            return _flat(local) - _flat(params), m
+        first = next(iter(params.values()))
+        row, start = torch.empty(sum(p.numel() for p in params.values()), dtype=first.dtype, device=first.device), 0
+        for k, p in local.items():  # local - params, written into the row: no flat copy of either
+            torch.sub(p.reshape(-1), params[k].reshape(-1), out=row[start:start + p.numel()])
+            start += p.numel()
+        return row, m
 
     def apply(self, w: torch.Tensor, aggregate: torch.Tensor, buffer: torch.Tensor | None
               ) -> tuple[torch.Tensor, torch.Tensor | None]:

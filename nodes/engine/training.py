@@ -30,7 +30,7 @@ from robust.codecs import Codec
 from robust.compute import profile
 from robust.data import Dataset
 from robust.models import build_model
-from robust.params import unflatten
+from robust.params import trained, unflatten
 from robust.constraints import Interval, Param, check_all, table
 from robust.partition import KINDS, partition
 from robust.spec import parse
@@ -138,9 +138,10 @@ def compute(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, class
             x, y = played.poison(x, y, classes, generator(task.seed, node, "poison"))
             shaping = played.shaping(task.round, w.to(device), last)
         idx = _batches(task, protocol, y, node)
-        m = torch.zeros_like(w) if m is None else m
+        if m is None:  # a first round's worker momentum; delta has none (no d zeros held for nothing)
+            m = torch.zeros_like(w) if protocol.keeps_momentum else torch.zeros(0)
         row, m = protocol.node_update(model, params, x[idx].to(device), y[idx].to(device), m.to(device), shaping,
-                                      on_state)
+                                      on_state, in_place=True)
     return row.detach().to("cpu", torch.float32), m.detach().to("cpu", torch.float32)
 
 
@@ -148,7 +149,10 @@ def _model(task: Task, w: torch.Tensor, x: torch.Tensor, classes: int, node: str
     """The task's model on ``device`` and the parameter dict of ``w`` (the caller holds the RNG)."""
     torch.manual_seed(derive(task.seed, node, task.round, "model"))
     model = build_model(task.model, tuple(x.shape[1:]), classes, task.seed).to(device)  # frozen parameters as the coordinator has them
-    return model, unflatten(w.to(device), model)
+    params = unflatten(w.to(device), model)
+    for name, p in trained(model):  # its trained parameters are the task's: their initial values let go
+        p.data = params[name]
+    return model, params
 
 
 def _batches(task: Task, protocol: Protocol, y: torch.Tensor, node: str) -> torch.Tensor:

@@ -27,7 +27,7 @@ import hashlib
 
 import torch
 
-from robust.params import sha256
+from robust.params import sha256, sha256_joined
 
 VERSION = b"robust-trajectory/v1"
 
@@ -66,10 +66,11 @@ class Recorder:
 
     def __call__(self, step: int, local: dict[str, torch.Tensor], optimiser: tuple[dict[str, torch.Tensor], ...]
                  ) -> None:
-        s = state(local, optimiser)
-        self.hashes.append(sha256(s))
         if self.keep is True or (self.keep and step in self.keep):
-            self.states[step] = s
+            self.states[step] = s = state(local, optimiser)
+            self.hashes.append(sha256(s))
+        else:  # hashed block by block: no joined copy of the state
+            self.hashes.append(sha256_joined([p for block in (local, *optimiser) for p in block.values()]))
 
     @property
     def root(self) -> str:

@@ -9,7 +9,7 @@ can drop first (``inactive_file`` of ``memory.stat``). A container, a ``systemd-
 MemoryMax=``, a batch scheduler's job are such groups.
 
 A task says what it needs (``nodes.wire.Task.memory``: the model as received, the training's
-parameters and optimiser state, a gradient, the reply; ``nodes.engine.protocol.Protocol.memory``);
+parameters and optimiser state, a gradient; ``nodes.engine.protocol.Protocol.memory``);
 the model is already here when the task is read, so the rest is what must still fit.
 """
 
@@ -102,5 +102,5 @@ def capacity(room: int) -> str:
     """Which models ``room`` bytes can train (what ``robust node join`` says at start)."""
     sizes = [(inner, room // sum(Protocol.parse(f"delta:inner={inner}", lr=0.1, momentum=0.0, batch_size=1)
                                  .memory(1).values())) for inner in ("sgd", "adamw")]
-    return "parameters, optimiser state and reply of models up to " + " or ".join(f"{d / 1e6:,.0f}M parameters ({'local SGD' if inner == 'sgd' else 'AdamW'})"
+    return "the parameters, gradient and optimiser state of models up to " + " or ".join(f"{d / 1e6:,.0f}M parameters ({'local SGD' if inner == 'sgd' else 'AdamW'})"
                                          for inner, d in sizes)
