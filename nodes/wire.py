@@ -33,8 +33,6 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-NPY_HEAD = 1 << 16  # bytes: a .npy header is shorter (its length is a 2- or 4-byte field; numpy writes a few dozen)
-
 if TYPE_CHECKING:  # codecs import torch; the volunteer's thin ClientApp reads and writes messages without it
     from robust.codecs import Codec, Encoded
 
@@ -210,7 +208,7 @@ def content_bytes(content: RecordDict) -> int:
     for record in content.array_records.values():
         for array in record.values():
             data = getattr(array, "data", None)
-            total += len(data) if isinstance(data, bytes) else 0
+            total += len(data) if isinstance(data, (bytes, bytearray)) else 0
     return total
 
 
@@ -328,17 +326,14 @@ def read_array(array: Array, what: str, dtype: np.dtype, length: int, budget: st
     Read-only (it views the message's bytes). ``what`` names the array in the reasons."""
     data, size = array.data, length * dtype.itemsize
     budget = budget or f"({length},) {dtype.name} takes"
-    if array.stype != "numpy.ndarray" or not isinstance(data, bytes):
+    if array.stype != "numpy.ndarray" or not isinstance(data, (bytes, bytearray)):
         raise ValueError(f"{what} serialised as {str(array.stype)[:40]!r}, expected numpy.ndarray")
     if len(data) > size + HEADER_CAP:
         raise ValueError(f"{what} is {len(data)} bytes, {budget} at most {size + HEADER_CAP}")
-    buffer = io.BytesIO(data)
     try:
-        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                       (2, 0): np.lib.format.read_array_header_2_0}[np.lib.format.read_magic(buffer)]
-        shape, _, header_dtype = read_header(buffer, max_header_size=HEADER_CAP)
-    except Exception as err:  # noqa: BLE001 - untrusted bytes: any parser failure is a rejection
-        raise ValueError(f"{what} bytes are not a .npy array ({type(err).__name__})") from None
+        shape, _, header_dtype, offset = npy_header(data)
+    except ValueError as err:
+        raise ValueError(f"{what} bytes are not a .npy array ({err})") from None
     if header_dtype != dtype:
         raise ValueError(f"{what} bytes hold {header_dtype}, labelled {str(array.dtype)[:40]}: expected {dtype.name}")
     if tuple(shape) != (length,):
@@ -349,9 +344,24 @@ def read_array(array: Array, what: str, dtype: np.dtype, length: int, budget: st
         labels = None
     if labels != (dtype.name, (length,)):
         raise ValueError(f"{what} labelled {str(labels)[:80]}, its bytes are {dtype.name} ({length},)")
-    if len(data) - buffer.tell() != size:
-        raise ValueError(f"{what} holds {len(data) - buffer.tell()} value bytes, ({length},) {dtype.name} takes {size}")
-    return np.frombuffer(data, dtype=dtype, count=length, offset=buffer.tell())
+    if len(data) - offset != size:
+        raise ValueError(f"{what} holds {len(data) - offset} value bytes, ({length},) {dtype.name} takes {size}")
+    view = np.frombuffer(data, dtype=dtype, count=length, offset=offset)
+    view.flags.writeable = False
+    return view
+
+
+def npy_header(data: bytes | bytearray) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """``(shape, Fortran order, dtype, where the values start)`` of the ``.npy`` bytes ``data``
+    (a header of at most ``HEADER_CAP`` bytes); ``ValueError`` naming the parser's failure."""
+    head = io.BytesIO(bytes(memoryview(data)[:HEADER_CAP + 12]))  # the magic, the header's length, the header
+    try:
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                       (2, 0): np.lib.format.read_array_header_2_0}[np.lib.format.read_magic(head)]
+        shape, fortran, dtype = read_header(head, max_header_size=HEADER_CAP)
+    except Exception as err:  # noqa: BLE001 - untrusted bytes: any parser failure is a rejection
+        raise ValueError(type(err).__name__) from None
+    return tuple(shape), fortran, dtype, head.tell()
 
 
 # Introductions: a node that Flower did not authenticate (a simulated one) says who it is.
@@ -388,42 +398,46 @@ def _arrays(content: RecordDict) -> list[tuple[str, str]]:
     return [(name, key) for name in sorted(content.array_records) for key in sorted(content.array_records[name])]
 
 
-def pack(content: RecordDict) -> list[bytes]:
+def pack(content: RecordDict, take: bool = False) -> list[bytes]:
     """A message's content as frames for the volunteer's local channel (``nodes.volunteer.channel``):
     Flower's protobuf form of ``content`` with every array's bytes left out, then those bytes,
-    one frame per array (the arrays' own bytes objects: a 400 MB model is not copied)."""
+    one frame per array (the arrays' own bytes objects: a 400 MB model is not copied). ``take``:
+    the frames become the only holders of those bytes (each array of ``content`` left empty), so
+    they are let go once sent."""
     records = {name: ArrayRecord({key: Array(dtype=a.dtype, shape=tuple(a.shape), stype=a.stype, data=b"")
                                   for key, a in record.items()}) if isinstance(record, ArrayRecord) else record
                for name, record in content.items()}
-    return [recorddict_to_proto(RecordDict(records)).SerializeToString(),
-            *(content.array_records[name][key].data for name, key in _arrays(content))]
+    frames = [recorddict_to_proto(RecordDict(records)).SerializeToString()]
+    for name, key in _arrays(content):
+        array = content.array_records[name][key]
+        frames.append(array.data)
+        if take:
+            array.data = b""
+    return frames
 
 
 def array_of(array: Array) -> np.ndarray:
-    """The ndarray ``array`` holds: a view of its bytes where they are a ``bytearray`` (a task
-    :func:`unpack` read with ``writable``: the model is not copied), else Flower's own copy
-    (``Array.numpy``). ``ValueError`` if the bytes are not one ``.npy`` array."""
+    """The ndarray ``array`` holds: a view of its bytes where they are a ``bytearray`` (what
+    :func:`unpack` leaves: the model is not copied), else Flower's own copy (``Array.numpy``).
+    ``ValueError`` if the bytes are not one ``.npy`` array."""
     data = array.data
     if not isinstance(data, bytearray):
         return array.numpy()
-    head = io.BytesIO(bytes(data[:NPY_HEAD]))
     try:
-        version = np.lib.format.read_magic(head)
-        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, fortran, dtype = read(head)
+        shape, fortran, dtype, offset = npy_header(data)
     except ValueError as err:
         raise ValueError(f"not a .npy array ({err})") from None
-    count, offset = math.prod(shape), head.tell()
+    count = math.prod(shape)
     if dtype.hasobject or offset + count * dtype.itemsize != len(data):
         raise ValueError(f"not a .npy array ({len(data)} bytes for {count} of {dtype} after a {offset}-byte header)")
     return np.frombuffer(data, dtype, count, offset).reshape(shape, order="F" if fortran else "C")
 
 
-def unpack(frames: list[bytes | bytearray], writable: bool = False) -> RecordDict:
+def unpack(frames: list[bytes | bytearray]) -> RecordDict:
     """The content :func:`pack` made ``frames`` of; ``ValueError`` if they are none. Consumes
-    ``frames`` (each array's frame is let go once its bytes are the array's). ``writable``: an
-    array keeps its frame's ``bytearray`` (:func:`array_of` then views it, uncopied: a content
-    read, never sent on); else its bytes are copied into the ``bytes`` Flower sends."""
+    ``frames``: each array keeps its frame as its bytes (a ``bytearray`` as the channel reads it:
+    no copy; :func:`array_of` views it, and Flower sends it as it is, slicing an array's bytes
+    through a ``memoryview``)."""
     try:
         content = recorddict_from_proto(ProtoRecordDict.FromString(frames[0]))
     except Exception as err:  # noqa: BLE001 - any parser failure means: not a message's content
@@ -437,6 +451,6 @@ def unpack(frames: list[bytes | bytearray], writable: bool = False) -> RecordDic
         if array.data:
             raise ValueError(f"not a message's content (array {name}.{key} holds bytes in its skeleton)")
         data = frames.pop(0)
-        array.data = data if isinstance(data, bytes) or writable else bytes(data)
+        array.data = data
         del data
     return content

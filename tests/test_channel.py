@@ -11,7 +11,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from nodes.volunteer import channel
-from nodes.wire import pack, unpack
+from nodes.wire import array_of, pack, unpack
 
 
 def pair():
@@ -45,6 +45,11 @@ def test_a_content_travels_as_its_arrays_own_bytes():
     assert np.array_equal(back.array_records["model"]["b"].numpy(), w[:3])
     assert np.array_equal(back.array_records["extra"]["s"].numpy(), s)
     assert content.array_records["model"]["w"].data  # the sender's content untouched
+    assert array_of(back.array_records["model"]["w"]).base is not None  # a view of the frame, not a copy
+    w_bytes = content.array_records["model"]["w"].data
+    taken = pack(content, take=True)  # handed over: the frames are the bytes' only holders
+    assert taken[1:] == frames[1:] and any(f is w_bytes for f in taken)
+    assert all(a.data == b"" for record in content.array_records.values() for a in record.values())
     for bad in ([b"this is not a reply"], frames[:2], [frames[0]] + frames[1:] + [b"x"], []):
         with pytest.raises(ValueError, match="not a message's content"):
             unpack(list(bad))

@@ -101,6 +101,11 @@ def wire_sizes(settings: Settings) -> dict:
 # The coordinator's processes whose own peak the report gives: a command-line mark of each.
 PARTS = {"cli": "robust.cli coordinator start", "superlink": "bin/flower-superlink",
          "serverapp": "bin/flwr-serverapp"}
+# A volunteer's: its supervisor, its SuperNode (and SuperExec), the ClientApp of each task, its
+# trainers (the node's and a code bundle's), and the bundle's alone.
+VOLUNTEER_PARTS = {"join": "robust.cli node join", "supernode": "bin/flower-supernode",
+                   "superexec": "bin/flower-superexec", "clientapp": "bin/flwr-clientapp",
+                   "trainers": "nodes.volunteer.trainer", "bundle trainer": "--bundle"}
 
 
 class Peaks:
@@ -174,7 +179,7 @@ def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNT
                                          str(coord / "tls" / tls.CA_CERT), "--key", str(folder), "--partition",
                                          f"{i}/{volunteers}", "--device", "cpu", "--trust-code", sha, *plays],
                                         folder, folder / "join.log"))
-                peaks.watch(f"node{i}", procs[-1].pid)
+                peaks.watch(f"node{i}", procs[-1].pid, {f"node{i} {part}": mark for part, mark in VOLUNTEER_PARTS.items()})
             try:
                 code = coordinator.wait(rounds * (DEADLINE + 120) + 300)
             except subprocess.TimeoutExpired:
@@ -189,7 +194,7 @@ def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNT
     audited = time.monotonic()
     problems, _, replayed = audit.verify(coord)
     audit_seconds = round(time.monotonic() - audited, 1)
-    trees = {k: v for k, v in peaks.mb.items() if k != "coordinator" and k not in PARTS}
+    trees = {k: v for k, v in peaks.mb.items() if k.startswith("node") and " " not in k}
     return {
         "model": model, "d": model_size(model), "volunteers": volunteers, "attack": attack,
         "seconds": round(time.monotonic() - start, 1),
@@ -203,6 +208,7 @@ def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNT
         "parts_peak_mb": {part: round(peaks.mb.get(part, 0.0), 1) for part in PARTS},
         "volunteer_peak_mb": round(max(trees.values(), default=0.0), 1),
         "volunteers_peak_mb": {k: round(v, 1) for k, v in trees.items()},
+        "volunteer_parts_peak_mb": {k: round(v, 1) for k, v in peaks.mb.items() if k.startswith("node") and " " in k},
         "audit_problems": problems, "audit_replayed": replayed, "audit_seconds": audit_seconds,
         **wire_sizes(settings), "folder": str(root),
     }
@@ -229,6 +235,9 @@ def print_report(report: dict) -> None:
     print(f"peak resident MB: coordinator tree {dep['coordinator_peak_mb']:.0f}, largest volunteer tree "
           f"{dep['volunteer_peak_mb']:.0f} ({', '.join(f'{k} {v:.0f}' for k, v in dep['volunteers_peak_mb'].items())}); "
           f"final accuracy {dep['final_accuracy']:.3f}; {dep['seconds']:.0f} s")
+    print("peak MB of each process (VmHWM; the ClientApps of a task at once): coordinator "
+          + ", ".join(f"{k} {v:.0f}" for k, v in dep["parts_peak_mb"].items()) + "; "
+          + ", ".join(f"{k} {v:.0f}" for k, v in dep["volunteer_parts_peak_mb"].items()))
     verdict = "; ".join(dep["audit_problems"]) or ("passes, every round replayed" if dep["audit_replayed"] else "passes")
     print(f"robust audit verify: {verdict} ({dep['audit_seconds']:.0f} s)")
 

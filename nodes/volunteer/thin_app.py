@@ -85,10 +85,12 @@ def decline(folder: Path, task: Task, task_content: RecordDict, err: channel.Cha
     return reply_content(reply, None)
 
 
-def relay(folder: Path, task_content: RecordDict, sent_at: float, ttl: float) -> RecordDict:
+def relay(folder: Path, task_content: RecordDict, sent_at: float, ttl: float, take: bool = False) -> RecordDict:
     """The reply to ``task_content`` (sent at ``sent_at``, living ``ttl`` seconds), from the
     node's warm trainer; a decline saying why if the trainer did not answer. ``RuntimeError``:
-    the trainer could not answer this task, and why."""
+    the trainer could not answer this task, and why. ``take``: the task's arrays are handed to
+    the trainer (``task_content`` keeps none: this process does not hold the model while the
+    trainer trains). The reply keeps the bytes the trainer sent (no copy of its row)."""
     task = task_of(task_content)
     until = time.monotonic() + budget(task, sent_at, ttl, time.time())
     bundle = ""
@@ -101,14 +103,14 @@ def relay(folder: Path, task_content: RecordDict, sent_at: float, ttl: float) ->
     try:
         if bundle:
             bundles.ensure(folder, bundle, codetrust.INSTALLED["path"], until)
-        header, frames, pid = channel.ask(folder, {"sent_at": sent_at}, lambda: pack(task_content), until, bundle)
+        header, frames, pid = channel.ask(folder, {"sent_at": sent_at}, lambda: pack(task_content, take), until, bundle)
         error = header.get("error")
         if not isinstance(error, str):
             raise channel.Garbled("the answer's header has no error field", pid)
         if error:
             raise RuntimeError(f"the trainer could not answer: {error}")
         try:
-            reply = unpack(frames)  # each frame let go as its array takes it: one copy of the reply at a time
+            reply = unpack(frames)  # the frames become the arrays: the reply is held once
         except ValueError as err:
             raise channel.Garbled(str(err), pid) from None
         if REPLY not in reply.config_records:
@@ -137,7 +139,7 @@ app = ClientApp()
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     folder = Path(str(context.node_config["folder"]))
-    return Message(relay(folder, msg.content, msg.metadata.created_at, msg.metadata.ttl), reply_to=msg)
+    return Message(relay(folder, msg.content, msg.metadata.created_at, msg.metadata.ttl, take=True), reply_to=msg)
 
 
 @app.query()

@@ -84,7 +84,7 @@ def handle(node: Node, conn: socket.socket, bundles: Bundles) -> None:
             pass
         return
     try:
-        content = unpack(frames, writable=True)  # the frames become the arrays: the task's model is held once
+        content = unpack(frames)  # the frames become the arrays: the task's model is held once
         fault = faults.trainer_fault(node.config.attack, task_of(content).round)
         if fault == "crash":
             os.kill(os.getpid(), signal.SIGKILL)
