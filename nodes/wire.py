@@ -130,11 +130,22 @@ def model_array(w: np.ndarray, downlink: str) -> np.ndarray:
     return w.astype(np.float16) if downlink == "fp16" else w
 
 
+def npy_array(a: np.ndarray) -> Array:
+    """Flower's ``Array(a)``, the ``.npy`` bytes ``np.save`` writes (a C-ordered array, its
+    header version 1.0), made with one copy of ``a``'s bytes where Flower makes two at once (its
+    buffer, then the buffer's value): 400 MB less at the peak of a 100M model's message."""
+    a = np.ascontiguousarray(a)
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(a))
+    data = b"".join([head.getvalue(), memoryview(a).cast("B")])
+    return Array(dtype=str(a.dtype), shape=tuple(a.shape), stype="numpy.ndarray", data=data)
+
+
 def model_record(w: np.ndarray) -> ArrayRecord:
     """The model array ``w`` as tasks carry it: one record for every task that carries ``w``
     (each ``Array`` is a serialized copy of the model in the ServerApp, while the SuperLink
     stores an object once per content hash: shared, ``n`` tasks cost one copy, not ``n``)."""
-    return ArrayRecord({"w": Array(w)})
+    return ArrayRecord({"w": npy_array(w)})
 
 
 def task_content(task: Task, w: np.ndarray | ArrayRecord, check: tuple[str, str] | None = None,
@@ -195,9 +206,9 @@ def reply_content(reply: Reply, row: np.ndarray | Encoded | None) -> RecordDict:
     """A reply; its update a float32 ``row`` (codec ``none``) or a codec's encoding (named arrays)."""
     records: dict = {REPLY: ConfigRecord(asdict(reply))}
     if isinstance(row, dict):
-        records[UPDATE] = ArrayRecord({name: Array(a) for name, a in row.items()})
+        records[UPDATE] = ArrayRecord({name: npy_array(a) for name, a in row.items()})
     elif row is not None:
-        records[UPDATE] = ArrayRecord({"row": Array(row)})
+        records[UPDATE] = ArrayRecord({"row": npy_array(row)})
     return RecordDict(records)
 
 
@@ -276,7 +287,7 @@ def claim_content(reply: Reply, hashes: list[str] | None = None, states: np.ndar
     records: dict = {REPLY: ConfigRecord(asdict(reply))}
     if states is not None:
         records[CLAIM] = ConfigRecord({"hashes": list(hashes)})
-        records[UPDATE] = ArrayRecord({"states": Array(np.ascontiguousarray(states.reshape(-1)))})
+        records[UPDATE] = ArrayRecord({"states": npy_array(states.reshape(-1))})
     return RecordDict(records)
 
 

@@ -11,7 +11,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from nodes.volunteer import channel
-from nodes.wire import array_of, pack, unpack
+from nodes.wire import array_of, npy_array, pack, unpack
 
 
 def pair():
@@ -79,3 +79,11 @@ def test_each_way_a_read_fails():
     a.sendall(channel.LENGTH.pack(len(head)) + head + channel.LENGTH.pack(10) + b"12345")
     with pytest.raises(channel.Silent, match="no answer in time"):
         channel.receive(b, time.monotonic() + 0.3)  # half a body, then nothing
+
+
+def test_an_array_is_flowers_own_bytes_made_with_one_copy():
+    for a in (np.arange(10, dtype=np.float32), np.arange(7, dtype=np.float16), np.arange(-5, 5, dtype=np.int8),
+              np.zeros(0, np.float32), np.arange(12.0).reshape(3, 4), np.arange(12.0).reshape(3, 4).T):
+        ours, flowers = npy_array(a), Array(np.ascontiguousarray(a))
+        assert (ours.data, ours.dtype, ours.shape, ours.stype) == (flowers.data, flowers.dtype, flowers.shape, flowers.stype)
+        assert ours.object_id == flowers.object_id and np.array_equal(ours.numpy(), a)

@@ -145,9 +145,14 @@ def test_vmapped_updates_equal_per_node_updates(spec, steps):
 @pytest.mark.parametrize("spec", ["momentum", "delta:steps=3", "delta:steps=3,clip=0.5",
                                   "delta:steps=3,inner=adamw,clip=0.5", "delta:steps=3,inner=adamw"])
 @pytest.mark.parametrize("model_name, shape", [("mlp", (6,)), ("gpt:layers=1,width=16,heads=2,context=8", (8,))])
-def test_the_in_place_kernel_gives_the_functional_kernels_bits_and_leaves_the_model_alone(spec, model_name, shape):
-    """A volunteer's kernel (in place: each state held once) and the batched driver's (functional,
-    as ``vmap`` needs) do the same operations in the same order: the same bits, every state."""
+def test_the_in_place_kernel_gives_the_functional_kernels_bits_and_leaves_the_model_alone(spec, model_name, shape,
+                                                                                          monkeypatch):
+    """A volunteer's kernel (in place: each state held once, updated in pieces) and the batched
+    driver's (functional, as ``vmap`` needs) do the same operations in the same order: the same
+    bits, every state."""
+    import nodes.engine.protocol
+
+    monkeypatch.setattr(nodes.engine.protocol, "PIECE", 7)  # pieces that cut every tensor, unevenly
     classes = 256 if model_name.startswith("gpt") else 3
     model = build_model(model_name, shape, classes, seed=0)
     protocol = Protocol.parse(spec, lr=0.05, momentum=0.9, batch_size=5)
