@@ -70,14 +70,7 @@ def test_a_volunteer_declines_a_task_its_memory_limit_cannot_hold_and_trains_one
         proc = launch.start_trainer(node, node / "trainer.log", setup={
             "device": "cpu", "dataset": "pystdlib", "root": None, "part": "1/1", "attack": "", "slow": 0.0,
             "code": ""}, wrap=["sh", "-c", f'echo $$ > {group / "cgroup.procs"} && exec "$@"', "sh"])
-        until = time.monotonic() + 300
-        while proc.poll() is None and time.monotonic() < until:
-            try:
-                channel.connect(node, time.monotonic()).close()
-                break
-            except channel.Absent:
-                time.sleep(0.3)
-        assert proc.poll() is None, (node / "trainer.log").read_text()
+        _ready(proc, node)
         assert "MB free (its memory control group" not in (node / "trainer.log").read_text()  # no limit yet
         tasks, w = coord.tasks([fingerprint(node)])
         task = tasks[fingerprint(node)]
