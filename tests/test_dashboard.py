@@ -74,6 +74,7 @@ def test_the_api_describes_the_run_rounds_and_every_node(run, board):
     rounds = get(board.url, "/api/rounds").json()
     assert [r["accuracy"] for r in rounds] == [r["accuracy"] for r in records]
     assert [r["bytes_up"] for r in rounds] == [r["bytes_up"] for r in records]
+    assert [r["costs"] for r in rounds] == [r["costs"] for r in records]  # where each round's seconds went
     by_id = {n["id"]: n for n in get(board.url, "/api/nodes").json()}
     bad, flaky = by_id[short(fingerprint(nodes[3]))], by_id[short(fingerprint(nodes[1]))]
     assert (bad["asked"], bad["rejected"], bad["accepted"], bad["flags"], bad["quarantined"]) == (2, 2, 0, 2, 2)
@@ -259,6 +260,8 @@ def test_demo_shows_the_run_live_in_a_browser_and_ends_with_the_in_process_bits(
             points = page.one("svg", id="accuracy-chart").all("circle", class_="point")
             assert [p.attrs["data-round"] for p in points] == ["1", "2", "3", "4"]
             assert page.one(id="state").text() == "finished" and page.one(id="chain").text() == "intact through round 4"
+            costs = page.one(id="round-costs").text()  # where the last round's seconds went
+            assert costs.startswith("round 4: ") and "waiting " in costs and "(slowest training " in costs, costs
             assert page.one(id="node-frame").attrs["data-overflow"] == "0"  # at 1280 px no column of the table is cut
             assert shot.stat().st_size > 10_000
     finally:  # SIGTERM stops it as Ctrl-C does (a background job's SIGINT may be ignored)

@@ -289,3 +289,25 @@ def test_selecting_rules_train_20_rounds_without_quarantining_honest_nodes(tmp_p
     assert [r["accepted"] for r in records] == [7] * 20 and not any(r["skipped"] for r in records)
     assert records[-1]["quarantined"] == []
     assert records[-1]["accuracy"] > records[0]["accuracy"] + 0.2
+
+
+def test_a_rounds_seconds_are_split_where_they_went_each_counted_once(federation, monkeypatch):
+    """``costs``: the coordinator's own blocks, a block timed inside another counted in its own
+    cost only, and the rest waiting; here on a clock the test sets."""
+    from nodes.coordinator import coordinator as module
+
+    folder, nodes = federation
+    coord = Coordinator(folder)
+    ticks = iter([10.0, 12.0, 15.0, 16.0])
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(ticks))
+    with coord.timed("check"):  # 10 .. 16, of which 12 .. 15 hashing
+        with coord.timed("hashing"):
+            pass
+    assert (coord.costs["check"], coord.costs["hashing"]) == (3.0, 3.0)
+    monkeypatch.undo()
+    record = play(coord, nodes)
+    assert tuple(record["costs"]) == module.COSTS and min(record["costs"].values()) >= 0
+    assert record["costs"]["check"] > 3.0 and record["costs"]["hashing"] > 3.0  # the round's, counted on from before
+    assert record["costs"]["rule"] > 0 and record["costs"]["evaluation"] > 0 and record["costs"]["audit"] > 0
+    assert sum(record["costs"].values()) == pytest.approx(record["seconds"], abs=1e-3)  # waiting is the rest
+    assert all(v == 0.0 for v in coord.costs.values())  # the next round starts from nothing

@@ -91,7 +91,9 @@ def short(fp: str) -> str:
 
 
 SPOOL_ABOVE = 2**30  # spool = auto: a round's rows past this many bytes wait on disk
-COSTS = ("send", "check", "engine", "audit")  # what a round record's ``costs`` split the coordinator's own seconds into
+# what a round record's ``costs`` split its seconds into: the coordinator's own (each block counted
+# once, in the innermost cost that times it) and the rest, ``waiting`` for replies
+COSTS = ("send", "check", "hashing", "spool", "engine", "spot checks", "rule", "evaluation", "audit", "waiting")
 IN_FLIGHT_BYTES = 2 * 2**30  # in-flight = 0 (auto): the replies of the tasks out at once stay under this
 
 
@@ -115,6 +117,9 @@ class Coordinator:
         self.ledger = TaskLedger(s.max_staleness, lambda fp: fp in flags.quarantined or fp in flags.convicted)
         # the coordinator's own seconds since the last round's record, by what they went to (see finish_round)
         self.costs: dict[str, float] = dict.fromkeys(COSTS, 0.0)
+        self._timing: list[str] = []  # the costs being timed, innermost last
+        self._since = 0.0  # when the innermost began or resumed
+        self.engine.clock = self.timed
         self.rowstore = self._rule_store()
         self._resume()
         self._collect()
@@ -270,12 +275,19 @@ class Coordinator:
 
     @contextlib.contextmanager
     def timed(self, cost: str) -> Iterator[None]:
-        """Count the seconds the block takes in this round's ``costs[cost]`` (``COSTS``)."""
-        start = time.perf_counter()
+        """Count the seconds the block takes in this round's ``costs[cost]`` (``COSTS``); a block
+        timed inside it counts in its own cost only (the outer one pauses)."""
+        now = time.perf_counter()
+        if self._timing:
+            self.costs[self._timing[-1]] += now - self._since
+        self._timing.append(cost)
+        self._since = now
         try:
             yield
         finally:
-            self.costs[cost] += time.perf_counter() - start
+            now = time.perf_counter()
+            self.costs[self._timing.pop()] += now - self._since
+            self._since = now
 
     def _take(self, ticket: Ticket, content: RecordDict, inbox: Inbox) -> None:
         fp = ticket.node
@@ -333,7 +345,8 @@ class Coordinator:
         path = audit.update_path(self.folder, update, sha)
         if not path.exists():
             try:
-                audit.keep(self.folder, update, sha)
+                with self.timed("spool"):
+                    audit.keep(self.folder, update, sha)
             except OSError as err:  # the disk, not the node: the round fails, the checkpoint stands
                 raise OSError(err.errno, f"round {self.round + 1} stopped: an update could not be spooled to "
                               f"{path.parent} ({err.strerror or err}): free disk space, then `robust coordinator "
@@ -369,7 +382,8 @@ class Coordinator:
             return reason
         if reply.author:
             return "a spot check's reply where an update was expected"
-        sha = sha256(tensor)
+        with self.timed("hashing"):
+            sha = sha256(tensor)
         if fp not in self.keys or not keys.verify(self.keys[fp], reply.signature, reply_payload(reply, sha)):
             return "bad signature"
         if not 1 <= reply.count <= self.settings.max_count:
@@ -383,11 +397,15 @@ class Coordinator:
         Rejected replies (bad content) count as flags; failed ones (a transport error, or a
         node declining the task) are recorded without a flag: they are not lies. A node
         without a usable reply ``rest_after`` rounds in a row is rested (``nodes.coordinator.attendance``).
-        The seconds nodes say their training took only feed the overhead figure. ``costs``: the
-        coordinator's own seconds this round, handing its tasks to Flower (``send``: the
-        transport adds them), reading and checking replies (``check``), in the engine (spot
-        checks included) and storing the updates for the audit (``audit``); the checkpoint
-        and the log line are written after the record is made."""
+        The seconds nodes say their training took only feed the overhead figure. ``costs``: where
+        the round's seconds went: the coordinator's own, handing its tasks to Flower (``send``:
+        the transport adds them), reading and checking replies (``check``), hashing them
+        (``hashing``), writing them to the spool (``spool``), the engine's ``spot checks``,
+        ``rule`` (the aggregation and the step) and ``evaluation`` (the held-out metric) and the
+        rest of its step (``engine``: screening, ordering), storing the updates for the audit
+        (``audit``); and the rest, ``waiting`` for replies (their transfer, the volunteers'
+        training, Flower's polling). The checkpoint and the log line are written after the
+        record is made."""
         ids, X = self.rows(inbox)
         if self._task_bytes is None:  # the model array's bytes: the same every round
             self._task_bytes = content_bytes(task_content(*self.task()))
@@ -419,6 +437,7 @@ class Coordinator:
             log.warning("round %d: %s gave no usable reply %d rounds in a row: not asked for %d rounds",
                         record["round"], short(fp), self.settings.rest_after, self.settings.rest_after)
         record["seconds"] = round(time.monotonic() - started, 3)
+        record["costs"]["waiting"] = round(max(record["seconds"] - sum(record["costs"].values()), 0.0), 4)
         record["train_seconds_max"] = round(max((inbox.seconds.get(fp, 0.0) for fp in ids), default=0.0), 3)
         record["reply_seconds"] = {short(fp): round(s, 3) for fp, s in sorted(inbox.waited.items())}
         self.save(record)

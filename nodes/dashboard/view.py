@@ -117,6 +117,7 @@ def _rounds(records: list[dict]) -> list[dict]:
         "accepted": r.get("accepted"), "rejected": len(r.get("rejected", {})), "failed": len(r.get("failed", {})),
         "missing": len(r.get("missing", [])), "flagged": [short(fp) for fp in r.get("flagged", [])],
         "skipped": r.get("skipped", ""), "evidence_h": r.get("evidence", {}).get("h"),
+        "costs": r.get("costs", {}), "train_seconds_max": r.get("train_seconds_max"),
     } for r in records]
 
 

@@ -55,7 +55,8 @@ from (``nodes.engine.states``: the node's last row a round used), and a check re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager as ContextManager, nullcontext
 from dataclasses import replace
 from typing import Protocol as Interface
 
@@ -232,6 +233,9 @@ class Engine:
         # momentum work is checked from the momentum each task names (nodes.engine.states)
         self.states = States(self.w.numel()) if s.spot_check and self.protocol.keeps_momentum else None
         self.round = 0  # rounds finished
+        # ``clock(phase)``: a context manager timing the step's phases ("spot checks", "rule",
+        # "evaluation"), the coordinator's (its records' ``costs``); none in the bench
+        self.clock: Callable[[str], ContextManager] = lambda phase: nullcontext()
 
     @property
     def w(self) -> torch.Tensor:
@@ -313,7 +317,8 @@ class Engine:
                     skipped = cannot_step(self.chain, self.quorum, len(ids))  # crafted rows may have been rejected
             verdicts, convicted = [], []
             if self.settings.spot_check and not skipped:
-                ids, X, verdicts, convicted = self._spot_check(t, ids, X, tasks, rejected)
+                with self.clock("spot checks"):
+                    ids, X, verdicts, convicted = self._spot_check(t, ids, X, tasks, rejected)
                 skipped = cannot_step(self.chain, self.quorum, len(ids))
             used = X  # as the nodes sent them
             if staleness is not None:
@@ -321,20 +326,22 @@ class Engine:
             inputs = None if skipped or not self.chain.needs else self.inputs(ids)
             # only the rule and the detectors run under the device's profile: CUDA's deterministic mode is
             # process-wide and would change the CPU algorithms of a spot check's recomputation or the root update
-            with profile(self.settings.threads, self.device):
+            with self.clock("rule"), profile(self.settings.threads, self.device):
                 aggregate, scores, flagged = judge(self.chain, self.flags, t, ids, X, rejected, not skipped, inputs,
                                                    self.device)
             if aggregate is not None:
                 if self.states is not None:
                     self.states.keep(ids, used)
                 w_old = self.w
-                self.w, self.buffer = self.protocol.apply(self.w, aggregate, self.buffer)
+                with self.clock("rule"):
+                    self.w, self.buffer = self.protocol.apply(self.w, aggregate, self.buffer)
                 if self.lookahead is not None:
                     self.lookahead.observe(w_old, self.w, [staleness[i] for i in ids] if staleness else [])
             if self.hook is not None:
                 self.hook.observe(ids, X.tensor(), aggregate)
             self.round = t
-            acc, loss = self.evaluate()
+            with self.clock("evaluation"):
+                acc, loss = self.evaluate()
         rows = {
             **({"task_sha256": self.task_model()[1]} if self.lookahead is not None or self.downlink is not None else {}),
             "spot": [v.record() for v in verdicts], "convicted": convicted,

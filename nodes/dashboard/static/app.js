@@ -118,9 +118,18 @@ function renderRounds(rounds) {
         {lo: 0, hi: 1});
   chart(document.getElementById("seconds-chart"), [{points: rounds.map((r) => [r.round, r.seconds]), cls: "seconds"}],
         {lo: 0, label: (y) => fmt(y, 1)});
+  document.getElementById("round-costs").textContent = roundCosts(rounds[rounds.length - 1]);
   chart(document.getElementById("bytes-chart"), [
     {points: rounds.map((r) => [r.round, r.bytes_up]), cls: "up"},
     {points: rounds.map((r) => [r.round, r.bytes_down]), cls: "down"}], {lo: 0, label: fmtBytes});
+}
+
+function roundCosts(r) {
+  // where the last round's seconds went, largest first: waiting (the slowest training in it) and the coordinator's own
+  if (!r || !r.costs || !Object.keys(r.costs).length) return "";
+  const parts = Object.entries(r.costs).filter(([, s]) => s >= 0.05).sort((a, b) => b[1] - a[1]).map(([k, s]) =>
+    `${k} ${fmt(s, 1)}` + (k === "waiting" && r.train_seconds_max ? ` (slowest training ${fmt(r.train_seconds_max, 1)})` : ""));
+  return `round ${r.round}: ${fmt(r.seconds, 1)} s` + (parts.length ? `: ${parts.join(", ")}` : "");
 }
 
 function evidenceChart(node) {
