@@ -145,3 +145,26 @@ def test_a_trainer_holds_each_copy_of_the_model_once(tmp_path):
     slopes = {spec: (mb[1] - mb[0]) / (sizes[1] - sizes[0]) for spec, mb in added.items()}
     for spec, copies in COPIES.items():
         assert copies - 0.3 < slopes[spec] < copies + 0.5, (spec, slopes, added, sizes)
+
+
+def test_the_clientapp_assembles_a_pulled_array_once_and_as_flower_does(monkeypatch, tmp_path):
+    """``nodes.volunteer.inflate``: a pulled array's chunks (two of them the same object) made
+    into Flower's own array, its bytes joined in one allocation; the gate installs it."""
+    import numpy as np
+    from flwr.app import Array
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+    from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+
+    from nodes import codetrust
+    from nodes.volunteer import inflate
+
+    array = Array(np.zeros(4_000_000, dtype=np.float32))  # 16 MB: 4 chunks of at most 5 MB, the 2nd and 3rd alike
+    contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(array).items()}
+    assert len(contents) == 4  # the array and 3 distinct chunks
+    flowers = inflate_object_from_contents(array.object_id, dict(contents))
+    monkeypatch.setattr(Array, "inflate", classmethod(inflate.inflate))
+    ours = inflate_object_from_contents(array.object_id, dict(contents))
+    assert isinstance(ours.data, bytes) and ours.data == flowers.data == array.data
+    assert (ours.dtype, ours.shape, ours.stype) == (flowers.dtype, flowers.shape, flowers.stype)
+    assert ours.object_id == array.object_id
+    assert "lean()" in (codetrust.install_gate(tmp_path) / "flwr-clientapp").read_text()  # in every task's process
