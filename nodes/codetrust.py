@@ -109,12 +109,15 @@ def pending(folder: Path) -> dict[str, dict]:
     return out
 
 
-def admit_bundle(folder: Path, fab: bytes) -> None:
-    """Return if the volunteer in ``folder`` may install ``fab``; else leave a request for
-    ``robust node join`` and raise ``PermissionError`` saying how to accept it."""
+def admit_bundle(folder: Path, fab: bytes) -> str:
+    """The SHA-256 of ``fab`` if the volunteer in ``folder`` may install it and it ships code,
+    ``""`` if it ships none; else leave a request for ``robust node join`` and raise
+    ``PermissionError`` saying how to accept it."""
     sha, files, clientapp = bundle_sha256(fab)
-    if not ships_code(files, clientapp) or sha in trusted(folder):
-        return
+    if not ships_code(files, clientapp):
+        return ""
+    if sha in trusted(folder):
+        return sha
     requests = folder / REQUESTS
     requests.mkdir(exist_ok=True)
     (requests / f"{sha}.json").write_text(json.dumps({"files": files, "clientapp": clientapp}))
@@ -166,11 +169,9 @@ def run_gated(folder: str, run: Callable[..., None]) -> int:
     install = run_clientapp.install_from_fab
 
     def gated(fab_file: bytes | Path, *args, **kwargs) -> Path:
-        fab = fab_file.read_bytes() if isinstance(fab_file, Path) else fab_file
-        admit_bundle(Path(folder), fab)
+        sha = admit_bundle(Path(folder), fab_file.read_bytes() if isinstance(fab_file, Path) else fab_file)
         path = install(fab_file, *args, **kwargs)
-        sha, files, clientapp = bundle_sha256(fab)
-        if ships_code(files, clientapp):
+        if sha:
             INSTALLED.update(sha=sha, path=str(path))
         return path
 

@@ -187,14 +187,14 @@ def test_the_bundle_hash_is_of_the_files_and_only_code_needs_trust(tmp_path):
 
     node = tmp_path / "node"
     node.mkdir()
-    codetrust.admit_bundle(node, build_fab_from_disk(own))  # robust's own app: nothing to accept
+    assert codetrust.admit_bundle(node, build_fab_from_disk(own)) == ""  # robust's own app: nothing to accept
     with pytest.raises(PermissionError, match=f"has not accepted the code bundle {sha}.*--trust-code {sha}"):
         codetrust.admit_bundle(node, fab)
     assert codetrust.pending(node)[sha]["files"]["mymodel.py"] == (EXAMPLE / "mymodel.py").stat().st_size
     with pytest.raises(ValueError, match="write the 64 hex digits"):
         codetrust.trust(node, sha[:-1])
     codetrust.trust(node, sha.upper())
-    codetrust.admit_bundle(node, fab)
+    assert codetrust.admit_bundle(node, fab) == sha  # accepted: the code its warm trainer runs
     assert codetrust.trusted(node) == {sha}
 
     # installed (as Flower unpacks it, less its metadata): a bundle's trainer checks it before importing it

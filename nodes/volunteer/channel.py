@@ -2,9 +2,10 @@
 
 A Unix stream socket, ``DIR/trainer/socket``, in a folder only the volunteer's user may enter
 (0700; the socket itself 0600): no other user of the machine can hand the trainer a task or
-read its replies. A code bundle's trainer (``nodes.volunteer.bundles``) listens on its own,
-``DIR/trainer/SHA/socket`` (the bundle's SHA-256, its first 16 digits). The trainer binds it (replacing the one a killed trainer left behind); a
-ClientApp connects, sends one request, reads one answer, and the connection closes.
+read its replies. The trainer binds it (replacing the one a killed trainer left behind); a
+ClientApp connects, sends one request, reads one answer, and the connection closes. A code
+bundle's trainer (``nodes.volunteer.bundles``) listens on a socket of its own,
+``DIR/trainer/SHA/socket`` (the first 16 digits of the bundle's SHA-256), the same way.
 
 A request and an answer are frames, a frame being its length (8 bytes, big-endian) then its
 bytes: a JSON object (the header, with ``parts``: how many frames the body has), then the
