@@ -46,6 +46,7 @@ coordinator replay`` and ``robust audit verify`` check.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Iterator
@@ -67,7 +68,6 @@ from .. import checkpoint
 from ..engine.engine import Engine, ThreatHook
 from ..engine.inbox import Inbox
 from ..engine.ledger import Ticket, TaskLedger, ttl
-from ..engine.protocol import Protocol
 from ..engine.root import Root
 from ..engine.rows import rejection_reason, stacked
 from ..settings import Settings
@@ -224,10 +224,11 @@ class Coordinator:
             checkpoint.write_atomic(self.folder / TASKS_SENT, lambda out: out.write(f"{self.sent}\n".encode()))
         return tasks, model_array(w.numpy(), self.settings.downlink)
 
-    @property
+    @functools.cached_property
     def memory(self) -> int:
-        """Bytes a volunteer holds at once for a task (``Protocol.memory``), said in every task."""
-        return sum(Protocol.of(self.settings).memory(self.engine.w.numel()).values())
+        """Bytes a volunteer holds at once for a task (``Protocol.memory``), said in every task
+        (the run's protocol and model size: the same for the whole run)."""
+        return sum(self.engine.protocol.memory(self.engine.w.numel()).values())
 
     def model(self) -> torch.Tensor:
         """The model the tasks being issued carry (a spot check recomputes from it)."""

@@ -27,7 +27,7 @@ import hashlib
 
 import torch
 
-from robust.params import sha256, sha256_joined
+from robust.params import sha256_joined
 
 VERSION = b"robust-trajectory/v1"
 
@@ -66,11 +66,10 @@ class Recorder:
 
     def __call__(self, step: int, local: dict[str, torch.Tensor], optimiser: tuple[dict[str, torch.Tensor], ...]
                  ) -> None:
+        # hashed block by block (sha256 of state(...), without making it): a state is joined only if kept
+        self.hashes.append(sha256_joined([p for block in (local, *optimiser) for p in block.values()]))
         if self.keep is True or (self.keep and step in self.keep):
-            self.states[step] = s = state(local, optimiser)
-            self.hashes.append(sha256(s))
-        else:  # hashed block by block: no joined copy of the state
-            self.hashes.append(sha256_joined([p for block in (local, *optimiser) for p in block.values()]))
+            self.states[step] = state(local, optimiser)
 
     @property
     def root(self) -> str:
