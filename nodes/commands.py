@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from robust import keys, tls
+from robust.allocator import give_back
 
 from . import checkpoint, launch
 from .coordinator.admission import ADMITTED, admit, scan
@@ -99,6 +100,7 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
         return 0
     disk = coordinator.disk()
     del coordinator  # its engine holds the model 2-3 times: this process only follows the run
+    give_back()
     check_disk(disk, folder, settings.rounds - done_rounds)
     launch.prepare_coordinator(folder, settings.port, settings.code)
     (folder / checkpoint.RESULT).unlink(missing_ok=True)

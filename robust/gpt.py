@@ -25,6 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .constraints import Interval, Param, check_all, table
 from .spec import parse
@@ -88,6 +89,15 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    """``recompute``: keep only each block's input through the forward pass and recompute the
+    block's activations in the backward pass (``torch.utils.checkpoint``): the activations of
+    one block held at a time instead of all of them (at 100M parameters, batch 8 of 128 bytes:
+    about 1 GB less) for one more forward pass; the same bits. Set by
+    ``robust.models.recomputing`` around an autograd gradient (``torch.func`` transforms do not
+    take it)."""
+
+    recompute = False
+
     def __init__(self, layers: int, width: int, heads: int, context: int, vocab: int = VOCAB) -> None:
         super().__init__()
         self.tokens = nn.Embedding(vocab, width)
@@ -107,8 +117,9 @@ class GPT(nn.Module):
         t = x.shape[-1]
         h = self.tokens(x.long()) + self.positions[:t]
         mask = self.mask[:t, :t].to(h.dtype)
+        again = self.recompute and torch.is_grad_enabled()
         for block in self.blocks:
-            h = block(h, mask)
+            h = checkpoint(block, h, mask, use_reentrant=False) if again else block(h, mask)
         return self.head(self.norm(h)).transpose(1, 2)
 
 

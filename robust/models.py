@@ -16,8 +16,10 @@ in training and evaluation alike), so no per-node state escapes robust aggregati
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -62,6 +64,21 @@ def training_defaults(name: str) -> dict[str, object]:
     a language model's local AdamW (``robust.gpt.TRAINING``; plain SGD diverges on it at the
     image models' learning rates); nothing for the others, which take the declared defaults."""
     return dict(gpt.TRAINING) if not is_reference(name) and gpt.is_gpt(name) else {}
+
+
+@contextlib.contextmanager
+def recomputing(model: nn.Module) -> Iterator[None]:
+    """Within it, a model that can recompute its activations in the backward pass (a ``gpt``:
+    its ``recompute``) does: memory for the activations of one block instead of all; the same
+    bits. Other models are left as they are."""
+    if not hasattr(model, "recompute"):
+        yield
+        return
+    before, model.recompute = model.recompute, True
+    try:
+        yield
+    finally:
+        model.recompute = before
 
 
 FACTORY = "factory(shape, classes) -> torch.nn.Module"
@@ -165,8 +182,10 @@ class Scorer:
         return self.evaluate(w, x, y)[0]
 
     def evaluate(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-        """``(accuracy, mean cross-entropy)`` on ``(x, y)`` from one forward pass (a text model's:
-        next-token accuracy and the held-out loss)."""
+        """``(accuracy, mean cross-entropy)`` on ``(x, y)`` (a text model's: next-token accuracy
+        and the held-out loss): one forward pass, or, for a big model, one per
+        :func:`eval_rows` samples (their activations held at once: at 100M parameters and 256
+        windows of 128 bytes, about 1 GB in one pass), each sample's results then averaged."""
         if w.shape != (self.size,):
             raise ValueError(f"a vector of shape {tuple(w.shape)} for a model of {self.size} trained values")
         with torch.no_grad():
@@ -174,6 +193,24 @@ class Scorer:
             for p, shape in zip(self.params, self.shapes):
                 p.data = w[start : start + shape.numel()].view(shape)
                 start += shape.numel()
-            logits = self.model(x)
-            return (float((logits.argmax(dim=1) == y).float().mean()),
-                    float(torch.nn.functional.cross_entropy(logits, y)))
+            rows = eval_rows(self.size)
+            if len(x) <= rows:
+                logits = self.model(x)
+                return (float((logits.argmax(dim=1) == y).float().mean()),
+                        float(torch.nn.functional.cross_entropy(logits, y)))
+            hits, losses = [], []
+            for xs, ys in zip(x.split(rows), y.split(rows)):
+                logits = self.model(xs)
+                hits.append(logits.argmax(dim=1) == ys)
+                losses.append(torch.nn.functional.cross_entropy(logits, ys, reduction="none"))
+            return float(torch.cat(hits).float().mean()), float(torch.cat(losses).mean())
+
+
+EVAL_VALUES = 2**31  # samples x trained values a forward pass of the evaluation takes at once
+
+
+def eval_rows(d: int) -> int:
+    """Samples evaluated in one forward pass of a model of ``d`` trained values: all of them
+    below about 2e9 / d (the built-in models on their data sets, in one pass), fewer for big
+    models (21 at 100M parameters), whose activations grow with their width."""
+    return max(1, EVAL_VALUES // d)

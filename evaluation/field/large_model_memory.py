@@ -1,21 +1,26 @@
-"""``python -m evaluation.large_model``: a model of over 10M parameters in the bench and in a
-deployment on loopback, with its memory measured.
+"""``python -m evaluation.large_model``: a model of at least 100M parameters in the bench and in
+a deployment on loopback, with its memory measured.
 
-The model is the user factory ``bignet:make`` (``examples/large``: an MLP with two hidden layers
-of 3200, d = 10,483,210 on digits, a 42 MB float32 row).
+The model is ``gpt-100m`` by default (100,411,648 parameters, a 402 MB float32 row), trained as
+a language model trains here (:data:`TEXT`: the standard library's source in windows of 128
+bytes, 8 a step, 4 local AdamW steps a round); ``--model`` takes a factory of ``examples/large``
+too (``bignet:make``, 10.5M; ``hugenet:make``, 100.8M: the user's code, shipped to volunteers as
+the coordinator's app bundle; digits, 5 local SGD steps).
 
 - The bench: one cell (``--nodes-bench`` nodes, a fifth Byzantine playing alie against
-  nnm+trimmed-mean, ``delta:steps=5``) through ``evaluation.bench.drivers.inprocess.run_cell``, and the same cell
-  with the built-in ``mlp`` as a baseline, in this process: the peak resident memory each run
-  added (``evaluation.microbench.peak_memory``), as a multiple of the model (``d*4`` bytes) and of the round's
-  update matrix (``n*d*4``), wall time and final accuracy.
-- The deployment: ``robust coordinator start`` (SuperLink, ServerApp) and 3 volunteers
-  (``robust node join --trust-code SHA``: SuperNode, a ClientApp process per task) on
-  loopback, TLS, signed updates; the coordinator ships ``examples/large`` in its app bundle.
-  The resident memory of each process tree is sampled every half second; the report gives
-  each round's seconds, the bytes of a task and of a reply as Flower deflates them for the
-  wire, the final accuracy and the peak MB of the coordinator's tree and of the largest
-  volunteer's tree.
+  nnm+trimmed-mean) through ``evaluation.bench.drivers.inprocess.run_cell``, and the same cell
+  with a small model of the same kind as a baseline (``gpt-tiny``, ``mlp``), in this process:
+  the peak resident memory each run added (``evaluation.microbench.peak_memory``), as a
+  multiple of the model (``d*4`` bytes) and of the round's update matrix (``n*d*4``), wall time
+  and final accuracy.
+- The deployment: ``robust coordinator start`` (SuperLink, ServerApp) and ``--volunteers``
+  volunteers (``robust node join``: SuperNode, a ClientApp process per task, the node's warm
+  trainer, a code bundle's own trainer) on loopback, TLS, signed updates. The resident memory
+  of each process tree is sampled every half second; the report gives each round's seconds,
+  the bytes of a task and of a reply as Flower deflates them for the wire, the final accuracy,
+  the peak MB of the coordinator's tree and of each volunteer's, what each of a tree's parts
+  held at that tree's peak, and each part's own peak (``VmHWM``). ``--timeline FILE`` writes
+  every sample (each tree's parts' resident MB, one JSON line each).
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ from nodes.wire import Reply, Task, reply_content, task_content
 from robust import tls
 from robust.user_code import use_path
 from robust.data import load
-from robust.models import build_model
+from robust.gpt import is_gpt
+from robust.models import build_model, training_defaults
 from robust.params import flat_params, sha256
 
 from evaluation.bench.cell import Cell
@@ -51,23 +57,40 @@ from evaluation.bench.scenario import DEFAULTS, cells, validate
 from .stress import processes, robust_cli, rss_mb, tree
 
 CODE = Path(__file__).resolve().parents[2] / "examples" / "large"
-MODEL, BASELINE, AGGREGATOR, ATTACK, PROTOCOL = "bignet:make", "mlp", "nnm+trimmed-mean", "alie", "delta:steps=5"
+MODEL, AGGREGATOR, ATTACK = "gpt-100m", "nnm+trimmed-mean", "alie"
+# What each kind of model trains on here: a language model on the standard library's text in
+# windows of 128 bytes, 8 a step, with its own defaults (4 local AdamW steps); the image models
+# of ``examples/large`` (the user's code, shipped to volunteers) on digits, 5 local SGD steps.
+TEXT = {"dataset": "pystdlib:context=128", "batch_size": 8}
+IMAGES = {"dataset": "digits", "code": str(CODE), "protocol": "delta:steps=5"}
 VOLUNTEERS = 3
 DEADLINE = 600.0  # seconds a round waits: the nodes are local, only a broken one is late
 SAMPLE = 0.5  # seconds between memory samples
 MB = 2**20
 
 
+def trains_with(model: str) -> dict:
+    """The settings (by field name) ``model`` trains with here: :data:`TEXT` and the model's
+    own defaults for a language model, :data:`IMAGES` for the others."""
+    return {**TEXT, **training_defaults(model)} if is_gpt(model) else dict(IMAGES)
+
+
+def baseline(model: str) -> str:
+    """The small model of the same kind whose bench cell is the baseline."""
+    return "gpt-tiny" if is_gpt(model) else "mlp"
+
+
 def model_size(model: str) -> int:
-    """Trainable parameters of ``model`` on digits (``d``)."""
+    """Trainable parameters of ``model`` on the data set it trains on here (``d``)."""
     use_path(str(CODE))
-    data = load("digits", seed=0)
+    data = load(trains_with(model)["dataset"], seed=0)
     return flat_params(build_model(model, data.shape, data.classes)).numel()
 
 
 def bench_cell(model: str, nodes: int, rounds: int) -> Cell:
-    scenario = {**DEFAULTS, "model": model, "code": str(CODE), "nodes": nodes, "byzantine": max(1, nodes // 5),
-                "rounds": rounds, "protocol": PROTOCOL, "aggregators": [AGGREGATOR], "attacks": [ATTACK]}
+    given = {key.replace("_", "-"): value for key, value in trains_with(model).items()}
+    scenario = {**DEFAULTS, **given, "model": model, "nodes": nodes, "byzantine": max(1, nodes // 5),
+                "rounds": rounds, "aggregators": [AGGREGATOR], "attacks": [ATTACK]}
     validate(scenario)
     return cells(scenario)[0]
 
@@ -108,31 +131,59 @@ VOLUNTEER_PARTS = {"join": "robust.cli node join", "supernode": "bin/flower-supe
                    "trainers": "nodes.volunteer.trainer", "bundle trainer": "--bundle"}
 
 
-class Peaks:
-    """The largest resident memory (MB) of each named process tree, sampled in a thread, and
-    the peak (the kernel's high-water mark) of each named part of a tree: its processes whose
-    command line holds the part's mark."""
+def part_of(command: str, marks: dict[str, str]) -> str:
+    """The last part of ``marks`` whose mark ``command`` holds (a bundle's trainer is a trainer
+    too: the more specific mark comes later), else ``other``."""
+    return next((part for part, mark in reversed(marks.items()) if mark in command), "other")
 
-    def __init__(self) -> None:
+
+class Peaks:
+    """The largest resident memory (MB) of each named process tree, sampled in a thread, what
+    each of its parts held at that moment (``at_peak``), and the peak (the kernel's high-water
+    mark) of each named part of a tree: its processes whose command line holds the part's mark.
+    With ``timeline``, every sample's resident MB of each tree's parts, one JSON line each."""
+
+    def __init__(self, timeline: Path | None = None) -> None:
         self.roots: dict[str, int] = {}
-        self.parts: dict[str, tuple[str, str]] = {}  # part -> (its tree's name, its mark)
+        self.marks: dict[str, dict[str, str]] = {}  # tree -> its parts' marks
         self.mb: dict[str, float] = {}
+        self.at_peak: dict[str, dict[str, float]] = {}
+        self.timeline = timeline
+        self._start = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def watch(self, name: str, pid: int, parts: dict[str, str] | None = None) -> None:
         self.roots[name] = pid
-        self.parts.update({part: (name, mark) for part, mark in (parts or {}).items()})
+        self.marks[name] = parts or {}
 
     def _sample(self) -> None:
-        while not self._stop.wait(SAMPLE):
-            table = processes()
-            trees = {name: tree(pid, table) for name, pid in list(self.roots.items())}
-            for name, pids in trees.items():
-                self.mb[name] = max(self.mb.get(name, 0.0), rss_mb(pids, table))
-            for part, (name, mark) in list(self.parts.items()):
-                hwm = sum(table[pid].hwm_kb for pid in trees[name] if pid in table and mark in table[pid].command)
-                self.mb[part] = max(self.mb.get(part, 0.0), hwm / 1024)
+        out = self.timeline.open("a") if self.timeline else None
+        try:
+            while not self._stop.wait(SAMPLE):
+                self._once(processes(), out)
+        finally:
+            if out:
+                out.close()
+
+    def _once(self, table: dict, out) -> None:
+        line = {}
+        for name, root in list(self.roots.items()):
+            pids = [pid for pid in tree(root, table) if pid in table]
+            now: dict[str, float] = {}
+            for pid in pids:
+                part = part_of(table[pid].command, self.marks[name])
+                now[part] = now.get(part, 0.0) + table[pid].rss_kb / 1024
+            total = sum(now.values())
+            if total > self.mb.get(name, 0.0):
+                self.mb[name], self.at_peak[name] = total, {k: round(v, 1) for k, v in sorted(now.items())}
+            for part, mark in self.marks[name].items():
+                hwm = sum(table[pid].hwm_kb for pid in pids if mark in table[pid].command)
+                self.mb[f"{name} {part}"] = max(self.mb.get(f"{name} {part}", 0.0), hwm / 1024)
+            line[name] = {k: round(v) for k, v in now.items()}
+        if out:
+            out.write(json.dumps({"t": round(time.monotonic() - self._start, 1), **line}) + "\n")
+            out.flush()
 
     def __enter__(self) -> Peaks:
         self._thread.start()
@@ -156,18 +207,20 @@ def _wait_submitted(coordinator, log: Path) -> None:
 
 
 def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNTEERS, attack: str = "",
-           quorum: int = 0, changes: dict | None = None) -> dict:
+           quorum: int = 0, changes: dict | None = None, timeline: Path | None = None) -> dict:
     """A coordinator and ``volunteers`` volunteers training ``model`` on loopback, as users run
     them; the last one plays ``attack`` (none if empty); a round steps on ``quorum`` replies
-    (0: all of them); ``changes``: other settings (``nodes.settings``, by field name)."""
-    settings = Settings(**{"rounds": rounds, "model": model, "code": str(CODE), "aggregator": AGGREGATOR,
-                           "tolerate": 1, "quorum": quorum or volunteers, "protocol": PROTOCOL, "deadline": DEADLINE,
+    (0: all of them); ``changes``: other settings (``nodes.settings``, by field name);
+    ``timeline``: a file for every memory sample (:class:`Peaks`)."""
+    settings = Settings(**{"rounds": rounds, "model": model, **trains_with(model), "aggregator": AGGREGATOR,
+                           "tolerate": 1, "quorum": quorum or volunteers, "deadline": DEADLINE,
                            "wait_nodes": DEADLINE, "port": launch.free_port(), **(changes or {})})
     coord, folders = commands.local_federation(root, volunteers, settings, "large-model", ("large-model",))
-    sha = (coord / launch.CODE_SHA).read_text().strip()
+    shipped = coord / launch.CODE_SHA  # a code bundle the volunteers accept: the user's model, when it is one
+    trust = ["--trust-code", shipped.read_text().strip()] if shipped.exists() else []
     log, procs = coord / "start.log", []
     start = time.monotonic()
-    with Peaks() as peaks:
+    with Peaks(timeline) as peaks:
         try:
             coordinator = robust_cli(["coordinator", "start", str(coord)], coord, log)
             procs.append(coordinator)
@@ -177,9 +230,9 @@ def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNT
                 plays = ["--attack", attack] if attack and i == volunteers else []
                 procs.append(robust_cli(["node", "join", "--coordinator", f"127.0.0.1:{settings.port}", "--ca",
                                          str(coord / "tls" / tls.CA_CERT), "--key", str(folder), "--partition",
-                                         f"{i}/{volunteers}", "--device", "cpu", "--trust-code", sha, *plays],
+                                         f"{i}/{volunteers}", "--data", settings.dataset, "--device", "cpu", *trust, *plays],
                                         folder, folder / "join.log"))
-                peaks.watch(f"node{i}", procs[-1].pid, {f"node{i} {part}": mark for part, mark in VOLUNTEER_PARTS.items()})
+                peaks.watch(f"node{i}", procs[-1].pid, VOLUNTEER_PARTS)
             try:
                 code = coordinator.wait(rounds * (DEADLINE + 120) + 300)
             except subprocess.TimeoutExpired:
@@ -205,7 +258,8 @@ def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNT
                    for r in records],
         "final_accuracy": json.loads((coord / checkpoint.RESULT).read_text())["final_accuracy"],
         "coordinator_peak_mb": round(peaks.mb.get("coordinator", 0.0), 1),
-        "parts_peak_mb": {part: round(peaks.mb.get(part, 0.0), 1) for part in PARTS},
+        "parts_peak_mb": {part: round(peaks.mb.get(f"coordinator {part}", 0.0), 1) for part in PARTS},
+        "at_peak_mb": peaks.at_peak,
         "volunteer_peak_mb": round(max(trees.values(), default=0.0), 1),
         "volunteers_peak_mb": {k: round(v, 1) for k, v in trees.items()},
         "volunteer_parts_peak_mb": {k: round(v, 1) for k, v in peaks.mb.items() if k.startswith("node") and " " in k},
@@ -238,6 +292,8 @@ def print_report(report: dict) -> None:
     print("peak MB of each process (VmHWM; the ClientApps of a task at once): coordinator "
           + ", ".join(f"{k} {v:.0f}" for k, v in dep["parts_peak_mb"].items()) + "; "
           + ", ".join(f"{k} {v:.0f}" for k, v in dep["volunteer_parts_peak_mb"].items()))
+    print("at each tree's peak, its parts' resident MB: " + "; ".join(
+        f"{tree} " + ", ".join(f"{part} {mb:.0f}" for part, mb in parts.items()) for tree, parts in dep["at_peak_mb"].items()))
     verdict = "; ".join(dep["audit_problems"]) or ("passes, every round replayed" if dep["audit_replayed"] else "passes")
     print(f"robust audit verify: {verdict} ({dep['audit_seconds']:.0f} s)")
 
@@ -249,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, metavar="R", help="rounds of the bench cells and the deployment (default 3)")
     p.add_argument("--keep", metavar="DIR", help="run the deployment in DIR and keep it (default: a temporary folder)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    p.add_argument("--model", default=MODEL, help=f"the model factory in examples/large (default {MODEL}; "
-                   "hugenet:make has 100.8M parameters)")
+    p.add_argument("--model", default=MODEL, help=f"a built-in model or a factory of examples/large (default {MODEL}; "
+                   "hugenet:make has 100.8M parameters, bignet:make 10.5M)")
+    p.add_argument("--timeline", metavar="FILE", help="write every memory sample (each process tree's parts) as JSON lines")
     p.add_argument("--volunteers", type=int, default=VOLUNTEERS, metavar="N", help=f"volunteers deployed (default {VOLUNTEERS})")
     p.add_argument("--attack", default="", help="an attack the last volunteer plays (e.g. alie-local; default none)")
     p.add_argument("--quorum", type=int, default=0, metavar="Q", help="replies a round steps on (default: every volunteer's)")
@@ -260,8 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--nodes-bench must be >= 3 and --rounds >= 1")
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="robust-large-model-"))
     root.mkdir(parents=True, exist_ok=True)
-    report = {"bench": [] if args.no_bench else [bench(m, args.nodes_bench, args.rounds) for m in (BASELINE, args.model)],
-              "deploy": deploy(root.resolve(), args.rounds, args.model, args.volunteers, args.attack, args.quorum)}
+    report = {"bench": [] if args.no_bench else [bench(m, args.nodes_bench, args.rounds) for m in (baseline(args.model), args.model)],
+              "deploy": deploy(root.resolve(), args.rounds, args.model, args.volunteers, args.attack, args.quorum,
+                               timeline=Path(args.timeline).resolve() if args.timeline else None)}
     if not args.keep:  # a failed run keeps its folder: the error names the logs in it
         shutil.rmtree(root, ignore_errors=True)
     print_report(report)

@@ -44,6 +44,7 @@ from torch import nn
 from torch.func import functional_call, grad
 
 from attacks.base import Shaping
+from robust.models import recomputing
 from robust.constraints import Flag, Interval, OneOf, Param, Relation, check_all, table
 from robust.spec import parse
 
@@ -73,6 +74,29 @@ Params = dict[str, torch.Tensor]
 def loss_fn(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of ``model`` with parameters ``params`` on ``(x, y)``."""
     return F.cross_entropy(functional_call(model, params, (x,)), y)
+
+
+def _autograd(model: nn.Module, loss):
+    """``g(p, x, y)`` of ``loss(p, x, y)`` by ``torch.autograd.grad``, the model recomputing its
+    activations where it can. The leaves are the model's own parameters, lent ``p``'s storage
+    (no copy) for the call: a block recomputed in the backward pass must find them in the
+    model, where ``torch.func.functional_call`` would have put its originals back."""
+
+    def g(p: Params, x: torch.Tensor, y: torch.Tensor) -> Params:
+        own = dict(model.named_parameters())
+        kept = {k: own[k].data for k in p}
+        try:
+            for k, v in p.items():
+                own[k].data = v.detach()
+            leaves = {k: own[k] for k in p}
+            with torch.enable_grad(), recomputing(model):
+                grads = torch.autograd.grad(loss(leaves, x, y), list(leaves.values()))
+        finally:
+            for k, data in kept.items():
+                own[k].data = data
+        return dict(zip(leaves, grads))
+
+    return g
 
 
 def _pieces(*tensors: torch.Tensor):
@@ -132,11 +156,16 @@ class Protocol:
         """Whether a node carries state (its worker momentum) from one round to the next."""
         return self.kind == "momentum"
 
-    def gradient(self, model: nn.Module, params: Params, shaping: Shaping | None = None):
-        """``g(p, x, y)``: the parameter dict of the (possibly shaped) loss's gradient at ``p``."""
+    def gradient(self, model: nn.Module, params: Params, shaping: Shaping | None = None, eager: bool = False):
+        """``g(p, x, y)``: the parameter dict of the (possibly shaped) loss's gradient at ``p``.
+        ``eager``: through autograd rather than ``torch.func`` (one node's update, never under
+        ``vmap``), so a model that can recompute its activations does (``robust.models.recomputing``);
+        the same bits either way (``tests/test_protocol.py``)."""
         if shaping is None or shaping.loss is None:
-            return grad(lambda p, x, y: loss_fn(model, p, x, y))
-        return grad(lambda p, x, y: shaping.loss(loss_fn(model, p, x, y), p, params))
+            loss = lambda p, x, y: loss_fn(model, p, x, y)  # noqa: E731
+        else:
+            loss = lambda p, x, y: shaping.loss(loss_fn(model, p, x, y), p, params)  # noqa: E731
+        return _autograd(model, loss) if eager else grad(loss)
 
     @property
     def width(self) -> int:
@@ -204,7 +233,7 @@ class Protocol:
         """An honest ``momentum`` row, ``beta m + g`` on the batch ``(x, y)`` at ``params``: a check's
         recomputation from the momentum its task named (``nodes.engine.states``); the same
         arithmetic as :meth:`node_update`'s."""
-        return self.momentum * m + _flat(self.gradient(model, params)(params, x, y))
+        return self.momentum * m + _flat(self.gradient(model, params, eager=True)(params, x, y))
 
     def node_update(self, model: nn.Module, params: Params, xs: torch.Tensor, ys: torch.Tensor,
                     m: torch.Tensor, shaping: Shaping | None = None, on_state=None, in_place: bool = False
@@ -218,7 +247,7 @@ class Protocol:
         before the first step (``s = 0``) and after each step ``s`` (``nodes.engine.trajectory``:
         the trajectory a node commits to). ``in_place``: :meth:`local_step`'s in-place kernel (one
         node's update, not under ``vmap``; ``params`` are left as they are)."""
-        g_of = self.gradient(model, params, shaping)
+        g_of = self.gradient(model, params, shaping, eager=in_place)
         bend = None if shaping is None else shaping.grad
         taken = self.steps if shaping is None or shaping.fraction is None else int(self.steps * shaping.fraction)
         if self.kind == "momentum":

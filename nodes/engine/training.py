@@ -196,7 +196,7 @@ def redo_step(task: Task, before: torch.Tensor, x: torch.Tensor, y: torch.Tensor
         state = tuple({k: t.view_as(p) for (k, p), t in zip(local.items(), torch.split(block, sizes))}
                       for block in before[d:].to(device, dtype).split(d))
         batch = _batches(task, protocol, y, node)[step - 1]
-        local, state = protocol.local_step(protocol.gradient(model, local), local, state, x[batch].to(device),
+        local, state = protocol.local_step(protocol.gradient(model, local, eager=True), local, state, x[batch].to(device),
                                            y[batch].to(device), t=step)
         return trajectory.state(local, state, dtype)
 
