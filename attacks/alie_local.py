@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from robust.constraints import Interval, Param
+from robust.source import Rows, as_rows
 
 from .base import NodeAttack, register
 
@@ -35,18 +36,20 @@ class ALIELocal(NodeAttack):
         Param("estimates", Interval(int, 1, 64), 3, "the honest rows the node computes to estimate the spread"),
     )
 
-    def forge(self, row: torch.Tensor, previous: torch.Tensor | None, own: torch.Tensor | None = None
+    def forge(self, row: torch.Tensor, previous: torch.Tensor | None, own: torch.Tensor | Rows | None = None
               ) -> torch.Tensor:
-        if own is None or own.shape != (self.estimates, row.numel()):
+        if own is None or tuple(own.shape) != (self.estimates, row.numel()):
             raise ValueError(f"alie-local forges from its {self.estimates} own honest rows (got "
                              f"{None if own is None else tuple(own.shape)}): compute them with "
                              "nodes.engine.training.estimates")
-        # one (d,) row at a time, in a fixed order (a 100M-parameter node holds no (K + 1, d) temporaries)
+        # one (d,) row at a time, in a fixed order (a 100M-parameter node holds no (K + 1, d)
+        # temporaries; a volunteer's rows are read from disk, each a fresh copy it may overwrite)
+        rows = as_rows(own)
         mean = row.clone()
-        for r in own:
-            mean += r
-        mean /= len(own) + 1
+        for i in range(rows.n):
+            mean += rows.row(i)
+        mean /= rows.n + 1
         var = (row - mean).square_()
-        for r in own:
-            var += (r - mean).square_()
-        return var.div_(len(own) + 1).sqrt_().mul_(-self.z).add_(mean)
+        for i in range(rows.n):
+            var += rows.row(i).sub_(mean).square_()
+        return var.div_(rows.n + 1).sqrt_().mul_(-self.z).add_(mean)

@@ -175,6 +175,14 @@ class NodeAttack(Attack):
         return 1.0
 
     @property
+    def bends_trajectory(self) -> bool:
+        """Whether it commits to (:meth:`commit`) or answers a dispute with (:meth:`answer`)
+        other states than those it computed: only then does it keep them as it trains (a task's
+        states are its width x (steps + 1) model-sized blocks: 6 GB at 100M parameters under 4
+        AdamW steps); a node answering a dispute computes them again."""
+        return type(self).commit is not NodeAttack.commit or type(self).answer is not NodeAttack.answer
+
+    @property
     def plants_backdoor(self) -> bool:
         """Whether the attack leaves a backdoor whose :meth:`success` can be measured."""
         return type(self).success is not NodeAttack.success
@@ -190,7 +198,8 @@ class NodeAttack(Attack):
         one it computed last round, if it took part; only read when :attr:`remembers`;
         ``own``: for an attack with :attr:`estimates` ``K``, the ``(K, d)`` honest rows the node
         also computed from the same model and momentum, each on its own draw of batches from
-        its data (``nodes.engine.training.estimates``): its view of what honest nodes send)."""
+        its data (``nodes.engine.training.estimates``): its view of what honest nodes send; a
+        tensor, or a volunteer's ``robust.source.Rows`` on disk)."""
         boost = self.boost()
         return row * boost if boost != 1.0 else row
 

@@ -46,7 +46,7 @@ def _text_set(spec: str) -> None:
     from robust.data import text_spec
 
     if text_spec(spec) is None:
-        raise ValueError(f"{spec!r}: only a text set takes options (pystdlib:context=N, text:context=N)")
+        raise ValueError(f"{spec!r}: only a text set takes options (pystdlib:context=N,eval_bytes=B, text:context=N)")
 
 
 def _models() -> tuple[str, ...]:

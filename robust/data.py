@@ -261,17 +261,21 @@ def names() -> list[str]:
     return [*LOADERS, HF_DISK, *text.TEXT_SETS]
 
 
-def text_spec(name: str) -> tuple[str, int] | None:
-    """``(set, context)`` of a text set's name (``pystdlib``, ``text:context=128``), ``None`` for
-    any other name; ``ValueError`` for a text set written wrong."""
+def text_spec(name: str) -> tuple[str, int, int] | None:
+    """``(set, context, eval_bytes)`` of a text set's name (``pystdlib``, ``text:context=128``,
+    ``pystdlib:context=128,eval_bytes=8192``), ``None`` for any other name; ``ValueError`` for a
+    text set written wrong."""
     if name.split(":", 1)[0] not in text.TEXT_SETS:
         return None
     from .constraints import Interval, Param, check_all, table
 
     [spec] = parse(name)
     values = check_all(f"dataset {spec.name}", table(
-        Param("context", Interval(int, 1, None), text.CONTEXT, "bytes a sample holds")), spec.params)
-    return spec.name, values["context"]
+        Param("context", Interval(int, 1, None), text.CONTEXT, "bytes a sample holds"),
+        Param("eval_bytes", Interval(int, 1, None), text.EVAL_BYTES,
+              "held-out bytes evaluated each round (at least 16 windows): a forward pass costs in proportion")),
+        spec.params)
+    return spec.name, values["context"], values["eval_bytes"]
 
 
 def load(name: str, *, root: str | None = None, seed: int = 0) -> Dataset:
@@ -285,8 +289,8 @@ def load(name: str, *, root: str | None = None, seed: int = 0) -> Dataset:
         x_train, y_train, x_test, y_test = _user_data(name)
         return _finish(name, x_train, y_train, x_test, y_test, classes=int(max(y_train.max(), y_test.max())) + 1)
     if text_spec(name) is not None:
-        kind, context = text_spec(name)
-        data = _stdlib(context) if kind == "pystdlib" else _text(kind, context, folder)
+        kind, context, eval_bytes = text_spec(name)
+        data = _stdlib(context, eval_bytes) if kind == "pystdlib" else _text(kind, context, folder, eval_bytes)
         return data if data.name == name else dataclasses.replace(data, name=name)  # named as asked: tasks compare it
     if name == HF_DISK:
         from .flower_datasets import read_folder  # lazily: datasets and pyarrow are heavy
@@ -313,16 +317,17 @@ def _generated(name: str, seed: int) -> Dataset:
 
 
 @functools.lru_cache(maxsize=4)
-def _stdlib(context: int) -> Dataset:
+def _stdlib(context: int, eval_bytes: int = text.EVAL_BYTES) -> Dataset:
     """``pystdlib``, read once per process (its tensors are shared, never written): the
     interpreter's own files do not change while it runs."""
-    return _text("pystdlib", context, None)
+    return _text("pystdlib", context, None, eval_bytes)
 
 
-def _text(name: str, context: int, root: Path | None) -> Dataset:
-    """A text set (``robust.text``)."""
-    c = text.corpus(name, root, context)
-    named = name if context == text.CONTEXT else f"{name}:context={context}"
+def _text(name: str, context: int, root: Path | None, eval_bytes: int = text.EVAL_BYTES) -> Dataset:
+    """A text set (``robust.text``), named with the options it does not take by default."""
+    c = text.corpus(name, root, context, eval_bytes)
+    given = [f"context={context}"] * (context != text.CONTEXT) + [f"eval_bytes={eval_bytes}"] * (eval_bytes != text.EVAL_BYTES)
+    named = f"{name}:{','.join(given)}" if given else name
     return Dataset(named, torch.from_numpy(c.x_train), torch.from_numpy(c.y_train), torch.from_numpy(c.x_test),
                    torch.from_numpy(c.y_test), text.VOCAB, torch.from_numpy(c.groups), c.sha256)
 

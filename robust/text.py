@@ -25,7 +25,8 @@ cross-entropy.
 path is below 26 (about 10% of the files, the same on every machine and seed: a split by
 file, so no held-out text was seen in training). The evaluation set is :data:`EVAL_BYTES` bytes
 of windows spread evenly over the held-out ones (512 windows at context 64, 128 at 256: every
-round evaluates on it, and a forward pass costs in proportion to its bytes).
+round evaluates on it, and a forward pass costs in proportion to its bytes: ``eval_bytes``
+sets it, ``pystdlib:context=128,eval_bytes=8192``).
 
 **Groups.** Each training window records the package it came from (the first component of
 its relative path: ``asyncio``, ``email``, or a top-level module), so the label-skew
@@ -101,9 +102,10 @@ def held_out(rel: str) -> bool:
     return hashlib.sha256(rel.encode()).digest()[0] < HELD_OUT_BELOW
 
 
-def corpus(name: str, root: Path | None, context: int = CONTEXT) -> Corpus:
+def corpus(name: str, root: Path | None, context: int = CONTEXT, eval_bytes: int = EVAL_BYTES) -> Corpus:
     """The text set ``name`` (``pystdlib``, or ``text`` from the folder ``root``) as windows of
-    ``context`` bytes; ``ValueError`` says what is missing."""
+    ``context`` bytes, ``eval_bytes`` of them held out for evaluation; ``ValueError`` says what
+    is missing."""
     if name == "pystdlib":
         base, files = stdlib_files()
     elif root is None:
@@ -113,7 +115,8 @@ def corpus(name: str, root: Path | None, context: int = CONTEXT) -> Corpus:
         raise ValueError(f"dataset text: data-root {root} is not a folder: point it at your text files")
     else:
         base, files = root, folder_files(root)
-    digest = hashlib.sha256(f"robust-text/v1|{name}|context={context}".encode())
+    digest = hashlib.sha256(f"robust-text/v1|{name}|context={context}".encode()
+                            + (f"|eval_bytes={eval_bytes}".encode() if eval_bytes != EVAL_BYTES else b""))
     train: list[np.ndarray] = []
     test: list[np.ndarray] = []
     groups: list[int] = []
@@ -137,7 +140,7 @@ def corpus(name: str, root: Path | None, context: int = CONTEXT) -> Corpus:
         raise ValueError(f"dataset {name}: {len(files)} files ({total} bytes) give {len(train_w)} training and "
                          f"{len(test_w)} held-out windows of {context + 1} bytes; about 10% of the files are held "
                          "out, by path: give it more (or longer) files, or a shorter context")
-    windows = max(16, EVAL_BYTES // context)
+    windows = max(16, eval_bytes // context)
     pick = np.linspace(0, len(test_w) - 1, min(windows, len(test_w))).round().astype(np.int64)
     test_w = test_w[pick]
     return Corpus(train_w[:, :-1].copy(), train_w[:, 1:].astype(np.int64), np.asarray(groups, np.int64),

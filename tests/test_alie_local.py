@@ -62,6 +62,12 @@ def test_a_volunteer_sends_the_mean_less_z_spreads_of_its_own_rows(tmp_path):
     assert not torch.equal(torch.from_numpy(sent), honest)
     # the same task asked again gives the same bits
     assert np.array_equal(work(task(), W.numpy(), data, key, CPU, "alie-local:z=2,estimates=3", tmp_path)[1], sent)
+    # a volunteer's estimates wait on disk, one row read at a time: the same rows, the same forged row
+    (tmp_path / "spool").mkdir()
+    spooled = estimates(task(), W, X, Y, 3, node, CPU, None, 3, tmp_path / "spool")
+    assert spooled.shape == (3, W.numel()) and all(torch.equal(spooled.row(i), own[i]) for i in range(3))
+    attack = attacks.build("alie-local:z=2,estimates=3", 1)
+    assert torch.equal(attack.forge(honest, None, spooled), attack.forge(honest, None, own))
 
 
 def test_under_momentum_its_estimates_start_from_the_momentum_it_had():

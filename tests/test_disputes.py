@@ -80,7 +80,9 @@ def test_each_cheat_is_convicted_on_what_it_did_wrong(crowd, cheat, why):
     first, row = author(task(1, w0), w0, part.x, part.y, part.classes, "node-a", CPU, cheat)
     w = w0 + first.row  # round 2 from a moved model, remembering round 1 as a node does
     t = task(2, w)
-    done, _ = author(t, w, part.x, part.y, part.classes, "node-a", CPU, cheat, last=first.memory(1, w0, row))
+    # its answer to the dispute: its work done again, keeping its states, as a volunteer answers one
+    done, _ = author(t, w, part.x, part.y, part.classes, "node-a", CPU, cheat, last=first.memory(1, w0, row),
+                     answering=True)
     verdict = ruling(w, part, t, done)
     assert verdict.guilty and verdict.reason.startswith(why), verdict.reason
 
@@ -154,7 +156,8 @@ def test_profiles_parse_say_their_environment_and_refuse_a_level_the_cpu_lacks(m
 
 def test_fewer_steps_stands_still_after_its_share_of_the_steps(crowd):
     data, w, part = crowd
-    done, _ = author(task(1, w), w, part.x, part.y, part.classes, "node-a", CPU, "fewer-steps:fraction=0.5")
+    done, _ = author(task(1, w), w, part.x, part.y, part.classes, "node-a", CPU, "fewer-steps:fraction=0.5",
+                     answering=True)  # its states kept, as when it answers a dispute
     states = done.committed
     assert not torch.equal(states[STEPS // 2], states[STEPS // 2 - 1])
     assert all(torch.equal(states[i], states[STEPS // 2]) for i in range(STEPS // 2, STEPS + 1))

@@ -102,6 +102,36 @@ def test_the_reply_to_a_withdrawn_task_is_pulled_so_flower_frees_it(tmp_path):
     assert second["accepted"] == 3 and second["missing"] == [fingerprint(nodes[3])]  # its round-1 reply unread
 
 
+class PullCountingGrid(FakeGrid):
+    """A :class:`FakeGrid` that counts the most replies one pull brought."""
+
+    most = 0
+
+    def pull_messages(self, ids):
+        out = super().pull_messages(ids)
+        self.most = max(self.most, len(out))
+        return out
+
+
+def test_big_replies_are_pulled_one_at_a_time_with_the_bits_of_pulling_them_all(tmp_path, monkeypatch):
+    """Rows bigger than ``PULL_BYTES`` come into the ServerApp one per pull (each filed before
+    the next is pulled: the others wait in the SuperLink); the run is bit for bit the run that
+    pulled every reply that had come in at once."""
+    import nodes.coordinator.server_app as server_app
+
+    settings = dataclasses.replace(SETTINGS, round="sync", rounds=2, quorum=4)
+    shas, most = [], []
+    for pull_bytes in (server_app.PULL_BYTES, 1):
+        monkeypatch.setattr(server_app, "PULL_BYTES", pull_bytes)
+        coord_dir, nodes = make_federation(tmp_path / str(pull_bytes), 4, settings)
+        grid = PullCountingGrid(nodes, dict.fromkeys(range(1, 5), 1))
+        with task_identity():
+            serve(grid, Coordinator(coord_dir), poll=0.0)
+        shas.append(json.loads((coord_dir / checkpoint.RESULT).read_text())["model_sha256"])
+        most.append(grid.most)
+    assert most == [4, 1] and shas[0] == shas[1]
+
+
 class CountingGrid(FakeGrid):
     """A :class:`FakeGrid` that counts the most tasks out at once (pushed, reply not yet pulled)."""
 

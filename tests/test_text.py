@@ -23,6 +23,9 @@ def test_pystdlib_is_the_interpreters_own_source_cut_into_windows_held_out_by_fi
     assert data.x_train.dtype == torch.uint8 and data.y_train.dtype == torch.int64 and data.classes == 256
     assert data.x_train.shape[1] == text.CONTEXT and data.x_test.shape == (text.EVAL_BYTES // text.CONTEXT, text.CONTEXT)
     assert load("pystdlib:context=256").x_test.shape == (128, 256)  # the same held-out bytes at any context
+    fewer = load("pystdlib:context=256,eval_bytes=8192")  # fewer held-out bytes a round: a cheaper evaluation
+    assert fewer.x_test.shape == (32, 256) and torch.equal(fewer.x_train, load("pystdlib:context=256").x_train)
+    assert fewer.name == "pystdlib:context=256,eval_bytes=8192" and fewer.sha256 != load("pystdlib:context=256").sha256
     assert torch.equal(data.x_train[:, 1:].long(), data.y_train[:, :-1])  # targets: the next byte
     assert len(data.groups) == len(data.y_train) and int(data.groups.max()) > 50  # windows know their package
     assert load("pystdlib") is data and len(data.sha256) == 64

@@ -67,7 +67,7 @@ import aggregators
 from robust import codecs
 from robust.compute import device_name, profile, resolve_device
 from robust.models import Scorer
-from robust.params import flat_params, sha256
+from robust.params import flat_params, sha256, trained, unflatten
 from robust.seeds import generator
 from robust.source import Rows, as_rows, on_device, scaled, take, validated
 
@@ -246,6 +246,11 @@ class Engine:
     @w.setter
     def w(self, value: torch.Tensor) -> None:
         self._w, self.base = value, sha256(value)
+        # the model's trained parameters are views of it: the engine holds the model once (its
+        # structure serves unflatten and the drivers; nothing trains it in place)
+        for (_, param), view in zip(trained(self.model), unflatten(value, self.model).values()):
+            if view.dtype == param.dtype and view.device == param.device:
+                param.data = view
 
     def task_model(self) -> tuple[torch.Tensor, str]:
         """The model a task sent now carries (float32), and its SHA-256: :attr:`w` (:attr:`base`);

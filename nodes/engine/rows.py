@@ -11,6 +11,8 @@ import torch
 
 from robust.source import Rows, as_rows
 
+PIECE = 1 << 22  # values of a row checked at once (its float64 copy: 32 MB)
+
 
 def rejection_reason(row: torch.Tensor, d: int, max_norm: float | None) -> str | None:
     """Why a node's row cannot be used (``None`` if it can)."""
@@ -19,10 +21,12 @@ def rejection_reason(row: torch.Tensor, d: int, max_norm: float | None) -> str |
         return f"wrong shape {shape}, expected ({d},)"
     if row.dtype != torch.float32:
         return f"wrong dtype {row.dtype}, expected torch.float32 (the model's)"
-    if not bool(torch.isfinite(row).all()):
+    pieces = row.split(PIECE)  # a 100M-parameter row's float64 copy would be 800 MB at once
+    if not all(bool(torch.isfinite(piece).all()) for piece in pieces):
         return "non-finite values"
     if max_norm is not None:
-        norm = float(torch.linalg.vector_norm(row.to(torch.float64)))
+        norms = [torch.linalg.vector_norm(piece.to(torch.float64)) for piece in pieces]
+        norm = float(norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms)))
         if not math.isfinite(norm) or norm > max_norm:
             return f"norm {norm:.4g} above the bound {max_norm:.4g}"
     return None

@@ -34,6 +34,7 @@ from robust.params import trained, unflatten
 from robust.constraints import Interval, Param, check_all, table
 from robust.partition import KINDS, partition
 from robust.spec import parse
+from robust.source import Rows, Spooled, write_row
 from robust.seeds import derive, generator
 
 from ..checkpoint import write_atomic
@@ -216,15 +217,24 @@ def redo_momentum(task: Task, w: torch.Tensor, before: torch.Tensor, x: torch.Te
 
 
 def estimates(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,
-              device: torch.device, m: torch.Tensor | None, k: int) -> torch.Tensor:
+              device: torch.device, m: torch.Tensor | None, k: int, folder: Path | None = None
+              ) -> torch.Tensor | Rows:
     """The ``(k, d)`` honest rows node ``node`` also computes for an attack with
     :attr:`~attacks.base.NodeAttack.estimates` (its view of what honest nodes send): :func:`compute`
     from the same model ``w`` and momentum ``m`` on the same data, each under the identity
-    ``node/estimate/j``, hence its own draw of batches (and of a dropout stream)."""
-    out = torch.empty(k, w.numel())
-    for j in range(k):
-        out[j] = compute(task, w, x, y, classes, f"{node}/estimate/{j + 1}", device, "", m)[0]
-    return out
+    ``node/estimate/j``, hence its own draw of batches (and of a dropout stream). With a
+    ``folder``, each row is written there as it is computed and they come back as a source
+    read from disk (``robust.source.Spooled``): a volunteer holds one of them at a time, not
+    ``k`` (1.2 GB at 100M parameters for ``alie-local``'s 3)."""
+    if folder is None:
+        out = torch.empty(k, w.numel())
+        for j in range(k):
+            out[j] = compute(task, w, x, y, classes, f"{node}/estimate/{j + 1}", device, "", m)[0]
+        return out
+    paths = [folder / f"estimate-{j + 1}.npy" for j in range(k)]
+    for j, path in enumerate(paths):
+        write_row(path, compute(task, w, x, y, classes, f"{node}/estimate/{j + 1}", device, "", m)[0])
+    return Spooled(paths)
 
 
 def transmitted(codec: Codec, row: torch.Tensor, key: tuple) -> torch.Tensor:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -298,20 +299,22 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
             return refusal(task, m), None
     last = recall(folder, task, played, weights.numel())
     start = time.perf_counter()
-
-    def own(k: int) -> torch.Tensor:
-        return estimates(task, weights, data.x, data.y, data.classes, node, device, m, k)
-
-    try:
-        if keeps:  # its state carries over rounds: no trajectory from the task alone to commit to
-            computed, after = compute(task, weights, data.x, data.y, data.classes, node, device, played, m, last)
-            delta, root = forge(played, computed, last, task.round, own), ""
-        else:  # it commits to the trajectory it claims (nodes.engine.committed)
-            authored, computed = author(task, weights, data.x, data.y, data.classes, node, device, played, m, last,
-                                        own=own)
-            delta, after, root = authored.row, authored.m, authored.root
-    except ValueError as err:  # the weights do not fit the model on this data
-        return refusal(task, f"model {task.model} on {data.dataset}: {err}"), None
+    attacking = playing(played, task.round)
+    # an attack's estimates (its own honest rows) are computed first and wait on disk while the
+    # node trains its own row: it holds one model-sized row at a time, not K + 1
+    with tempfile.TemporaryDirectory(prefix="robust-estimates-") as spool:
+        try:
+            ready = (estimates(task, weights, data.x, data.y, data.classes, node, device, m, attacking.estimates,
+                               Path(spool)) if attacking is not None and attacking.estimates else None)
+            if keeps:  # its state carries over rounds: no trajectory from the task alone to commit to
+                computed, after = compute(task, weights, data.x, data.y, data.classes, node, device, played, m, last)
+                delta, root = forge(played, computed, last, task.round, lambda k: ready), ""
+            else:  # it commits to the trajectory it claims (nodes.engine.committed)
+                authored, computed = author(task, weights, data.x, data.y, data.classes, node, device, played, m,
+                                            last, own=lambda k: ready)
+                delta, after, root = authored.row, authored.m, authored.root
+        except ValueError as err:  # the weights do not fit the model on this data
+            return refusal(task, f"model {task.model} on {data.dataset}: {err}"), None
     seconds = time.perf_counter() - start
     if keeps and not task.state:
         save_momentum(folder, task, m, after)
