@@ -214,9 +214,12 @@ def deploy(root: Path, rounds: int, model: str = MODEL, volunteers: int = VOLUNT
     them; the last one plays ``attack`` (none if empty); a round steps on ``quorum`` replies
     (0: all of them); ``changes``: other settings (``nodes.settings``, by field name);
     ``timeline``: a file for every memory sample (:class:`Peaks`)."""
+    # every volunteer's task out at once (the auto window keeps 5 at 100M parameters out, and the
+    # sixth volunteer would start training only once a reply is in)
     settings = Settings(**{"rounds": rounds, "model": model, **trains_with(model), "aggregator": AGGREGATOR,
                            "tolerate": 1, "quorum": quorum or volunteers, "deadline": DEADLINE,
-                           "wait_nodes": DEADLINE, "port": launch.free_port(), **(changes or {})})
+                           "wait_nodes": DEADLINE, "in_flight": volunteers, "port": launch.free_port(),
+                           **(changes or {})})
     coord, folders = commands.local_federation(root, volunteers, settings, "large-model", ("large-model",))
     shipped = coord / launch.CODE_SHA  # a code bundle the volunteers accept: the user's model, when it is one
     trust = ["--trust-code", shipped.read_text().strip()] if shipped.exists() else []

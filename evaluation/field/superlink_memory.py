@@ -44,11 +44,9 @@ SHOWN = {"superlink": "SuperLink", "serverapp": "ServerApp", "tree": "coordinato
 
 def settings_for(in_flight: int | None) -> dict:
     """The deployment's settings: no tolerance (any ``n`` serves), rows spooled to disk (so the
-    ServerApp's rows do not hide what Flower holds), and ``in-flight`` if given."""
-    changes = {"tolerate": 0, "spool": "disk"}
-    if in_flight is not None:
-        changes["in_flight"] = in_flight
-    return changes
+    ServerApp's rows do not hide what Flower holds), and ``in-flight`` if given (else its
+    default, auto)."""
+    return {"tolerate": 0, "spool": "disk", "in_flight": 0 if in_flight is None else in_flight}
 
 
 @contextmanager
