@@ -139,12 +139,12 @@ def check_installed(folder: Path, sha: str, path: Path) -> None:
 def install_gate(folder: Path) -> Path:
     """Write the volunteer's ``flwr-clientapp`` gate into ``folder/bin``; return that folder
     (to put first on the SuperNode's ``PATH``). The gate also has Flower assemble pulled arrays
-    with one allocation (``nodes.volunteer.inflate``)."""
+    with one allocation (``nodes.inflate``)."""
     bin_dir = folder / GATE_DIR
     bin_dir.mkdir(exist_ok=True)
     gate = bin_dir / "flwr-clientapp"
     gate.write_text(f"#!{sys.executable}\nimport sys\nfrom pathlib import Path\nfrom nodes.codetrust import run_gated\n"
-                    f"from nodes.volunteer.inflate import lean\nfrom nodes.volunteer.runtime_watch import Watch\n"
+                    f"from nodes.inflate import lean\nfrom nodes.volunteer.runtime_watch import Watch\n"
                     f"FOLDER = {str(folder.resolve())!r}\nlean()\n"
                     f"sys.exit(run_gated(FOLDER, Watch(Path(FOLDER)).run))\n")
     gate.chmod(0o755)

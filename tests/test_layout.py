@@ -49,12 +49,13 @@ LAZY_DISPATCH = {"robust.cli", "robust.flower"}
 # settings (validated with the engine's protocol and staleness rules), code trust and the
 # launchers above it.
 BOTTOM = {"nodes.wire", "nodes.checkpoint"}
-SHARED = BOTTOM | {"nodes.settings", "nodes.codetrust", "nodes.launch"}
+SHARED = BOTTOM | {"nodes.settings", "nodes.codetrust", "nodes.launch", "nodes.inflate"}
 NODES_MAY_IMPORT = {
     "nodes.engine": BOTTOM,
     "nodes.wire": BOTTOM,
     "nodes.checkpoint": BOTTOM,
     "nodes.codetrust": set(),
+    "nodes.inflate": set(),  # Flower's arrays assembled once: a volunteer's ClientApp and the ServerApp
     "nodes.launch": {"nodes.codetrust"},
     "nodes.settings": {"nodes.engine"},
     "nodes.coordinator": {"nodes.engine"} | SHARED,

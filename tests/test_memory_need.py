@@ -148,7 +148,7 @@ def test_a_trainer_holds_each_copy_of_the_model_once(tmp_path):
 
 
 def test_the_clientapp_assembles_a_pulled_array_once_and_as_flower_does(monkeypatch, tmp_path):
-    """``nodes.volunteer.inflate``: a pulled array's chunks (two of them the same object) made
+    """``nodes.inflate``: a pulled array's chunks (two of them the same object) made
     into Flower's own array, its bytes joined in one allocation; the gate installs it."""
     import numpy as np
     from flwr.app import Array
@@ -156,7 +156,7 @@ def test_the_clientapp_assembles_a_pulled_array_once_and_as_flower_does(monkeypa
     from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 
     from nodes import codetrust
-    from nodes.volunteer import inflate
+    from nodes import inflate
 
     array = Array(np.zeros(4_000_000, dtype=np.float32))  # 16 MB: 4 chunks of at most 5 MB, the 2nd and 3rd alike
     contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(array).items()}

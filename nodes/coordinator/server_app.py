@@ -81,6 +81,7 @@ from .. import checkpoint
 from ..engine.clocks import Clock, WallClock
 from ..engine.ledger import CHECK, DISPUTE, INTRODUCE, ttl
 from ..engine.serve import Landed, Loop
+from ..inflate import lean
 from ..wire import Task, introduction_content, model_record, read_identity, task_content
 from .coordinator import Coordinator, short
 from .verifier import Checkers
@@ -139,7 +140,9 @@ class FlowerTransport:
 
     def model_of(self, base: str, w) -> ArrayRecord:
         """The record of the model ``w`` (SHA-256 ``base``), built once for every task that carries
-        it: each build is a serialized copy of the model, and hashing its chunks takes seconds at 1e8."""
+        it: each build is a serialized copy of the model, and hashing its chunks takes seconds at 1e8.
+        It is let go once a reply comes in (:meth:`pull`): the tasks sent so far hold it in the
+        SuperLink, and the ServerApp no longer does while their replies come in (402 MB at 1e8)."""
         if self.model is None or self.model[0] != base:
             self.model = None  # the previous model's copy goes before the next one is made
             self.model = (base, model_record(w))
@@ -159,6 +162,7 @@ class FlowerTransport:
                               str(reply.error.reason) if reply.has_error() else "")
                        for reply in self.grid.pull_messages(handles[start:start + size])]
             if landed:
+                self.model = None  # the tasks it was built for are out: another wave builds it again (1 s at 1e8)
                 break
         return landed
 
@@ -226,6 +230,7 @@ def serve(grid: Grid, coord: Coordinator, poll: float = POLL, introductions: boo
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    lean()  # a pulled reply's row assembled in one allocation (``nodes.inflate``)
     folder = Path(str(context.run_config["state-dir"]))
     try:
         serve(grid, Coordinator(folder))

@@ -1,15 +1,18 @@
-"""A task's arrays assembled once in the volunteer's ClientApp, not three times.
+"""A pulled message's arrays assembled once, not three times: in a volunteer's ClientApp (a
+task) and in the coordinator's ServerApp (a reply).
 
 Flower (1.42) rebuilds a pulled ``Array`` by appending its chunks to a growing ``bytearray``,
 then copying that into ``bytes``, while every chunk is still held: the ClientApp of a task on a
 384 MB model held about three copies of it at once (1.3 GB, the volunteer's peak, measured by
-``python -m evaluation.large_model``). :func:`lean` replaces ``Array.inflate`` in the ClientApp's
-process (the volunteer's gate installs it, ``nodes.codetrust.install_gate``) with
-:func:`inflate`: the same checks and the same array (dtype, shape, serialisation and bytes),
-its bytes joined from the chunks in one allocation of the final size (no growing buffer, no
-copy of it: the chunks and the array, two copies, until Flower lets the chunks go; a chunk
-object may serve several arrays, so none is emptied here; ``bytes``, as Flower's records
-check). The ClientApp hands those bytes to the trainer as they are (``nodes.wire.pack``).
+``python -m evaluation.large_model``), and the ServerApp as much for each reply it pulls.
+:func:`lean` replaces ``Array.inflate`` in the process (the volunteer's gate installs it,
+``nodes.codetrust.install_gate``; the ServerApp at its start, ``nodes.coordinator.server_app``)
+with :func:`inflate`: the same checks and the same array (dtype, shape, serialisation and
+bytes), its bytes joined from the chunks in one allocation of the final size (no growing
+buffer, no copy of it: the chunks and the array, two copies, until Flower lets the chunks go;
+a chunk object may serve several arrays, so none is emptied here; ``bytes``, as Flower's
+records check). The ClientApp hands those bytes to the trainer as they are
+(``nodes.wire.pack``); the coordinator checks and spools a reply's row from them.
 """
 
 from __future__ import annotations
