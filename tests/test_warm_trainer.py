@@ -127,8 +127,20 @@ def test_a_code_bundle_trainer_starts_once_and_only_for_the_bundle_the_volunteer
         assert (channel.socket_path(node, sha).parent.stat().st_mode & 0o777) == 0o700
     finally:
         launch.stop(proc)
-    with pytest.raises(channel.Absent):  # it died with the node's trainer
-        channel.connect(node, time.monotonic() + 10, sha)
+    until = time.monotonic() + 30  # the signal reaches it with its parent's; its exit takes a moment
+    while alive(pid) and time.monotonic() < until:
+        time.sleep(0.1)
+    assert not alive(pid)  # it died with the node's trainer
+    with pytest.raises(channel.Absent):  # and nothing listens on its socket
+        channel.connect(node, time.monotonic(), sha)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, waiting to be reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
 
 
 def test_the_trainer_has_until_the_deadline_or_the_ttl_when_a_late_answer_counts():
