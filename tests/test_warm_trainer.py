@@ -124,23 +124,29 @@ def test_a_code_bundle_trainer_starts_once_and_only_for_the_bundle_the_volunteer
         pid = channel.peer_pid(channel.connect(node, time.monotonic(), sha))
         bundles.ensure(node, sha, str(code), time.monotonic() + 60)  # it listens: nothing started
         assert channel.peer_pid(channel.connect(node, time.monotonic(), sha)) == pid != proc.pid
+        assert list(bundle_trainers(node, sha)) == [pid]  # found as it runs
         assert (channel.socket_path(node, sha).parent.stat().st_mode & 0o777) == 0o700
     finally:
         launch.stop(proc)
     until = time.monotonic() + 30  # the signal reaches it with its parent's; its exit takes a moment
-    while alive(pid) and time.monotonic() < until:
+    while bundle_trainers(node, sha) and time.monotonic() < until:
         time.sleep(0.1)
-    assert not alive(pid)  # it died with the node's trainer
-    with pytest.raises(channel.Absent):  # and nothing listens on its socket
-        channel.connect(node, time.monotonic(), sha)
+    assert not bundle_trainers(node, sha), bundle_trainers(node, sha)  # it died with the node's trainer
 
 
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, waiting to be reaped, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
+def bundle_trainers(node: Path, sha: str) -> dict[int, str]:
+    """The live processes (zombies aside) running the trainer of bundle ``sha`` for ``node``:
+    pid -> command line."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if "--bundle" in command and sha in command and str(node) in command and state != "Z":
+            found[int(entry.name)] = command
+    return found
 
 
 def test_the_trainer_has_until_the_deadline_or_the_ttl_when_a_late_answer_counts():
