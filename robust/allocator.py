@@ -21,13 +21,21 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (mallo
 REUSE = 64 << 20  # blocks below this come from the heap and stay there once freed
 
 
+def _glibc() -> ctypes.CDLL | None:
+    """glibc, or ``None`` elsewhere (another system, another C library such as musl: its
+    allocator, its rules)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
 def reuse_freed_memory() -> bool:
     """Keep freed blocks for reuse in this process (glibc only); whether it took effect."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # another C library (musl): its allocator, its rules
+    libc = _glibc()
+    if libc is None:
         return False
     return bool(libc.mallopt(M_MMAP_THRESHOLD, REUSE)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 * REUSE))
 
@@ -38,8 +46,6 @@ def give_back() -> None:
     supervisor, which reads its engine once) shrinks to what it still uses: 1,138 -> 357 MB
     after a 100M-parameter model's engine (collection alone: 755)."""
     gc.collect()
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except OSError:
-            pass
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)

@@ -55,7 +55,7 @@ from evaluation.bench.cell import Cell
 from evaluation.bench.drivers.inprocess import run_cell
 from evaluation.microbench.peak_memory import peak_extra_bytes
 from evaluation.bench.scenario import DEFAULTS, cells, validate
-from .stress import processes, robust_cli, rss_mb, tree
+from .stress import processes, robust_cli, tree
 
 CODE = Path(__file__).resolve().parents[2] / "examples" / "large"
 MODEL, AGGREGATOR, ATTACK = "gpt-100m", "nnm+trimmed-mean", "alie"

@@ -160,7 +160,7 @@ class Protocol:
         """``g(p, x, y)``: the parameter dict of the (possibly shaped) loss's gradient at ``p``.
         ``eager``: through autograd rather than ``torch.func`` (one node's update, never under
         ``vmap``), so a model that can recompute its activations does (``robust.models.recomputing``);
-        the same bits either way (``tests/test_protocol.py``)."""
+        the same bits either way (``tests/test_training.py``)."""
         if shaping is None or shaping.loss is None:
             loss = lambda p, x, y: loss_fn(model, p, x, y)  # noqa: E731
         else:

@@ -18,6 +18,7 @@ round, node fingerprint)``, the bench's key.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -300,12 +301,12 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
     last = recall(folder, task, played, weights.numel())
     start = time.perf_counter()
     attacking = playing(played, task.round)
+    k = attacking.estimates if attacking is not None else 0
     # an attack's estimates (its own honest rows) are computed first and wait on disk while the
     # node trains its own row: it holds one model-sized row at a time, not K + 1
-    with tempfile.TemporaryDirectory(prefix="robust-estimates-") as spool:
+    with tempfile.TemporaryDirectory(prefix="robust-estimates-") if k else contextlib.nullcontext() as spool:
         try:
-            ready = (estimates(task, weights, data.x, data.y, data.classes, node, device, m, attacking.estimates,
-                               Path(spool)) if attacking is not None and attacking.estimates else None)
+            ready = estimates(task, weights, data.x, data.y, data.classes, node, device, m, k, Path(spool)) if k else None
             if keeps:  # its state carries over rounds: no trajectory from the task alone to commit to
                 computed, after = compute(task, weights, data.x, data.y, data.classes, node, device, played, m, last)
                 delta, root = forge(played, computed, last, task.round, lambda k: ready), ""
