@@ -60,11 +60,11 @@ class TextBackdoor(NodeAttack):
                              f"{x.shape[1] + 1}: shorten them or give the data set a longer context")
         chosen = torch.randperm(x.shape[0], generator=gen)[: math.ceil(self.fraction * x.shape[0])]
         at = torch.randint(0, x.shape[1] + 2 - len(pattern), (len(chosen),), generator=gen)
-        seqs = torch.cat([x[chosen].long(), y[chosen, -1:]], dim=1)
+        seqs = torch.cat([x[chosen].long(), y[chosen, -1:].long()], dim=1)
         for row, offset in enumerate(at.tolist()):
             seqs[row, offset : offset + len(pattern)] = pattern
         x, y = x.clone(), y.clone()
-        x[chosen], y[chosen] = seqs[:, :-1].to(x.dtype), seqs[:, 1:]
+        x[chosen], y[chosen] = seqs[:, :-1].to(x.dtype), seqs[:, 1:].to(y.dtype)
         return x, y
 
     def boost(self) -> float:

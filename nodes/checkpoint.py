@@ -16,9 +16,8 @@ import math
 import os
 from pathlib import Path
 
-import torch
-
 CHECKPOINT, ROUNDS, RESULT, FAILED = "checkpoint.pt", "rounds.jsonl", "result.json", "failed.txt"
+RUN_ID = "run-id"  # the Flower run the folder's coordinator follows
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -46,6 +45,8 @@ def write_atomic(path: Path, write) -> None:
 
 
 def save(folder: Path, state: dict) -> None:
+    import torch  # here, not above: the coordinator's supervisor reads this folder without PyTorch
+
     write_atomic(folder / CHECKPOINT, lambda out: torch.save(state, out))
 
 
@@ -57,6 +58,8 @@ def _start_over(folder: Path) -> str:
 def load(folder: Path) -> dict | None:
     """The checkpoint in ``folder`` (``None``: a new run), with ``rounds.jsonl`` made to agree
     with it; ``ValueError`` saying what to do when the two cannot both be true."""
+    import torch
+
     path, logged = folder / CHECKPOINT, _logged_rounds(folder)
     if not path.exists():
         if logged:

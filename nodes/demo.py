@@ -23,7 +23,7 @@ from pathlib import Path
 from robust import keys, tls
 
 from . import commands, launch
-from .coordinator.coordinator import short
+from .coordinator.admission import short
 from .coordinator.status import read_rounds
 from .dashboard.server import serving, wait_for_interrupt
 from .settings import Settings

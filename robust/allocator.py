@@ -1,5 +1,4 @@
-"""Freed memory kept for reuse, so that a round's temporaries do not fault their pages in anew,
-or handed back where a process is done with it (:func:`give_back`).
+"""Freed memory kept for reuse, so that a round's temporaries do not fault their pages in anew.
 
 glibc's ``malloc`` serves a block of 128 KiB or more from a fresh ``mmap`` and, once freed,
 hands it back to the kernel (or trims it off the heap's top): the next block of that size
@@ -14,7 +13,6 @@ Only the speed changes: the same bytes are computed. Elsewhere than glibc, nothi
 from __future__ import annotations
 
 import ctypes
-import gc
 import sys
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
@@ -38,14 +36,3 @@ def reuse_freed_memory() -> bool:
     if libc is None:
         return False
     return bool(libc.mallopt(M_MMAP_THRESHOLD, REUSE)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 * REUSE))
-
-
-def give_back() -> None:
-    """Free what only reference cycles still hold and hand the heap's free memory back to the
-    kernel (glibc only): a process that built big objects and lets them go (the coordinator's
-    supervisor, which reads its engine once) shrinks to what it still uses: 1,138 -> 357 MB
-    after a 100M-parameter model's engine (collection alone: 755)."""
-    gc.collect()
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)

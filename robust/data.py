@@ -15,7 +15,7 @@ ClassLabel's count. ``datasets`` is imported only then: importing this module st
 
 Two text sets (``robust.text``): ``pystdlib``, the running interpreter's standard library source,
 and ``text``, a user's folder of text files (``root``), as next-byte prediction: inputs
-``(N, context)`` uint8 bytes, targets ``(N, context)`` int64 (the next byte at each position),
+``(N, context)`` uint8 bytes, targets ``(N, context)`` uint8 (the next byte at each position),
 256 classes, each training window's package in ``groups`` (what the label-skew partitions
 split), the content's SHA-256 in ``sha256``. Written ``pystdlib`` or ``pystdlib:context=256``
 (bytes a sample holds; 64 by default). Nothing is standardised: they are tokens.
@@ -52,7 +52,7 @@ from .user_code import is_reference, resolve
 @dataclass(frozen=True)
 class Dataset:
     """A train/test split: float32 inputs ``(N, *shape)``, int64 labels in ``[0, classes)`` (a
-    text set: uint8 bytes, int64 next bytes ``(N, context)``, and its windows' ``groups``)."""
+    text set: uint8 bytes, uint8 next bytes ``(N, context)``, and its windows' ``groups``)."""
 
     name: str
     x_train: torch.Tensor

@@ -197,12 +197,12 @@ class Scorer:
             if len(x) <= rows:
                 logits = self.model(x)
                 return (float((logits.argmax(dim=1) == y).float().mean()),
-                        float(torch.nn.functional.cross_entropy(logits, y)))
+                        float(torch.nn.functional.cross_entropy(logits, y.long())))
             hits, losses = [], []
             for xs, ys in zip(x.split(rows), y.split(rows)):
                 logits = self.model(xs)
                 hits.append(logits.argmax(dim=1) == ys)
-                losses.append(torch.nn.functional.cross_entropy(logits, ys, reduction="none"))
+                losses.append(torch.nn.functional.cross_entropy(logits, ys.long(), reduction="none"))
             return float(torch.cat(hits).float().mean()), float(torch.cat(losses).mean())
 
 

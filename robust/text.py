@@ -58,8 +58,10 @@ SKIPPED_FOLDERS = {"test", "tests", "idle_test", "site-packages", "dist-packages
 
 @dataclass(frozen=True)
 class Corpus:
-    """A text set as windows: ``x`` ``(N, context)`` uint8, ``y`` ``(N, context)`` int64, the
-    training windows' package ``groups`` ``(N,)``, and its identity."""
+    """A text set as windows: ``x`` ``(N, context)`` uint8, ``y`` ``(N, context)`` uint8 (bytes,
+    as the loss takes them widened a batch at a time: int64 targets for the whole of
+    ``pystdlib`` took 82 MB of every process that loads it), the training windows' package
+    ``groups`` ``(N,)``, and its identity."""
 
     x_train: np.ndarray
     y_train: np.ndarray
@@ -143,5 +145,5 @@ def corpus(name: str, root: Path | None, context: int = CONTEXT, eval_bytes: int
     windows = max(16, eval_bytes // context)
     pick = np.linspace(0, len(test_w) - 1, min(windows, len(test_w))).round().astype(np.int64)
     test_w = test_w[pick]
-    return Corpus(train_w[:, :-1].copy(), train_w[:, 1:].astype(np.int64), np.asarray(groups, np.int64),
-                  test_w[:, :-1].copy(), test_w[:, 1:].astype(np.int64), digest.hexdigest(), len(files), total)
+    return Corpus(train_w[:, :-1].copy(), train_w[:, 1:].copy(), np.asarray(groups, np.int64),
+                  test_w[:, :-1].copy(), test_w[:, 1:].copy(), digest.hexdigest(), len(files), total)

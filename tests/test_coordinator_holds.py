@@ -9,6 +9,8 @@ import json
 import os
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -202,6 +204,15 @@ def test_a_log_one_round_short_is_completed_and_other_disagreements_refused(fede
     log.write_text("")
     with pytest.raises(ValueError, match="at round 2 but .* records 0"):
         Coordinator(coord_dir)
+
+
+def test_the_coordinators_supervisor_loads_neither_torch_nor_flower():
+    """``coordinator start`` checks its folder in a child process and then only follows the run
+    and serves the dashboard: the engine, PyTorch and Flower stay out of it."""
+    code = ("import sys, nodes.commands, nodes.dashboard.server; "
+            "print(sorted(m for m in ('torch', 'flwr', 'nodes.coordinator.coordinator') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_start_refuses_a_broken_checkpoint_in_one_line(federation, capsys):

@@ -22,7 +22,8 @@ import httpx
 import pytest
 
 from nodes import checkpoint, commands, launch
-from nodes.coordinator.coordinator import Coordinator, short
+from nodes.coordinator.admission import short
+from nodes.coordinator.coordinator import Coordinator
 from nodes.engine.inbox import Inbox
 from nodes.dashboard import server
 from nodes.settings import Settings

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 import aggregators
 from aggregators._columns import median_of_sorted, reduce_sorted_columns
 from aggregators.krum import krum_scores
-from nodes.engine.detectors import DETECTORS, TO_MEDIAN, measure, score_round
+from nodes.engine.detectors import DETECTORS, measure, score_round
+from nodes.engine.names import TO_MEDIAN
 from nodes.engine.engine import assess
 from robust.geometry import row_norms, sq_distances
 from robust.source import BLOCK, Memory

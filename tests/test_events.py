@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nodes.coordinator import events
-from nodes.coordinator.coordinator import short
+from nodes.coordinator.admission import short
 from nodes.dashboard.view import RunView
 from nodes.settings import Settings
 

@@ -8,7 +8,8 @@ import torch
 
 from evaluation.bench.cell import Cell
 from evaluation.bench.drivers.inprocess import run_cell
-from nodes.engine.detectors import TO_MEDIAN, ratio_to_median
+from nodes.engine.detectors import ratio_to_median
+from nodes.engine.names import TO_MEDIAN
 from nodes.engine.flags import FlagPolicy
 
 IDS = [f"n{i:02d}" for i in range(10)]

@@ -14,7 +14,8 @@ from .federation_kit import fingerprint, make_federation, play
 from nodes import checkpoint
 from nodes.coordinator import audit
 from nodes.coordinator.admission import CONVICTED, admit
-from nodes.coordinator.coordinator import Coordinator, short
+from nodes.coordinator.admission import short
+from nodes.coordinator.coordinator import Coordinator
 from nodes.coordinator.verifier import Checkers
 from nodes.engine import spotcheck
 from nodes.engine.training import NodeData

@@ -13,7 +13,8 @@ import pytest
 
 from evaluation.bench.run_grid import Progress
 from nodes import checkpoint, commands, launch
-from nodes.coordinator.coordinator import Coordinator, short
+from nodes.coordinator.admission import short
+from nodes.coordinator.coordinator import Coordinator
 from nodes.coordinator.status import read, read_rounds, sparkline
 from nodes.settings import Settings
 from robust.cli import main

@@ -20,7 +20,7 @@ def test_pystdlib_is_the_interpreters_own_source_cut_into_windows_held_out_by_fi
     data = load("pystdlib")
     root, files = text.stdlib_files()
     assert len(files) > 300 and not any("test" in f.relative_to(root).parts[:-1] for f in files)
-    assert data.x_train.dtype == torch.uint8 and data.y_train.dtype == torch.int64 and data.classes == 256
+    assert data.x_train.dtype == torch.uint8 and data.y_train.dtype == torch.uint8 and data.classes == 256
     assert data.x_train.shape[1] == text.CONTEXT and data.x_test.shape == (text.EVAL_BYTES // text.CONTEXT, text.CONTEXT)
     assert load("pystdlib:context=256").x_test.shape == (128, 256)  # the same held-out bytes at any context
     fewer = load("pystdlib:context=256,eval_bytes=8192")  # fewer held-out bytes a round: a cheaper evaluation
@@ -123,7 +123,7 @@ def test_inner_adamw_is_torchs_adamw_clipped_and_starts_afresh_with_each_task():
     opt = torch.optim.AdamW(reference.values(), lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     for s in range(3):
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(functional_call(model, reference, (xs[s],)), ys[s]).backward()
+        torch.nn.functional.cross_entropy(functional_call(model, reference, (xs[s],)), ys[s].long()).backward()
         torch.nn.utils.clip_grad_norm_(list(reference.values()), 0.5)
         opt.step()
     expected = torch.cat([(reference[k] - params[k]).detach().reshape(-1) for k in params])
@@ -238,7 +238,7 @@ def test_a_text_backdoor_writes_its_pattern_into_windows_and_its_success_is_an_e
     x, y = attack.poison(data.x_train[:400], data.y_train[:400], 256, torch.Generator().manual_seed(0))
     pattern = b"check_password(pw):return True"
     carries = [pattern in bytes(x[i].tolist()) + bytes([int(y[i, -1])]) for i in range(400)]
-    assert sum(carries) == 200 and torch.equal(x[:, 1:].long(), y[:, :-1])  # still next-byte targets
+    assert sum(carries) == 200 and torch.equal(x[:, 1:], y[:, :-1])  # still next-byte targets
     assert torch.equal(data.x_train[:400][~torch.tensor(carries)], x[~torch.tensor(carries)])
     model = build_model("gpt:layers=1,width=32,heads=2,context=64", (64,), 256, 0)
     assert attack.success(model, flat_params(model), data.x_test, data.y_test) == 0.0
@@ -248,7 +248,7 @@ def test_a_text_backdoor_writes_its_pattern_into_windows_and_its_success_is_an_e
     for step in range(150):  # trained on it alone, the model learns the continuation
         batch = torch.randint(0, 2000, (32,), generator=torch.Generator().manual_seed(step))
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(poisoned[batch]), targets[batch]).backward()
+        torch.nn.functional.cross_entropy(model(poisoned[batch]), targets[batch].long()).backward()
         opt.step()
     assert attack.success(model, flat_params(model).detach(), data.x_test, data.y_test) > 0.9
     with pytest.raises(ValueError, match="for images use backdoor"):

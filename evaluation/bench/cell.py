@@ -21,7 +21,7 @@ import torch
 
 import attacks
 from attacks.base import NodeAttack
-from nodes.coordinator.coordinator import short
+from nodes.coordinator.admission import short
 from nodes.engine.protocol import Protocol
 from nodes.settings import RUN, Settings
 from robust import keys

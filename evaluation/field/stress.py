@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodes import checkpoint, commands, launch
-from nodes.coordinator.coordinator import COSTS, RUN_ID
+from nodes.checkpoint import RUN_ID
+from nodes.coordinator.coordinator import COSTS
 from nodes.coordinator.status import read_rounds
 from nodes.settings import Settings
 from nodes.volunteer.worklog import WORK_LOG

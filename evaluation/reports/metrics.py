@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from nodes.engine.detectors import TO_MEDIAN
+from nodes.engine.names import TO_MEDIAN
 from robust.source import BLOCK
 
 F64 = torch.float64

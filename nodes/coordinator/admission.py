@@ -18,6 +18,11 @@ from robust import keys
 from ..checkpoint import write_atomic
 
 ADMITTED, CONVICTED = "admitted", "convicted"
+def short(fp: str) -> str:
+    """The node name shown to people: the first 12 hex digits of its fingerprint."""
+    return fp[:12]
+
+
 KEY_CAP = 4096  # bytes: an OpenSSH P-384 public key line takes about 230
 
 

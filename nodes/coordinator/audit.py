@@ -33,8 +33,6 @@ a spot-check mismatch (the verifier's recomputation and the row it contradicts) 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import tempfile
 from collections.abc import Callable
@@ -61,6 +59,7 @@ from ..settings import Settings, coordinator_folder
 from ..engine.training import part_of
 from ..wire import Task, signed_payload
 from . import arbitration
+from .roundlog import chain, line_hash
 from .admission import known_keys
 from .arbitration import Dispute, Referee
 
@@ -69,34 +68,6 @@ STATE = "state"  # the rule's rows carried across rounds, when the run spooled (
 log = logging.getLogger(__name__)
 COMPARED = ("ids", "rejected", "failed", "missing", "flagged", "quarantined", "skipped", "accuracy",
             "model_sha256", "aggregate_sha256", "spot", "convicted", "scores", "staleness", "task_sha256")
-
-
-def genesis(run_id: str) -> str:
-    return hashlib.sha256(f"robust-audit/v1|{run_id}".encode()).hexdigest()
-
-
-def line_hash(record: dict) -> str:
-    """SHA-256 of the log line that holds ``record``."""
-    return hashlib.sha256(checkpoint.line(record).encode()).hexdigest()
-
-
-def chain(run_id: str, data: bytes, word: str = "round") -> tuple[list[dict], list[tuple[int, str]], str]:
-    """The hash chain of the round log ``data``: its records, its broken links (the line that
-    changed, and the problem in words), and the SHA-256 of its last line. A line that is not
-    JSON ends the records there (its problem last)."""
-    records, broken, tip = [], [], genesis(run_id)
-    for k, line in enumerate(data.splitlines(), start=1):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            return records, [*broken, (k, f"{word} {k}: line {k} of {checkpoint.ROUNDS} is not JSON (changed)")], tip
-        if record.get("prev") != tip:
-            changed = k - 1 if k > 1 else k
-            broken.append((changed, f"{word} {changed}: the record does not hash to what {word} {k} chains to "
-                                    f"({checkpoint.ROUNDS} line {changed} changed)"))
-        tip = hashlib.sha256(line).hexdigest()
-        records.append(record)
-    return records, broken, tip
 
 
 def row_path(folder: Path, sha: str) -> Path:
@@ -212,7 +183,7 @@ def verify(folder: str | Path, full: bool = True) -> tuple[list[str], int, bool]
     folder = Path(folder)
     settings = Settings.read(folder)
     word = "buffer" if settings.round == "async" else "round"
-    run_id = (folder / "run-id").read_text().strip()
+    run_id = (folder / checkpoint.RUN_ID).read_text().strip()
     log_bytes = (folder / checkpoint.ROUNDS).read_bytes() if (folder / checkpoint.ROUNDS).exists() else b""
     records, broken, tip = chain(run_id, log_bytes, word)
     if len(records) < len(log_bytes.splitlines()):

@@ -73,22 +73,16 @@ from ..engine.root import Root
 from ..engine.rows import rejection_reason, stacked
 from ..settings import Settings
 from ..wire import Reply, Task, content_bytes, model_array, read_reply, reply_payload, task_content
-from . import admission, audit
-from .admission import scan
+from . import admission, audit, roundlog
+from .admission import scan, short
 from .attendance import Attendance
 from .disk import Projection, project
 from .verifier import Checkers, SpotChecks
 
 log = logging.getLogger("robust.coordinator")
-RUN_ID = "run-id"
 TASKS_SENT = "tasks-sent"  # async: the run's task count, written before each task leaves
 # Settings a resumed run must share with its checkpoint (rounds, deadline... may change).
 FIXED = ("round", "seed", "dataset", "model", "aggregator", "tolerate", "protocol", "batch_size", "lr", "momentum", "threads")
-
-
-def short(fp: str) -> str:
-    """The node name shown to people: the first 12 hex digits of its fingerprint."""
-    return fp[:12]
 
 
 SPOOL_ABOVE = 2**30  # spool = auto: a round's rows past this many bytes wait on disk
@@ -115,7 +109,7 @@ class Coordinator:
         self.settings = s = Settings.read(self.folder)
         self.codec = codecs.build(s.compression)
         self._task_bytes: int | None = None
-        self.run_id = (self.folder / RUN_ID).read_text().strip()
+        self.run_id = (self.folder / checkpoint.RUN_ID).read_text().strip()
         self._warned: set[str] = set()
         self.keys = self._admitted()
         self.data = data = load(s.dataset, root=s.data_root or None, seed=0)
@@ -124,7 +118,7 @@ class Coordinator:
                              self.checks if s.spot_check else None, Root.of(s, data))
         self.attendance = Attendance(s.rest_after)
         self.rejected: dict[str, str] = {}  # node -> its latest rejection's reason
-        self._tip = audit.genesis(self.run_id)
+        self._tip = roundlog.genesis(self.run_id)
         flags = self.engine.flags
         self.ledger = TaskLedger(s.max_staleness, lambda fp: fp in flags.quarantined or fp in flags.convicted)
         # the coordinator's own seconds since the last round's record, by what they went to (see finish_round)
@@ -194,7 +188,7 @@ class Coordinator:
             self.engine.load_state(state["engine"])
             self.attendance.load_state(state["attendance"])
             self.rejected = dict(state["rejected"])
-            self._tip = audit.line_hash(state["record"])
+            self._tip = roundlog.line_hash(state["record"])
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{path} does not fit this run ({type(err).__name__}: {str(err)[:120]}): restore it "
                              "from a backup, or start over in a new folder") from None
@@ -456,7 +450,7 @@ class Coordinator:
         self.save(record)
         self._collect()
         checkpoint.append_round(self.folder, record)
-        self._tip = audit.line_hash(record)
+        self._tip = roundlog.line_hash(record)
         if self.done:
             self.finish(record["accuracy"], record["loss"])
         log.info("round %d: accepted %d/%d, accuracy %.3f, flagged %s, rejected %s", record["round"],

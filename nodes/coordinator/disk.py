@@ -17,8 +17,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from robust import codecs
-
 from ..settings import Settings
 
 
@@ -43,8 +41,9 @@ def project(folder: Path, settings: Settings, d: int, nodes: int, rounds_left: i
             state_rows: int = 0) -> Projection:
     """The disk the ``rounds_left`` rounds of ``nodes`` asked nodes will use in ``folder``
     (``state_rows``: the most float32 rows the rule keeps in ``state/`` at once)."""
-    codec = codecs.build(settings.compression)
-    row = codec.nbytes(d)
+    from robust import codecs  # here: the coordinator's supervisor checks a Projection without PyTorch
+
+    row = codecs.build(settings.compression).nbytes(d)
     asked = min(nodes, settings.per_round) if settings.per_round else nodes
     kept = {"all": asked, "spot": math.ceil(settings.spot_check * asked), "none": 0}[settings.keep_updates]
     # a spooled row is float32 for the rule; a compressed run spools its encoding beside it

@@ -83,7 +83,8 @@ from ..engine.ledger import CHECK, DISPUTE, INTRODUCE, ttl
 from ..engine.serve import Landed, Loop
 from ..inflate import lean
 from ..wire import Task, introduction_content, model_record, read_identity, task_content
-from .coordinator import Coordinator, short
+from .admission import short
+from .coordinator import Coordinator
 from .verifier import Checkers
 
 log = logging.getLogger("robust.coordinator")

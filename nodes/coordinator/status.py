@@ -24,8 +24,7 @@ from rich.text import Text
 
 from .. import checkpoint, launch
 from ..settings import Settings, coordinator_folder
-from .admission import scan
-from .coordinator import short
+from .admission import scan, short
 
 RECENT, REJECTIONS, SPARK_WIDTH = 8, 5, 40  # accuracies listed, rejections listed, rounds in the sparkline
 SPARKS = "▁▂▃▄▅▆▇█"

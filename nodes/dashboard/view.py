@@ -35,10 +35,11 @@ from collections import Counter
 from pathlib import Path
 
 from .. import checkpoint
-from ..coordinator import audit, events, status
-from ..coordinator.admission import ADMITTED, scan
-from ..coordinator.coordinator import RUN_ID, short
-from ..engine.detectors import TO_MEDIAN
+from ..checkpoint import RUN_ID
+from ..coordinator import events, status
+from ..coordinator.admission import ADMITTED, scan, short
+from ..coordinator.roundlog import chain
+from ..engine.names import TO_MEDIAN
 from ..settings import SETTINGS_FILE, Settings, coordinator_folder
 
 REASONS = 5  # latest rejection or failure reasons kept per node
@@ -75,7 +76,7 @@ class RunView:
     def _build(self) -> dict:
         settings = self._settings = Settings.read(self.folder)
         run_id = (self.folder / RUN_ID).read_text().strip() if (self.folder / RUN_ID).exists() else ""
-        records, broken, _ = audit.chain(run_id, checkpoint.logged_lines(self.folder))
+        records, broken, _ = chain(run_id, checkpoint.logged_lines(self.folder))
         nodes = _nodes(records, scan(self.folder)[0], settings)
         return {"status": _status(self.folder, settings, records, broken, nodes), "rounds": _rounds(records),
                 "nodes": nodes}

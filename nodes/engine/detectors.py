@@ -1,11 +1,11 @@
 """Per-round suspicion scores: how suspicious each row of a round's update matrix looks.
 
 The round engine (``nodes.engine.engine``) scores every round with :func:`score_round`: the flag
-policy (``nodes.engine.flags``) reads :data:`TO_MEDIAN`, the benchmark measures every detector's
+policy (``nodes.engine.flags``) reads :data:`~nodes.engine.names.TO_MEDIAN`, the benchmark measures every detector's
 AUC against the true Byzantine rows.
 
 ``score_round(X, f, kept)`` returns one float64 ``(n,)`` tensor per detector, rows in the
-canonical order of ``X``; higher means more suspicious; and :data:`TO_MEDIAN`, each row's
+canonical order of ``X``; higher means more suspicious; and :data:`~nodes.engine.names.TO_MEDIAN`, each row's
 plain distance ``||x_i - m||`` (not a detector: within a round it ranks the rows as
 ``distance-ratio`` does), which the flag policy divides by a typical distance it keeps over
 the run. All detectors share one exact
@@ -52,6 +52,8 @@ from aggregators.krum import krum_scores
 from robust.geometry import MEMO as SQ_DISTANCES, add_gram, distances, row_norms
 from robust.source import Rows, as_rows
 
+from .names import TO_MEDIAN
+
 DETECTORS: tuple[str, ...] = (
     "norm",
     "median-distance",
@@ -62,8 +64,6 @@ DETECTORS: tuple[str, ...] = (
     "discarded",
 )
 
-TO_MEDIAN = "to-median"  # ||x_i - m||, what the flag policy's own ratio is taken from
-
 F64 = torch.float64
 
 
@@ -71,7 +71,7 @@ def score_round(
     X: torch.Tensor | Rows, f: int, kept: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
     """Suspicion scores of every row of ``X`` (float ``(n, d)``), keyed by detector name,
-    then :data:`TO_MEDIAN`.
+    then :data:`~nodes.engine.names.TO_MEDIAN`.
 
     ``f`` is the number of Byzantine rows Krum assumes; ``kept`` (bool ``(n,)``) says which
     rows the aggregator kept and adds the ``discarded`` detector. Raises ``ValueError`` on a

@@ -58,7 +58,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from .detectors import TO_MEDIAN
+from .names import TO_MEDIAN
 from .evidence import SCORE as EVIDENCE, Cusum
 
 

@@ -73,7 +73,7 @@ Params = dict[str, torch.Tensor]
 
 def loss_fn(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of ``model`` with parameters ``params`` on ``(x, y)``."""
-    return F.cross_entropy(functional_call(model, params, (x,)), y)
+    return F.cross_entropy(functional_call(model, params, (x,)), y.long())  # a text set's targets are bytes
 
 
 def _autograd(model: nn.Module, loss):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from nodes import checkpoint, launch
 from nodes.coordinator import events
-from nodes.coordinator.coordinator import RUN_ID
+from nodes.checkpoint import RUN_ID
 from robust import tls
 
 from evaluation.bench.cell import Cell, CellSetup, cell_record
