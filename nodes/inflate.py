@@ -17,9 +17,12 @@ records check). The ClientApp hands those bytes to the trainer as they are
 
 from __future__ import annotations
 
+import ctypes
 import json
+from collections.abc import Callable
 
 from flwr.app import Array
+from flwr.app.message.arraychunk import ArrayChunk
 from flwr.supercore.inflatable.inflatable_object import get_object_body, get_object_children_ids_from_object_content
 
 
@@ -33,6 +36,54 @@ def inflate(cls, object_content: bytes, children: dict | None = None) -> Array:
         raise ValueError(f"Unexpected set of `children`. Expected {set(order)} but got {set(children)}.")
     data = b"".join(children[chunk].data for chunk in order)  # one allocation of the final size
     return cls(dtype=meta["dtype"], shape=tuple(meta["shape"]), stype=meta["stype"], data=data)
+
+
+def assemble(object_content: bytes, fetch: Callable[[str], bytes], most: int) -> Array:
+    """The array of ``object_content`` (a deflated ``Array``), its chunks fetched one at a time
+    (``fetch``: object id -> deflated content) and written into its bytes, each let go once
+    written: the array's bytes plus one chunk at a time, where :func:`inflate` needs them all.
+
+    Flower cuts an array into chunks of one size but the last (``Array.slice_array``), so the
+    first and the last give the whole size; a chunk of another size (a node's doing, not
+    Flower's) is a ``ValueError``. The bytes object is made at its final size and filled, as
+    ``b"".join`` does it in C (``PyBytes_FromStringAndSize(NULL, n)``): nobody else holds it
+    until it is returned. An array bigger than ``most`` bytes is a ``ValueError`` before any
+    allocation (chunks named many times over make an array of any size)."""
+    meta = json.loads(get_object_body(object_content, Array).decode("utf-8"))
+    ids = get_object_children_ids_from_object_content(object_content)
+    order = [ids[i] for i in meta["arraychunk_ids"]]
+    if set(order) != set(ids):
+        raise ValueError(f"an array names {len(set(ids))} chunks but is cut into {len(set(order))}")
+    if len(order) < 2:
+        data = _chunk(fetch, order[0]) if order else b""
+    else:
+        bodies = {order[0]: _chunk(fetch, order[0])}
+        step = len(bodies[order[0]])
+        if order[-1] not in bodies:
+            bodies[order[-1]] = _chunk(fetch, order[-1])
+        size = step * (len(order) - 1) + len(bodies[order[-1]])
+        if size > most:
+            raise ValueError(f"an array of {size} bytes, where a reply holds at most {most}")
+        data = _new_bytes(None, size)
+        start = _bytes_address(data)
+        for chunk in dict.fromkeys(order):  # each distinct chunk fetched once, written where it goes
+            body = bodies.pop(chunk) if chunk in bodies else _chunk(fetch, chunk)
+            places = [k for k, c in enumerate(order) if c == chunk]
+            if any(len(body) != step for k in places if k < len(order) - 1):
+                raise ValueError(f"an array's chunks are not of one size ({len(body)} bytes after {step})")
+            for k in places:
+                ctypes.memmove(start + k * step, body, len(body))
+    return Array(dtype=meta["dtype"], shape=tuple(meta["shape"]), stype=meta["stype"], data=data)
+
+
+def _chunk(fetch: Callable[[str], bytes], object_id: str) -> bytes:
+    return get_object_body(fetch(object_id), ArrayChunk)
+
+
+_new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
+_new_bytes.restype, _new_bytes.argtypes = ctypes.py_object, (ctypes.c_void_p, ctypes.c_ssize_t)
+_bytes_address = ctypes.pythonapi.PyBytes_AsString
+_bytes_address.restype, _bytes_address.argtypes = ctypes.c_void_p, (ctypes.py_object,)
 
 
 def lean() -> None:

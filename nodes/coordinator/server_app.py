@@ -81,10 +81,10 @@ from .. import checkpoint
 from ..engine.clocks import Clock, WallClock
 from ..engine.ledger import CHECK, DISPUTE, INTRODUCE, ttl
 from ..engine.serve import Landed, Loop
-from ..inflate import lean
 from ..wire import Task, introduction_content, model_record, read_identity, task_content
 from .admission import short
 from .coordinator import Coordinator
+from .pull import pull
 from .verifier import Checkers
 
 log = logging.getLogger("robust.coordinator")
@@ -155,13 +155,15 @@ class FlowerTransport:
         the SuperLink (one 400 MB reply at a time in the ServerApp at 100M parameters, where
         one pull brought every reply that had come in). Big rows are asked for one handle at a
         time, so that each call brings at most one."""
-        size = max(1, PULL_BYTES // self.coord.codec.nbytes(self.coord.engine.w.numel()))
+        d, protocol = self.coord.engine.w.numel(), self.coord.engine.protocol
+        size = max(1, PULL_BYTES // self.coord.codec.nbytes(d))
+        most = 4 * d * (protocol.steps + 1) * protocol.width + 2**20  # a dispute's states, the most a reply holds
         landed: list[Landed] = []
         for start in range(0, len(handles), size):
             landed += [Landed(reply.metadata.reply_to_message_id, reply.metadata.src_node_id,
                               None if reply.has_error() else reply.content,
                               str(reply.error.reason) if reply.has_error() else "")
-                       for reply in self.grid.pull_messages(handles[start:start + size])]
+                       for reply in pull(self.grid, handles[start:start + size], most)]
             if landed:
                 self.model = None  # the tasks it was built for are out: another wave builds it again (1 s at 1e8)
                 break
@@ -231,7 +233,6 @@ def serve(grid: Grid, coord: Coordinator, poll: float = POLL, introductions: boo
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    lean()  # a pulled reply's row assembled in one allocation (``nodes.inflate``)
     folder = Path(str(context.run_config["state-dir"]))
     try:
         serve(grid, Coordinator(folder))
