@@ -63,6 +63,13 @@ def _bin(name: str) -> str:
     return str(Path(sys.executable).with_name(name))
 
 
+def _server(name: str) -> list[str]:
+    """The command of Flower's server ``name`` (``flower-superlink``, ``flower-supernode``), run
+    with its reference cycles collected (``nodes.collect``: each request's body stays until
+    then)."""
+    return [sys.executable, "-m", "nodes.collect", _bin(name)]
+
+
 def flwr_env(home: Path, first: Path | None = None) -> dict[str, str]:
     """The environment of Flower's processes. Flower starts its own helpers by name (the
     SuperLink ``flower-superexec``, the SuperNode ``flwr-clientapp``), so this environment's
@@ -230,7 +237,7 @@ def start_superlink(folder: Path, bind: str, port: int) -> subprocess.Popen:
     at every start."""
     certs, log = folder / "tls", folder / LOGS / "superlink.log"
     proc = spawn([
-        _bin("flower-superlink"), "--ssl-ca-certfile", str(certs / tls.CA_CERT),
+        *_server("flower-superlink"), "--ssl-ca-certfile", str(certs / tls.CA_CERT),
         "--ssl-certfile", str(certs / tls.SERVER_CERT), "--ssl-keyfile", str(certs / tls.SERVER_KEY),
         "--enable-supernode-auth", "--disable-runtime-dependency-installation", "--host", bind, "--port", str(port),
     ], folder / FLWR_HOME, log)
@@ -326,7 +333,7 @@ def start_supernode(folder: Path, coordinator: str, ca: Path, log: Path | int | 
     home = folder / FLWR_HOME
     home.mkdir(parents=True, exist_ok=True)
     return spawn([
-        _bin("flower-supernode"), "--superlink", coordinator, "--root-certificates", str(ca),
+        *_server("flower-supernode"), "--superlink", coordinator, "--root-certificates", str(ca),
         "--auth-supernode-private-key", str(folder / "node.key"), "--node-config", config,
         "--port", str(free_port()),
     ], home, log, own_group, install_gate(folder), wrap)

@@ -10,7 +10,6 @@ exactly, where the process's resident memory also counts Python's and the alloca
 """
 
 import os
-import sys
 import threading
 import time
 
@@ -46,5 +45,11 @@ def _probe(path: str) -> None:
     threading.Thread(target=_watch, args=(stores, path), daemon=True).start()
 
 
-if os.environ.get("ROBUST_STORE_PEAK") and sys.argv and sys.argv[0].endswith("flower-superlink"):
+def _is_superlink() -> bool:
+    """Whether this process is the SuperLink (run as Flower's script, or by ``nodes.collect``)."""
+    with open("/proc/self/cmdline", "rb") as cmdline:
+        return any(arg.endswith(b"flower-superlink") for arg in cmdline.read().split(b"\0"))
+
+
+if os.environ.get("ROBUST_STORE_PEAK") and _is_superlink():
     _probe(os.environ["ROBUST_STORE_PEAK"])
