@@ -26,8 +26,13 @@ class Projection:
     per_round: int  # bytes a round keeps
     spool: int  # bytes a round holds on disk while it runs (0: rows wait in memory)
     total: int  # bytes the rounds left will add
-    free: int  # bytes free in the coordinator's folder
+    folder: Path  # the coordinator's folder
     state: int = 0  # bytes the rule's rows carried across rounds take in state/, at most
+
+    @property
+    def free(self) -> int:
+        """Bytes free in the coordinator's folder, now."""
+        return shutil.disk_usage(self.folder).free
 
     def describe(self, rounds: int) -> str:
         stored = self.total - self.spool - self.state
@@ -43,14 +48,15 @@ def project(folder: Path, settings: Settings, d: int, nodes: int, rounds_left: i
     (``state_rows``: the most float32 rows the rule keeps in ``state/`` at once)."""
     from robust import codecs  # here: the coordinator's supervisor checks a Projection without PyTorch
 
-    row = codecs.build(settings.compression).nbytes(d)
+    codec = codecs.build(settings.compression)
+    row = codec.nbytes(d)
     asked = min(nodes, settings.per_round) if settings.per_round else nodes
     kept = {"all": asked, "spot": math.ceil(settings.spot_check * asked), "none": 0}[settings.keep_updates]
     # a spooled row is float32 for the rule; a compressed run spools its encoding beside it
     spool = asked * (4 * d + (row if codec.name != "none" else 0)) if spooling else 0
     state = state_rows * 4 * d
     total = rounds_left * kept * row + spool + state
-    return Projection(row, kept * row, spool, total, shutil.disk_usage(folder).free, state)
+    return Projection(row, kept * row, spool, total, Path(folder), state)
 
 
 def check(projection: Projection, folder: Path, rounds: int) -> None:
