@@ -108,12 +108,6 @@ def _logged_rounds(folder: Path) -> int:
     return len(rounds)
 
 
-def rounds_done(folder: Path) -> int:
-    """How many rounds the checkpoint in ``folder`` holds (0 without one)."""
-    state = load(folder)
-    return int(state["engine"]["round"]) if state else 0
-
-
 def finite(value: object) -> object:
     """``value`` with every non-finite float replaced by ``None`` (JSON has no NaN, no inf)."""
     if isinstance(value, float):

@@ -83,21 +83,28 @@ def _describe(record: dict, rounds: int) -> str:
     return "  ".join(parts)
 
 
-def _check(folder: Path) -> tuple[int, Projection]:
+def _check(folder: Path, overrides: dict) -> tuple[Settings, int, Projection]:
+    settings = Settings.read(folder).replace(**overrides)
+    (folder / SETTINGS_FILE).write_text(settings.to_toml())
+    found, _ = scan(folder)  # the Coordinator below warns of each file it skips
+    if not found:
+        raise ValueError(f"no volunteer is admitted yet: `robust coordinator admit {folder} NODE.pub` first")
     from .coordinator.coordinator import Coordinator
 
     coordinator = Coordinator(folder)
-    return coordinator.round, coordinator.disk()
+    settings.quorum_needed  # noqa: B018 - kept in the settings handed back
+    return settings, coordinator.round, coordinator.disk()
 
 
-def _checked(folder: Path) -> tuple[int, Projection]:
-    """The rounds ``folder`` has done and what the rest will store, from a coordinator built
-    in a child process: settings, checkpoint and round log are checked (a ``ValueError``
-    saying what to do) before any process starts, and this one, which only follows the run,
-    never holds the engine nor imports PyTorch or Flower (at 100M parameters it held 1,133 MB
-    with the engine, 354 once it gave it back: PyTorch's own)."""
+def _checked(folder: Path, overrides: dict) -> tuple[Settings, int, Projection]:
+    """The run's settings (with ``overrides``, written to the folder), the rounds it has done
+    and what the rest will store, from a child process: settings (their checks build the
+    rules), checkpoint and round log are checked there (a ``ValueError`` saying what to do)
+    before any process starts, and this process, which only follows the run, never holds
+    the engine nor imports PyTorch or Flower (at 100M parameters it held 1,133 MB with the
+    engine, 354 once it gave it back, 245 with PyTorch alone)."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_check, folder).result()
+        return pool.submit(_check, folder, overrides).result()
 
 
 def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None] | None = None,
@@ -107,12 +114,8 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
     ``dashboard``: ``([HOST:]PORT, token)`` to serve the run's dashboard meanwhile."""
     if dashboard[0]:
         parse_bind(dashboard[0])  # a bad address is said before anything starts
-    settings = Settings.read(folder).replace(**overrides)
-    (folder / SETTINGS_FILE).write_text(settings.to_toml())
-    found, _ = scan(folder)  # the Coordinator below warns of each file it skips
-    if not found:
-        raise ValueError(f"no volunteer is admitted yet: `robust coordinator admit {folder} NODE.pub` first")
-    done_rounds, disk = _checked(folder)
+    settings, done_rounds, disk = _checked(folder, overrides)
+    found, _ = scan(folder)
     if done_rounds >= settings.rounds:
         print(f"{folder} already finished {done_rounds} rounds: pass --rounds N (N > {done_rounds}) to train more")
         return 0
@@ -151,7 +154,7 @@ def _run(folder: Path, settings: Settings, found: dict, on_ready: Callable[[], N
     except KeyboardInterrupt:
         if run_id:
             launch.flwr(folder, "stop", run_id, launch.CONNECTION, timeout=30)
-        print(f"\nstopped after round {checkpoint.rounds_done(folder)}; "
+        print(f"\nstopped after round {len(read_rounds(folder))}; "
               f"`robust coordinator start {folder}` resumes from there", flush=True)
         return 130
     finally:

@@ -13,6 +13,7 @@ from it).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import tomllib
 from pathlib import Path
 
@@ -257,9 +258,11 @@ class _Checked:
         """Valid replies per asynchronous aggregation: ``buffer``, or if 0 the fewest the aggregator serves."""
         return self.buffer or self.quorum_needed
 
-    @property
+    @functools.cached_property
     def quorum_needed(self) -> int:
-        """Valid rows a round needs to step: ``quorum``, or if 0 the fewest the aggregator serves."""
+        """Valid rows a round needs to step: ``quorum``, or if 0 the fewest the aggregator serves
+        (kept once asked, and pickled with the settings: the coordinator's supervisor gets it
+        from the child that checked them, without the rules' imports)."""
         if self.quorum:
             return self.quorum
         import aggregators

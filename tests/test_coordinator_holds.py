@@ -206,13 +206,22 @@ def test_a_log_one_round_short_is_completed_and_other_disagreements_refused(fede
         Coordinator(coord_dir)
 
 
-def test_the_coordinators_supervisor_loads_neither_torch_nor_flower():
-    """``coordinator start`` checks its folder in a child process and then only follows the run
-    and serves the dashboard: the engine, PyTorch and Flower stay out of it."""
-    code = ("import sys, nodes.commands, nodes.dashboard.server; "
-            "print(sorted(m for m in ('torch', 'flwr', 'nodes.coordinator.coordinator') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]"
+def test_the_coordinators_supervisor_loads_neither_torch_nor_flower(federation):
+    """``coordinator start`` checks its folder in a child process (the settings, whose checks
+    build the rules; the checkpoint; the disk) and then only follows the run: the engine,
+    PyTorch and Flower stay out of it, and the settings it gets back are the checked ones."""
+    coord_dir, _ = federation
+    code = ("import sys\nfrom pathlib import Path\nfrom nodes import commands\n"
+            "if __name__ == '__main__':\n"
+            f"    settings, done, disk = commands._checked(Path({str(coord_dir)!r}), {{'rounds': 7}})\n"
+            "    print(settings.rounds, settings.quorum_needed, done, disk.row > 0,\n"
+            "          sorted(m for m in ('torch', 'flwr', 'nodes.coordinator.coordinator') if m in sys.modules))\n")
+    script = coord_dir.parent / "supervisor.py"
+    script.write_text(code)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
+    expected = Settings.read(coord_dir)
+    assert expected.rounds == 7  # written to the folder by the child
+    assert done.stdout.split() == ["7", str(expected.quorum_needed), "0", "True", "[]"]
 
 
 def test_start_refuses_a_broken_checkpoint_in_one_line(federation, capsys):
