@@ -6,11 +6,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import multiprocessing
 import secrets
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from robust import keys, tls
@@ -18,8 +16,8 @@ from robust import keys, tls
 from . import checkpoint, launch
 from .checkpoint import RUN_ID
 from .coordinator.admission import ADMITTED, admit, scan, short
-from .coordinator.disk import Projection
 from .coordinator.disk import check as check_disk
+from .coordinator.precheck import checked
 from .coordinator.status import live_bar, read_rounds
 from .dashboard.server import parse_bind, serving
 from .settings import COORDINATOR, SETTINGS_FILE, Settings
@@ -83,30 +81,6 @@ def _describe(record: dict, rounds: int) -> str:
     return "  ".join(parts)
 
 
-def _check(folder: Path, overrides: dict) -> tuple[Settings, int, Projection]:
-    settings = Settings.read(folder).replace(**overrides)
-    (folder / SETTINGS_FILE).write_text(settings.to_toml())
-    found, _ = scan(folder)  # the Coordinator below warns of each file it skips
-    if not found:
-        raise ValueError(f"no volunteer is admitted yet: `robust coordinator admit {folder} NODE.pub` first")
-    from .coordinator.coordinator import Coordinator
-
-    coordinator = Coordinator(folder)
-    settings.quorum_needed  # noqa: B018 - kept in the settings handed back
-    return settings, coordinator.round, coordinator.disk()
-
-
-def _checked(folder: Path, overrides: dict) -> tuple[Settings, int, Projection]:
-    """The run's settings (with ``overrides``, written to the folder), the rounds it has done
-    and what the rest will store, from a child process: settings (their checks build the
-    rules), checkpoint and round log are checked there (a ``ValueError`` saying what to do)
-    before any process starts, and this process, which only follows the run, never holds
-    the engine nor imports PyTorch or Flower (at 100M parameters it held 1,133 MB with the
-    engine, 354 once it gave it back, 245 with PyTorch alone)."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_check, folder, overrides).result()
-
-
 def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None] | None = None,
                       dashboard: tuple[str | None, str] = (None, "")) -> int:
     """Start the SuperLink, register the admitted keys, submit the run and follow it.
@@ -114,7 +88,7 @@ def coordinator_start(folder: Path, overrides: dict, on_ready: Callable[[], None
     ``dashboard``: ``([HOST:]PORT, token)`` to serve the run's dashboard meanwhile."""
     if dashboard[0]:
         parse_bind(dashboard[0])  # a bad address is said before anything starts
-    settings, done_rounds, disk = _checked(folder, overrides)
+    settings, done_rounds, disk = checked(folder, overrides)  # in a child process: see there
     found, _ = scan(folder)
     if done_rounds >= settings.rounds:
         print(f"{folder} already finished {done_rounds} rounds: pass --rounds N (N > {done_rounds}) to train more")

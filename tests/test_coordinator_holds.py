@@ -212,8 +212,9 @@ def test_the_coordinators_supervisor_loads_neither_torch_nor_flower(federation):
     PyTorch and Flower stay out of it, and the settings it gets back are the checked ones."""
     coord_dir, _ = federation
     code = ("import sys\nfrom pathlib import Path\nfrom nodes import commands\n"
+            "from nodes.coordinator.precheck import checked\n"
             "if __name__ == '__main__':\n"
-            f"    settings, done, disk = commands._checked(Path({str(coord_dir)!r}), {{'rounds': 7}})\n"
+            f"    settings, done, disk = checked(Path({str(coord_dir)!r}), {{'rounds': 7}})\n"
             "    print(settings.rounds, settings.quorum_needed, done, disk.row > 0,\n"
             "          sorted(m for m in ('torch', 'flwr', 'nodes.coordinator.coordinator') if m in sys.modules))\n")
     script = coord_dir.parent / "supervisor.py"
