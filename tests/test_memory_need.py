@@ -206,7 +206,8 @@ def test_the_serverapp_assembles_a_reply_one_chunk_at_a_time_as_flower_does():
 def test_flowers_servers_run_with_their_reference_cycles_collected(tmp_path):
     """``nodes.collect`` runs a script as ``__main__`` with its own arguments and collects what
     only reference cycles hold (a Starlette request and its body's stream, in Flower's servers)
-    even where nothing else would: here the collector is off."""
+    even where nothing else would (here the collector is off): once at its start, then once
+    its resident memory grew by 64 MB, and not before."""
     import subprocess
     import sys
 
@@ -217,9 +218,14 @@ def test_flowers_servers_run_with_their_reference_cycles_collected(tmp_path):
         "class Request:\n    pass\n"
         "request = Request()\nrequest.me, request.body = request, bytes(50 * 2**20)\n"
         "gone = weakref.ref(request)\ndel request\n"
-        "time.sleep(3 * 2.0)\n"
-        "print(__name__, sys.argv[1:], gone() is None)\n")
+        "time.sleep(8)\n"  # past the first collection, which freezes what it finds alive
+        "cycle = Request()\ncycle.me, cycle.body = cycle, b'x' * (50 * 2**20)\nlater = weakref.ref(cycle)\ndel cycle\n"
+        "time.sleep(1.5)\n"
+        "quiet = later() is not None\n"  # 50 MB more resident: not yet
+        "held = b'x' * (70 * 2**20)\n"  # 120 MB more resident than at the last collection: collected
+        "time.sleep(1.5)\n"
+        "print(__name__, sys.argv[1:], gone() is None, quiet, later() is None)\n")
     done = subprocess.run([sys.executable, "-m", "nodes.collect", str(script), "--port", "1"], capture_output=True,
                           text=True, check=True, timeout=60)
-    assert done.stdout.split() == ["__main__", "['--port',", "'1']", "True"]
+    assert done.stdout.split() == ["__main__", "['--port',", "'1']", "True", "True", "True"]
     assert launch._server("flower-superlink")[:3] == [sys.executable, "-m", "nodes.collect"]
