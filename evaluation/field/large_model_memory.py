@@ -66,7 +66,10 @@ MODEL, AGGREGATOR, ATTACK = "gpt-100m", "nnm+trimmed-mean", "alie"
 TEXT = {"dataset": "pystdlib:context=128,eval_bytes=8192", "batch_size": 8}
 IMAGES = {"dataset": "digits", "code": str(CODE), "protocol": "delta:steps=5"}
 VOLUNTEERS = 3
-DEADLINE = 600.0  # seconds a round waits: the nodes are local, only a broken one is late
+# seconds a round waits: the nodes are local, only a broken one is late; but 6 volunteers share 2
+# cores, and at 100M parameters the alie-local one trains 4 times a round: 398-591 s measured, and
+# a 600 s deadline lost its reply twice in 5 rounds
+DEADLINE = 1200.0
 SAMPLE = 0.5  # seconds between memory samples
 MB = 2**20
 
