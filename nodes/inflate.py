@@ -1,17 +1,18 @@
 """A pulled message's arrays assembled once, not three times: in a volunteer's ClientApp (a
-task) and in the coordinator's ServerApp (a reply).
+task, :func:`inflate`) and in the coordinator's ServerApp (a reply, :func:`assemble`).
 
 Flower (1.42) rebuilds a pulled ``Array`` by appending its chunks to a growing ``bytearray``,
 then copying that into ``bytes``, while every chunk is still held: the ClientApp of a task on a
 384 MB model held about three copies of it at once (1.3 GB, the volunteer's peak, measured by
 ``python -m evaluation.large_model``), and the ServerApp as much for each reply it pulls.
 :func:`lean` replaces ``Array.inflate`` in the process (the volunteer's gate installs it,
-``nodes.codetrust.install_gate``; the ServerApp at its start, ``nodes.coordinator.server_app``)
-with :func:`inflate`: the same checks and the same array (dtype, shape, serialisation and
-bytes), its bytes joined from the chunks in one allocation of the final size (no growing
-buffer, no copy of it: the chunks and the array, two copies, until Flower lets the chunks go;
-a chunk object may serve several arrays, so none is emptied here; ``bytes``, as Flower's
-records check). The ClientApp hands those bytes to the trainer as they are
+``nodes.codetrust.install_gate``) with :func:`inflate`: the same checks and the same array
+(dtype, shape, serialisation and bytes), its bytes joined from the chunks in one allocation of
+the final size (no growing buffer, no copy of it: the chunks and the array, two copies, until
+Flower lets the chunks go; a chunk object may serve several arrays, so none is emptied here;
+``bytes``, as Flower's records check). The ServerApp pulls a reply's objects itself
+(``nodes.coordinator.pull``) and writes each chunk into the array as it comes
+(:func:`assemble`): one copy. The ClientApp hands its bytes to the trainer as they are
 (``nodes.wire.pack``); the coordinator checks and spools a reply's row from them.
 """
 
@@ -29,9 +30,7 @@ from flwr.supercore.inflatable.inflatable_object import get_object_body, get_obj
 def inflate(cls, object_content: bytes, children: dict | None = None) -> Array:
     """``Array.inflate``'s array from its content and its chunks (``children``, by object id)."""
     children = children or {}
-    meta = json.loads(get_object_body(object_content, cls).decode("utf-8"))
-    ids = get_object_children_ids_from_object_content(object_content)
-    order = [ids[i] for i in meta["arraychunk_ids"]]
+    meta, ids, order = _layout(object_content)
     if set(order) != set(children):
         raise ValueError(f"Unexpected set of `children`. Expected {set(order)} but got {set(children)}.")
     data = b"".join(children[chunk].data for chunk in order)  # one allocation of the final size
@@ -49,9 +48,7 @@ def assemble(object_content: bytes, fetch: Callable[[str], bytes], most: int) ->
     ``b"".join`` does it in C (``PyBytes_FromStringAndSize(NULL, n)``): nobody else holds it
     until it is returned. An array bigger than ``most`` bytes is a ``ValueError`` before any
     allocation (chunks named many times over make an array of any size)."""
-    meta = json.loads(get_object_body(object_content, Array).decode("utf-8"))
-    ids = get_object_children_ids_from_object_content(object_content)
-    order = [ids[i] for i in meta["arraychunk_ids"]]
+    meta, ids, order = _layout(object_content)
     if set(order) != set(ids):
         raise ValueError(f"an array names {len(set(ids))} chunks but is cut into {len(set(order))}")
     if len(order) < 2:
@@ -74,6 +71,13 @@ def assemble(object_content: bytes, fetch: Callable[[str], bytes], most: int) ->
             for k in places:
                 ctypes.memmove(start + k * step, body, len(body))
     return Array(dtype=meta["dtype"], shape=tuple(meta["shape"]), stype=meta["stype"], data=data)
+
+
+def _layout(object_content: bytes) -> tuple[dict, list[str], list[str]]:
+    """A deflated array's metadata, its chunks' ids, and the chunk at each place of its bytes."""
+    meta = json.loads(get_object_body(object_content, Array).decode("utf-8"))
+    ids = get_object_children_ids_from_object_content(object_content)
+    return meta, ids, [ids[i] for i in meta["arraychunk_ids"]]
 
 
 def _chunk(fetch: Callable[[str], bytes], object_id: str) -> bytes:
