@@ -30,10 +30,12 @@ from . import (  # noqa: F401  (each module registers its stage)
     meamed,
     mean,
     median,
+    monna,
     multi_krum,
     nnm,
     sign_vote,
     signguard,
+    smea,
     trimmed_mean,
 )
 from .base import REGISTRY, RoundInputs
