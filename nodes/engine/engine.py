@@ -71,6 +71,7 @@ from robust.params import flat_params, sha256, trained, unflatten
 from robust.seeds import generator
 from robust.source import Rows, as_rows, on_device, scaled, take, validated
 
+from . import loss_score
 from .detectors import score_round
 from .flags import FlagPolicy
 from .ledger import Ticket
@@ -95,26 +96,30 @@ class ThreatHook(Interface):
 
 
 def judge(chain, flags: FlagPolicy, t: int, ids: list, X: torch.Tensor | Rows, rejected: dict, step: bool,
-          inputs: aggregators.RoundInputs | None = None, device: torch.device | str = "cpu"
-          ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor], list]:
+          inputs: aggregators.RoundInputs | None = None, device: torch.device | str = "cpu",
+          effects: torch.Tensor | None = None) -> tuple[torch.Tensor | None, dict[str, torch.Tensor], list]:
     """The robust core of round ``t``, the same in the engine and in ``RobustStrategy``: the
     rule's aggregate of the rows ``X`` of ``ids`` (``None`` unless the round ``step``s; a rule
     that needs them gets ``inputs``), the detectors' scores (both computed on ``device``, see
-    :func:`assess`), and the nodes the flag policy flags (``rejected`` ones included)."""
-    aggregate, scores = assess(chain, X, step, inputs, device)
+    :func:`assess`; ``effects``: the rows' loss scores, where the caller holds a root set), and
+    the nodes the flag policy flags (``rejected`` ones included)."""
+    aggregate, scores = assess(chain, X, step, inputs, device, effects)
     return aggregate, scores, flags.update(t, ids, scores, rejected)
 
 
 def assess(chain, X: torch.Tensor | Rows, step: bool, inputs: aggregators.RoundInputs | None = None,
-           device: torch.device | str = "cpu") -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+           device: torch.device | str = "cpu", effects: torch.Tensor | None = None
+           ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
     """The rule's aggregate of the rows ``X`` (``None`` unless ``step``) and the detectors'
-    scores (none for no rows), computed on ``device``: the rows' blocks are moved there as they
-    are read (never the ``(n, d)`` matrix), with ``inputs``; both results come back to the CPU,
-    where the protocol step, the records and the hashes read them. The rule's carried state
-    stays on ``device`` between calls (``Engine.state`` hands out CPU copies)."""
+    scores (none for no rows; ``effects``: the ``loss-score``), computed on ``device``: the rows'
+    blocks are moved there as they are read (never the ``(n, d)`` matrix), with ``inputs``; both
+    results come back to the CPU, where the protocol step, the records and the hashes read them.
+    The rule's carried state stays on ``device`` between calls (``Engine.state`` hands out CPU
+    copies)."""
     rows = on_device(as_rows(X), device)
     aggregate = chain(rows, None if inputs is None else inputs.to(rows.device)) if step else None
-    scores = score_round(rows, chain.f, chain.last_kept if aggregate is not None else None) if rows.n else {}
+    kept = chain.last_kept if aggregate is not None else None
+    scores = score_round(rows, chain.f, kept, effects) if rows.n else {}
     return (None if aggregate is None else aggregate.cpu()), {name: v.cpu() for name, v in scores.items()}
 
 
@@ -233,7 +238,7 @@ class Engine:
         # momentum work is checked from the momentum each task names (nodes.engine.states)
         self.states = States(self.w.numel()) if s.spot_check and self.protocol.keeps_momentum else None
         self.round = 0  # rounds finished
-        # ``clock(phase)``: a context manager timing the step's phases ("spot checks", "rule",
+        # ``clock(phase)``: a context manager timing the step's phases ("spot checks", "loss score", "rule",
         # "evaluation"), the coordinator's (its records' ``costs``); none in the bench
         self.clock: Callable[[str], ContextManager] = lambda phase: nullcontext()
 
@@ -329,11 +334,15 @@ class Engine:
             if staleness is not None:
                 X = scaled(X, torch.tensor([self.weight(staleness[i]) for i in ids], dtype=X.dtype))
             inputs = None if skipped or not self.chain.needs else self.inputs(ids)
+            effects = None
+            if self.root is not None and X.n:
+                with self.clock("loss score"):
+                    effects = loss_score.effects(self.scorer, self.protocol, self.root, self.w, self.buffer, X)
             # only the rule and the detectors run under the device's profile: CUDA's deterministic mode is
             # process-wide and would change the CPU algorithms of a spot check's recomputation or the root update
             with self.clock("rule"), profile(self.settings.threads, self.device):
                 aggregate, scores, flagged = judge(self.chain, self.flags, t, ids, X, rejected, not skipped, inputs,
-                                                   self.device)
+                                                   self.device, effects)
             if aggregate is not None:
                 if self.states is not None:
                     self.states.keep(ids, used)
