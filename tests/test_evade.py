@@ -19,7 +19,7 @@ from nodes.engine.flags import FlagPolicy
 F64 = torch.float64
 F, RATIO, MAX, STEPS, Q = 3, 1.5, 10.0, 12, 0.95
 TARGETS = tuple(d for d in DETECTORS if d not in ("discarded", "loss-score"))  # what evade:detector=all hides from (the
-# loss score needs the coordinator's root set and model, which evade's Context does not carry yet)
+# loss score needs the coordinator's root set and model: the bench's Context adds it where the engine holds them)
 EARLIER = {"dir": "alie", "jitter": "gauss", "quantile": "0.95", "auc": "1"}  # the defaults before the strongest
 
 

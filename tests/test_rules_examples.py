@@ -48,7 +48,7 @@ def time_limit(seconds: float):
 def test_registry_lists():
     assert aggregators.rules() == sorted(
         ["mean", "median", "trimmed-mean", "krum", "multi-krum", "geometric-median", "bulyan",
-         "centered-clipping", "meamed", "mda", "monna", "smea", "caf", "dnc", "signguard", "flame", "fltrust", "foolsgold",
+         "centered-clipping", "meamed", "mda", "monna", "smea", "loss-score", "caf", "dnc", "signguard", "flame", "fltrust", "foolsgold",
          "fldetector", "sign-vote"]
     )
     assert aggregators.pre_aggregators() == ["arc", "bucketing", "clip", "nnm"]

@@ -28,7 +28,7 @@ SETTINGS = settings(
 
 RULES = aggregators.rules()
 STATEFUL = {"centered-clipping", "foolsgold", "fldetector"}  # a call depends on the ones before
-SELECTION_RULES = {"krum", "multi-krum", "bulyan", "mda", "smea", "monna"}
+SELECTION_RULES = {"krum", "multi-krum", "bulyan", "mda", "smea", "monna", "loss-score"}
 SORT_BASED = ["median", "trimmed-mean", "meamed", "sign-vote"]
 
 FINITE = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
@@ -43,7 +43,7 @@ def max_f(rule: str, n: int) -> int:
         return (n - 3) // 2
     if rule == "bulyan":
         return (n - 3) // 4
-    # median: n >= 2f+1 ; trimmed-mean, meamed, geometric-median, mda, smea, monna, caf: n > 2f
+    # median: n >= 2f+1 ; trimmed-mean, meamed, geometric-median, mda, smea, monna, loss-score, caf: n > 2f
     return (n - 1) // 2
 
 
@@ -51,14 +51,17 @@ MIN_N = {r: (3 if r in ("krum", "multi-krum", "bulyan") else 1) for r in RULES}
 
 
 def round_inputs(agg: aggregators.Chain, X: torch.Tensor, ids: list[str] | None = None) -> RoundInputs | None:
-    """What a rule that needs more than the rows (fltrust, foolsgold, fldetector) is given,
-    ``None`` for the others: each row's node id (``ids``: they move with the rows under a
-    permutation; default n00, n01, ...), a zero model, and the rows' mean as the server's own
-    update (a reference that a permutation or a shift moves as it moves the rows)."""
+    """What a rule that needs more than the rows (fltrust, foolsgold, fldetector, loss-score) is
+    given, ``None`` for the others: each row's node id (``ids``: they move with the rows under a
+    permutation; default n00, n01, ...), a zero model, the rows' mean as the server's own update
+    (a reference that a permutation or a shift moves as it moves the rows), and as each node's
+    rating minus its row's distance to that mean (a rating that moves with the row)."""
     if not agg.needs:
         return None
     ids = tuple(ids or (f"n{i:02d}" for i in range(X.shape[0])))
-    return RoundInputs(ids=ids, w=torch.zeros(X.shape[1], dtype=X.dtype), reference=X.mean(dim=0))
+    mean = X.mean(dim=0)
+    return RoundInputs(ids=ids, w=torch.zeros(X.shape[1], dtype=X.dtype), reference=mean,
+                       ratings=-(X - mean).double().norm(dim=1))
 
 
 def run(spec: str, f: int, X: torch.Tensor, ids: list[str] | None = None) -> torch.Tensor:

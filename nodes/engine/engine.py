@@ -33,7 +33,10 @@ the CPU's (float sums run in another order there), so its record names the devic
 
 Rules that need more than the rows (``aggregators.RoundInputs``) get the rows' node ids, the
 global model the rows were computed from, and, for ``fltrust``, the coordinator's own update on
-its root data (``nodes.engine.root``), computed once per round that steps.
+its root data (``nodes.engine.root``), computed once per round that steps. Where it holds a root
+set, the engine also measures what each row alone does to the root data's loss (the
+``loss-score`` detector) and rates the nodes by it across rounds, the ratings the
+``loss-score`` rule reads (``nodes.engine.loss_score``).
 
 Every row comes with its task (``nodes.engine.ledger.Ticket``: its number, the model it carried and
 that model's version). Asynchronous rounds (``round = async``, FedBuff) and carried late
@@ -64,6 +67,7 @@ import torch
 from torch import nn
 
 import aggregators
+from aggregators.base import ROOT_NEEDS
 from robust import codecs
 from robust.compute import device_name, profile, resolve_device
 from robust.models import Scorer
@@ -222,10 +226,11 @@ class Engine:
         self.w = flat_params(model)
         self.scorer = Scorer(model)
         self.chain = aggregators.build(s.aggregator, s.tolerate)
-        if "reference" in self.chain.needs and root is None:
+        if self.chain.needs & ROOT_NEEDS and root is None:
             raise ValueError(f"{s.aggregator} needs the coordinator's root data: build the engine with "
                              "nodes.engine.root.Root.of(settings, data) (a driver's error)")
         self.root = root
+        self.ratings = None if root is None else loss_score.Ratings()  # the nodes' loss-score ratings
         self.protocol = Protocol.of(s)
         self.flags = FlagPolicy(s.flag_ratio, s.quarantine_after, s.false_alarm, s.rounds, s.flag_own)
         self.quorum = s.quorum_needed
@@ -289,7 +294,8 @@ class Engine:
     def inputs(self, ids: list[str]) -> aggregators.RoundInputs:
         """What a rule may need besides the rows of ``ids`` in round ``self.round + 1``."""
         reference = self.root.update(self.round + 1, self.w) if "reference" in self.chain.needs else None
-        return aggregators.RoundInputs(ids=tuple(ids), w=self.w, reference=reference)
+        ratings = self.ratings.ordinals(ids) if "ratings" in self.chain.needs else None
+        return aggregators.RoundInputs(ids=tuple(ids), w=self.w, reference=reference, ratings=ratings)
 
     def evaluate(self) -> tuple[float, float]:
         """The model's ``(accuracy, loss)`` on the test set (a text set: next-token accuracy and
@@ -333,11 +339,12 @@ class Engine:
             used = X  # as the nodes sent them
             if staleness is not None:
                 X = scaled(X, torch.tensor([self.weight(staleness[i]) for i in ids], dtype=X.dtype))
-            inputs = None if skipped or not self.chain.needs else self.inputs(ids)
             effects = None
             if self.root is not None and X.n:
                 with self.clock("loss score"):
                     effects = loss_score.effects(self.scorer, self.protocol, self.root, self.w, self.buffer, X)
+                    self.ratings.update(ids, effects)
+            inputs = None if skipped or not self.chain.needs else self.inputs(ids)
             # only the rule and the detectors run under the device's profile: CUDA's deterministic mode is
             # process-wide and would change the CPU algorithms of a spot check's recomputation or the root update
             with self.clock("rule"), profile(self.settings.threads, self.device):
@@ -413,6 +420,7 @@ class Engine:
             state["buffer"] = self.buffer
         if self.root is not None:
             state["root"] = self.root.state()
+            state["ratings"] = self.ratings.state()
         if self.lookahead is not None:
             state["lookahead"] = self.lookahead.state()
         if self.states is not None:
@@ -426,6 +434,7 @@ class Engine:
         self.buffer = state.get("buffer")
         if self.root is not None:
             self.root.load_state(state.get("root", {}))
+            self.ratings.load_state(state.get("ratings", {}))
         if self.lookahead is not None:
             self.lookahead.load_state(state.get("lookahead", {}))
         if self.states is not None:
