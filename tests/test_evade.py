@@ -141,7 +141,7 @@ def test_seeded_and_the_colluders_differ():
 def test_parameter_errors():
     with pytest.raises(ValueError, match="evade: detector: discarded is the rule's choice, not a score"):
         attacks.build("evade:detector=discarded", 1)
-    with pytest.raises(ValueError, match="evade detector must be one of distance-ratio, krum-score, .*policy or all \\(got detector='nope'"):
+    with pytest.raises(ValueError, match="evade detector must be one of distance-ratio, krum-score, .*policy, geometric or all \\(got detector='nope'"):
         attacks.build("evade:detector=nope", F)(H, ctx())  # checked against the deployment's detectors
     with pytest.raises(ValueError, match="evade: dir must be one of alie, ipm, sign, grad \\(got dir='up'\\)"):
         attacks.build("evade:dir=up", 1)

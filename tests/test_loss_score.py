@@ -47,7 +47,7 @@ def test_the_loss_score_sees_what_geometry_misses():
     # measured (seed 0, 6 rounds, 2 of 10 nodes, mean): evade's rows, crafted to look geometrically
     # typical, reach AUC 0.83 on the loss score and at most 0.67 on the geometric detectors;
     # label-flip 1.0 on both
-    detect = run_cell(Cell(SMALL, "mean", "evade", 0))["detect"]
+    detect = run_cell(Cell(SMALL, "mean", "evade:detector=geometric", 0))["detect"]
     geometric = max(v["auc"] for k, v in detect.items() if k != "loss-score")
     assert detect["loss-score"]["auc"] > max(0.75, geometric + 0.1), detect
     assert run_cell(Cell(SMALL, "mean", "label-flip", 0))["detect"]["loss-score"]["auc"] > 0.95
