@@ -41,7 +41,7 @@ class RoundInputs:
     computed from. ``reference``: the server's own update ``(d,)`` on its root data, with the
     same meaning (protocol, sign, scale) as a row (FLTrust). ``ratings``: each row's node's
     rating ``(n,)`` by what its updates did to the loss of the root data, higher is better
-    (``nodes.engine.loss_score``).
+    (``nodes.engine.loss_ratings``).
     """
 
     ids: tuple[str, ...] | None = None

@@ -6,7 +6,7 @@ its top-rated peers, Covenant-72B).
 rating (ties to the lower row index); default ``m = n - f``. A node's rating is its OpenSkill
 Plackett-Luce ordinal ``mu - 3 sigma`` over the rounds so far, this round's included: each
 round the engine steps the model by each row alone, measures the loss on its root samples, and
-ranks the nodes by it (``nodes.engine.loss_score``). So the rule needs the coordinator's root
+ranks the nodes by it (``nodes.engine.loss_ratings``). So the rule needs the coordinator's root
 set (``root = N``) and gets the ratings through ``RoundInputs(ratings=...)``. Needs
 ``n > 2f`` and ``1 <= m <= n``.
 """

@@ -15,8 +15,8 @@ can change from one call to the next.
 
 Cost: all ``C(n, f)`` subsets are examined; the rule refuses inputs with more than 1,000,000
 (``aggregators._subsets.MAX_SUBSETS``), as ``mda`` does. Measured on 2 cores (float64
-eigenvalues, batches of 4096): n = 20, f = 4 (4,845 subsets) takes about 0.03 s after the
-distances, n = 25, f = 5 (53,130) about 0.6 s, and 1,000,000 subsets of 16 rows about 10 s.
+eigenvalues, batches of 4096), after the distances: n = 20, f = 4 (4,845 subsets) 0.19 s,
+n = 25, f = 5 (53,130) 1.1 s, n = 27, f = 7 (888,030 subsets of 20 rows) 16.5 s.
 Ties, and subsets whose eigenvalues differ by less than a relative 1e-9 (what two LAPACK builds
 may differ by), go to the subset whose excluded rows come first in lexicographic order. Needs
 ``n > 2f``.

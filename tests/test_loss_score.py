@@ -1,4 +1,4 @@
-"""The loss score (``nodes.engine.loss_score``): each row's effect on the loss of the
+"""The loss score (``nodes.engine.loss_ratings``): each row's effect on the loss of the
 coordinator's root samples, scored by the round engine wherever a root set is held."""
 
 import re
@@ -11,7 +11,7 @@ from aggregators import RoundInputs
 from evaluation.bench.cell import Cell
 from evaluation.bench.drivers.inprocess import CellRun, run_cell
 from nodes.engine.detectors import score_round
-from nodes.engine.loss_score import Ratings
+from nodes.engine.loss_ratings import Ratings
 from nodes.settings import Settings
 from nodes.strategy import RobustStrategy
 

@@ -21,7 +21,7 @@ import torch
 import attacks
 from attacks.base import OmniscientAttack
 from robust.params import trained
-from nodes.engine import loss_score
+from nodes.engine import loss_ratings
 from nodes.engine.detectors import score_round
 from robust.seeds import generator
 from robust.source import as_rows
@@ -70,7 +70,7 @@ class ThreatModel:
         searches against what its rows do to the held-out loss, too)."""
         effects = None
         if engine.root is not None:
-            effects = loss_score.effects(engine.scorer, engine.protocol, engine.root, engine.w, engine.buffer,
+            effects = loss_ratings.effects(engine.scorer, engine.protocol, engine.root, engine.w, engine.buffer,
                                          as_rows(rows))
         return score_round(rows, engine.chain.f, effects=effects)
 

@@ -39,7 +39,7 @@ O(n^2 + n * BLOCK + d).
   closer to the centre and to each other than honest rows do; a sign-flipped mean is shorter
   than any honest row), and a one-sided score would rank it least suspicious.
 - ``loss-score``: ``L_root(step(w, x_i)) - L_root(w)``, what the row alone does to the loss of
-  the coordinator's root samples (``nodes.engine.loss_score``; only where it holds a root set,
+  the coordinator's root samples (``nodes.engine.loss_ratings``; only where it holds a root set,
   ``root = N``). One-sided: a row that raises the held-out loss, or lowers it less than the
   others, is suspicious whatever its geometry.
 - ``discarded``: 1 where the aggregator did not keep the row, else 0 (only when ``kept`` is
@@ -80,7 +80,7 @@ def score_round(
 
     ``f`` is the number of Byzantine rows Krum assumes; ``kept`` (bool ``(n,)``) says which
     rows the aggregator kept and adds the ``discarded`` detector; ``effects`` (float64 ``(n,)``,
-    ``nodes.engine.loss_score``) each row's effect on the held-out loss, the ``loss-score``.
+    ``nodes.engine.loss_ratings``) each row's effect on the held-out loss, the ``loss-score``.
     Raises ``ValueError`` on a malformed ``X``, ``f``, ``kept`` or ``effects``.
     """
     check_updates(X)

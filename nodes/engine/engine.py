@@ -36,7 +36,7 @@ global model the rows were computed from, and, for ``fltrust``, the coordinator'
 its root data (``nodes.engine.root``), computed once per round that steps. Where it holds a root
 set, the engine also measures what each row alone does to the root data's loss (the
 ``loss-score`` detector) and rates the nodes by it across rounds, the ratings the
-``loss-score`` rule reads (``nodes.engine.loss_score``).
+``loss-score`` rule reads (``nodes.engine.loss_ratings``).
 
 Every row comes with its task (``nodes.engine.ledger.Ticket``: its number, the model it carried and
 that model's version). Asynchronous rounds (``round = async``, FedBuff) and carried late
@@ -75,7 +75,7 @@ from robust.params import flat_params, sha256, trained, unflatten
 from robust.seeds import generator
 from robust.source import Rows, as_rows, on_device, scaled, take, validated
 
-from . import loss_score
+from . import loss_ratings
 from .detectors import score_round
 from .flags import FlagPolicy
 from .ledger import Ticket
@@ -230,7 +230,7 @@ class Engine:
             raise ValueError(f"{s.aggregator} needs the coordinator's root data: build the engine with "
                              "nodes.engine.root.Root.of(settings, data) (a driver's error)")
         self.root = root
-        self.ratings = None if root is None else loss_score.Ratings()  # the nodes' loss-score ratings
+        self.ratings = None if root is None else loss_ratings.Ratings()  # the nodes' loss-score ratings
         self.protocol = Protocol.of(s)
         self.flags = FlagPolicy(s.flag_ratio, s.quarantine_after, s.false_alarm, s.rounds, s.flag_own)
         self.quorum = s.quorum_needed
@@ -342,7 +342,7 @@ class Engine:
             effects = None
             if self.root is not None and X.n:
                 with self.clock("loss score"):
-                    effects = loss_score.effects(self.scorer, self.protocol, self.root, self.w, self.buffer, X)
+                    effects = loss_ratings.effects(self.scorer, self.protocol, self.root, self.w, self.buffer, X)
                     self.ratings.update(ids, effects)
             inputs = None if skipped or not self.chain.needs else self.inputs(ids)
             # only the rule and the detectors run under the device's profile: CUDA's deterministic mode is
