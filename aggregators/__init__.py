@@ -6,8 +6,8 @@
     torch.Size([4])
 
 ``names()`` lists the stages; a spec chains pre-aggregators and one final rule with ``+``.
-Rules that need more than the rows (``agg.needs``: fltrust, foolsgold, fldetector) are called
-as ``agg(X, RoundInputs(ids=..., w=..., reference=...))``.
+Rules that need more than the rows (``agg.needs``: fltrust, foolsgold, fldetector, loss-score)
+are called as ``agg(X, RoundInputs(ids=..., w=..., reference=..., ratings=...))``.
 """
 
 from __future__ import annotations
@@ -26,14 +26,17 @@ from . import (  # noqa: F401  (each module registers its stage)
     foolsgold,
     geometric_median,
     krum,
+    loss_score,
     mda,
     meamed,
     mean,
     median,
+    monna,
     multi_krum,
     nnm,
     sign_vote,
     signguard,
+    smea,
     trimmed_mean,
 )
 from .base import REGISTRY, RoundInputs

@@ -39,12 +39,15 @@ class RoundInputs:
     ``ids``: the node id of each row of ``X``, same order as ``X`` (rules that follow a node
     across rounds key their state by it). ``w``: the flat global model ``(d,)`` the rows were
     computed from. ``reference``: the server's own update ``(d,)`` on its root data, with the
-    same meaning (protocol, sign, scale) as a row (FLTrust).
+    same meaning (protocol, sign, scale) as a row (FLTrust). ``ratings``: each row's node's
+    rating ``(n,)`` by what its updates did to the loss of the root data, higher is better
+    (``nodes.engine.loss_ratings``).
     """
 
     ids: tuple[str, ...] | None = None
     w: torch.Tensor | None = None
     reference: torch.Tensor | None = None
+    ratings: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.ids is not None and not isinstance(self.ids, tuple):
@@ -53,10 +56,10 @@ class RoundInputs:
             object.__setattr__(self, "ids", tuple(self.ids))
 
     def to(self, device: torch.device | str) -> RoundInputs:
-        """These inputs with ``w`` and ``reference`` on ``device`` (a rule reads them beside its
-        rows, on the rows' device)."""
+        """These inputs with ``w``, ``reference`` and ``ratings`` on ``device`` (a rule reads
+        them beside its rows, on the rows' device)."""
         move = lambda v: v if v is None or not isinstance(v, torch.Tensor) else v.to(device)  # noqa: E731
-        return replace(self, w=move(self.w), reference=move(self.reference))
+        return replace(self, w=move(self.w), reference=move(self.reference), ratings=move(self.ratings))
 
 
 # what each field is, for the error that asks for it
@@ -64,7 +67,10 @@ NEEDED = {
     "ids": "the node id of each row",
     "w": "the flat global model (d,) the rows were computed from",
     "reference": "the server's own update (d,) on its root data",
+    "ratings": "each row's node's loss-score rating (n,)",
 }
+ROOT_NEEDS = frozenset({"reference", "ratings"})  # what the coordinator computes from the root data it holds
+PER_NODE = frozenset({"ids", "ratings"})  # one value per node, which rows mixed by a pre-aggregator no longer have
 
 
 def check_inputs(name: str, needs: frozenset[str], inputs: RoundInputs | None, n: int, d: int) -> None:
@@ -89,14 +95,17 @@ def check_inputs(name: str, needs: frozenset[str], inputs: RoundInputs | None, n
             raise ValueError(f"ids repeats {', '.join(map(repr, repeated))}: each row must come from a different node")
     for key in sorted(needs & {"w", "reference"}):
         check_vector(name, key, getattr(inputs, key), d)
+    if "ratings" in needs:
+        check_vector(name, "ratings", inputs.ratings, n, "n")
 
 
-def check_vector(name: str, key: str, v: object, d: int) -> None:
-    """Raise ``ValueError`` unless ``v`` is a finite float32/float64 tensor of shape ``(d,)``."""
+def check_vector(name: str, key: str, v: object, d: int, axis: str = "d") -> None:
+    """Raise ``ValueError`` unless ``v`` is a finite float32/float64 tensor of shape ``(d,)``
+    (``axis``: the rows' dimension it runs along, ``d`` or ``n``)."""
     if not isinstance(v, torch.Tensor):
-        raise ValueError(f"{name}: {key} must be a torch.Tensor of shape (d,) (got {type(v).__name__})")
+        raise ValueError(f"{name}: {key} must be a torch.Tensor of shape ({axis},) (got {type(v).__name__})")
     if tuple(v.shape) != (d,):
-        raise ValueError(f"{name}: {key} has shape {tuple(v.shape)}, the rows have d={d}")
+        raise ValueError(f"{name}: {key} has shape {tuple(v.shape)}, the rows have {axis}={d}")
     if v.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"{name}: {key} must be float32 or float64 (got {v.dtype})")
     if not bool(torch.isfinite(v).all()):

@@ -8,7 +8,7 @@ from robust.rowstore import RowStore
 from robust.source import Rows, as_rows
 from robust.spec import format_spec, parse
 
-from .base import REGISTRY, PreAggregator, Rule, RoundInputs, Stage, check_inputs, check_updates
+from .base import PER_NODE, REGISTRY, PreAggregator, Rule, RoundInputs, Stage, check_inputs, check_updates
 
 
 class Chain:
@@ -123,7 +123,7 @@ def build(spec: str, f: int) -> Chain:
                 "only pre-aggregators (" + ", ".join(k for k, c in sorted(REGISTRY.entries.items()) if not c.is_rule)
                 + ") may come before the rule"
             )
-        if last and "ids" in cls.needs and not all(s.keeps_rows for s in stages):  # type: ignore[attr-defined]
+        if last and cls.needs & PER_NODE and not all(s.keeps_rows for s in stages):  # type: ignore[attr-defined]
             mixers = ", ".join(k for k, c in sorted(REGISTRY.entries.items()) if not c.is_rule and not c.keeps_rows)
             raise ValueError(
                 f"{spec!r}: {comp.name} tracks each node across rounds, so no pre-aggregator that mixes "

@@ -24,6 +24,7 @@ from . import (  # noqa: F401  (registration)
 )
 from . import bad_dispute, fewer_steps, other_data, replay_row  # noqa: F401  (registration: cheats recomputation convicts)
 from . import constrain_scale, neurotoxin  # noqa: F401  (registration: backdoors that shape training)
+from . import dba, edge_case  # noqa: F401  (registration: a backdoor split among the attackers, one on the data's tail)
 from . import text_backdoor  # noqa: F401  (registration: a backdoor for language models)
 from .base import REGISTRY, Attack, Context, Memory, NodeAttack, OmniscientAttack, Shaping
 

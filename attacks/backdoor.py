@@ -38,10 +38,20 @@ class Backdoor(NodeAttack):
         Param("stop_after", Interval(int, 0, None), 0, "the last round the node attacks (0: it never stops)"),
     )
 
-    def stamp(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` with the trigger: the last ``size`` features of each sample set to ``value``."""
+    def trigger(self, planted: bool) -> tuple[int, int]:
+        """The trigger's features, ``(start, stop)`` counted from the end of a flattened sample:
+        those a node stamps on its training samples (``planted``), or those a test sample carries
+        when :meth:`success` is measured. Here both are the last ``size``."""
+        return self.size, 0
+
+    def stamp(self, x: torch.Tensor, planted: bool = True) -> torch.Tensor:
+        """``x`` with the trigger (:meth:`trigger`) set to ``value`` in each sample."""
+        start, stop = self.trigger(planted)
         flat = x.reshape(x.shape[0], -1).clone()
-        flat[:, -self.size :] = self.value
+        if start > flat.shape[1]:
+            raise ValueError(f"{self.name}'s trigger reaches {start} features from a sample's end, a sample has "
+                             f"{flat.shape[1]}: lower size")
+        flat[:, flat.shape[1] - start : flat.shape[1] - stop] = self.value
         return flat.reshape(x.shape)
 
     def poison(
@@ -63,5 +73,5 @@ class Backdoor(NodeAttack):
         from robust.models import Scorer
 
         keep = y_test != self.target
-        stamped = self.stamp(x_test[keep])
+        stamped = self.stamp(x_test[keep], planted=False)
         return Scorer(model)(w, stamped, torch.full((stamped.shape[0],), self.target))

@@ -145,6 +145,7 @@ class NodeAttack(Attack):
     remembers = False  # whether the node needs its previous round (a :class:`Memory`)
     stop_after = 0  # 0: attacks every round; R: honest from round R + 1 on
     estimates = 0  # K > 0: the node also computes K honest rows on its own data for forge's ``own``
+    rank_key: ClassVar[str | None] = None  # the parameter colluding nodes set to their rank among the attackers (dba's part)
 
     def active(self, round: int) -> bool:
         """Whether the node attacks in ``round`` (1-based) or behaves honestly (after ``stop_after``)."""

@@ -57,7 +57,9 @@ counting half, as ``evaluation.reports.metrics.roc_auc``) is at most ``auc`` (de
 A row's share in a round's AUC is the share of honest rows it outranks, so ``quantile`` bounds
 (about) every chosen detector's AUC in the rounds the rows hide, and ``auc`` bounds it exactly.
 ``policy`` is the coordinator's per-round flag rule (``Context.flagged``: no crafted
-row flagged); ``all`` asks every detector the deployment has but ``discarded``, and the policy.
+row flagged); ``all`` asks every detector the deployment has but ``discarded``, and the policy;
+``geometric`` the same but the ``loss-score`` (where the coordinator holds a root set): the
+attacker who does not model what its rows do to the coordinator's held-out data.
 The detectors come through the Context (attacks do not import the round engine), so a
 detector's name is checked against them in the first round.
 
@@ -101,6 +103,7 @@ from .ipm import ipm_rows
 
 POLICY = "policy"
 UNSCORED = "discarded"  # the rule's choice, not a score of the row
+GEOMETRIC, LOSS = "geometric", "loss-score"  # every detector but the one that measures what a row does
 PLAIN = "to-median"  # the flag policy's plain distance, ranked as distance-ratio ranks it: no detector
 JITTERS = ("gauss", "own", "typical")
 
@@ -148,7 +151,7 @@ def scored(detector: str) -> None:
     """Refuse ``discarded``: the rule's choice, not a score (the other names are checked
     against the deployment's detectors in the first round)."""
     if detector == UNSCORED:
-        raise ValueError(f"{UNSCORED} is the rule's choice, not a score: name a detector, policy or all")
+        raise ValueError(f"{UNSCORED} is the rule's choice, not a score: name a detector, policy, geometric or all")
 
 
 @register
@@ -156,8 +159,9 @@ class Evade(OmniscientAttack):
     name = "evade"
     jitters_in_craft = True
     params = (
-        Param("detector", Spec(scored, "a detector's name (but discarded), policy or all"), "all",
-              "what the rows hide from: one detector, the flag policy, or every detector and the policy"),
+        Param("detector", Spec(scored, "a detector's name (but discarded), policy, geometric or all"), "all",
+              "what the rows hide from: one detector, the flag policy, or every detector (geometric: but the "
+              "loss score) and the policy"),
         Param("dir", OneOf((*DIRECTIONS, *REMEMBERING)), "grad", "the direction the rows are pushed along"),
         Param("steps", Interval(int, 1, None), 12, "bisection steps on the strength"),
         Param("max", Interval(float, 0, None, "neither"), 10.0, "strengths are searched in [0, max]"),
@@ -170,7 +174,7 @@ class Evade(OmniscientAttack):
 
     def __init__(self, f: int, **params: object) -> None:
         super().__init__(f, **params)
-        self.policy = self.detector in (POLICY, "all")
+        self.policy = self.detector in (POLICY, GEOMETRIC, "all")
         self.last_strength: float | None = None
         self.means: dict[int, torch.Tensor] = {}  # round -> honest mean (dir=grad), the last two rounds
 
@@ -220,7 +224,8 @@ class Evade(OmniscientAttack):
         if self.jitter == "own":
             return ctx.own.to(H.dtype)
         scores = ctx.detectors(H)
-        worst = torch.stack([scores[k].argsort(stable=True).argsort() for k in sorted(scores) if k != PLAIN]).amax(dim=0)
+        seen = [k for k in sorted(scores) if k != PLAIN and not (self.detector == GEOMETRIC and k == LOSS)]
+        worst = torch.stack([scores[k].argsort(stable=True).argsort() for k in seen]).amax(dim=0)
         order = worst.argsort(stable=True)
         return H[order[torch.arange(self.f) % H.shape[0]]]
 
@@ -229,10 +234,12 @@ class Evade(OmniscientAttack):
         known = sorted(k for k in scores if k not in (UNSCORED, PLAIN))
         if self.detector == "all":
             return known
+        if self.detector == GEOMETRIC:
+            return [k for k in known if k != LOSS]
         if self.detector == POLICY:
             return []
         if self.detector not in known:
-            raise ValueError(f"evade detector must be one of {', '.join(known)}, policy or all "
+            raise ValueError(f"evade detector must be one of {', '.join(known)}, policy, geometric or all "
                              f"(got detector={self.detector!r})")
         return [self.detector]
 

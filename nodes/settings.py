@@ -207,6 +207,7 @@ class _Checked:
             if is_reference(name):
                 resolve(name, what, expected)  # imports now: a typo fails before any process starts
         import aggregators
+        from aggregators.base import NEEDED, ROOT_NEEDS
 
         try:
             chain = aggregators.build(self.aggregator, self.tolerate)
@@ -214,9 +215,10 @@ class _Checked:
                 chain.check_n(self.quorum)
         except ValueError as err:
             raise ValueError(f"{err} [the quorum is {self.quorum}: raise quorum, or lower tolerate]") from None
-        if "reference" in chain.needs and not self.root:
-            raise ValueError(f"aggregator {self.aggregator!r} weighs updates against the coordinator's own update "
-                             "on clean data it holds: set root = N (training samples, e.g. root=100)")
+        if chain.needs & ROOT_NEEDS and not self.root:
+            what = " and ".join(NEEDED[k] for k in sorted(chain.needs & ROOT_NEEDS))
+            raise ValueError(f"aggregator {self.aggregator!r} needs {what}, which the coordinator computes on clean "
+                             "data it holds: set root = N (training samples, e.g. root=100)")
         if self.spot_check and not self.protocol.startswith("delta"):
             if self.round == "async":
                 raise ValueError(f"spot-check={self.spot_check:g} under protocol={self.protocol!r} needs round=sync: "

@@ -37,6 +37,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 import aggregators
+from aggregators.base import ROOT_NEEDS
 from robust.compute import profile
 from robust.constraints import Flag, Interval, Param, table
 
@@ -174,9 +175,9 @@ class RobustStrategy(FedAvg):
             self.chain = aggregators.build(self.aggregator, self.tolerate)
         except ValueError as err:
             raise ValueError(f"RobustStrategy: {err}") from None
-        if "reference" in self.chain.needs:
-            raise ValueError(f"RobustStrategy: {self.aggregator} weighs updates against the server's own update on "
-                             "root data, which a strategy does not hold: run it with `robust coordinator` (root = N)")
+        if self.chain.needs & ROOT_NEEDS:
+            raise ValueError(f"RobustStrategy: {self.aggregator} needs what the server computes on root data, which a "
+                             "strategy does not hold: run it with `robust coordinator` (root = N)")
         self.server_step = Protocol.parse(self.protocol, lr=0.0, momentum=0.0, batch_size=1)  # nodes train as they like
         if self.server_step.kind != "delta":
             raise ValueError(f"RobustStrategy: protocol {self.protocol!r} steps w - lr F on momenta the nodes send; "

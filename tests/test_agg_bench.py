@@ -150,7 +150,7 @@ def test_peers_times_byzfl_beside_flower(peers):
 
 @BYZFL
 @pytest.mark.parametrize("spec", ["mean", "median", "trimmed-mean", "meamed", "multi-krum", "centered-clipping",
-                                  "mda", "nnm+trimmed-mean", "arc+median", "clip:c=5+mean"])
+                                  "mda", "monna:idx=3", "smea", "nnm+trimmed-mean", "arc+median", "clip:c=5+mean"])
 def test_byzfl_equivalents_take_our_parameters(spec):
     g = torch.Generator().manual_seed(1)
     X = torch.randn(12, 3000, generator=g) + 0.3

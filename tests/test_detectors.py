@@ -32,7 +32,7 @@ from evaluation.reports.metrics import (
 )
 
 F64 = torch.float64
-SCORED = [name for name in DETECTORS if name != "discarded"]
+SCORED = [name for name in DETECTORS if name not in ("discarded", "loss-score")]  # what the rows alone give
 
 
 def T(values) -> torch.Tensor:
@@ -145,9 +145,11 @@ def test_keys_shapes_dtypes():
     for s in scores.values():
         assert s.dtype == F64 and s.shape == (7,) and torch.isfinite(s).all()
     kept = B([1, 1, 0, 1, 0, 1, 1])
-    scores = score_round(X, f=1, kept=kept)
+    effects = torch.linspace(-1, 1, 7, dtype=F64)
+    scores = score_round(X, f=1, kept=kept, effects=effects)
     assert tuple(scores) == (*DETECTORS, TO_MEDIAN)
     assert scores["discarded"].tolist() == [0, 0, 1, 0, 1, 0, 0]
+    assert torch.equal(scores["loss-score"], effects)
 
 
 def test_bad_arguments():

@@ -169,6 +169,8 @@ def test_krum_n6_f2():
         ("meamed", 6, 3, "> 2f"),
         ("geometric-median", 2, 1, "> 2f"),
         ("mda", 4, 2, "> 2f"),
+        ("smea", 4, 2, "> 2f"),
+        ("monna", 4, 2, "> 2f"),
         ("caf", 4, 2, "> 2f"),
         ("nnm+mean", 4, 2, "> 2f"),
         ("arc+mean", 2, 1, "> 2f"),
@@ -206,16 +208,23 @@ def test_chain_error_through_two_bucketings():
     assert agg(X_(9)).shape == (3,)  # 9 -> 5 -> 3 rows: enough for f=1
 
 
-def test_mda_above_its_subset_limit():
-    agg = aggregators.build("mda", 20)
+@pytest.mark.parametrize("rule, instead", [("mda", "multi-krum"), ("smea", "nnm+trimmed-mean")])
+def test_a_subset_search_above_its_limit_is_refused_before_any_work(rule, instead):
+    agg = aggregators.build(rule, 20)
     with pytest.raises(
         ValueError,
         match=re.escape(
-            "mda would examine C(n=60, f=20) = 4,191,844,505,805,495 subsets, above its limit of "
-            "1,000,000: lower f, or use an approximate rule such as multi-krum"
+            f"{rule} would examine C(n=60, f=20) = 4,191,844,505,805,495 subsets, above its limit of "
+            f"1,000,000: lower f, or use an approximate rule such as {instead}"
         ),
     ):
-        agg(X_(60, 2))
+        agg(torch.full((60, 2), 1e300, dtype=F64))
+
+
+def test_monna_refuses_an_idx_that_names_no_row():
+    with pytest.raises(ValueError, match=re.escape("monna: idx=5 names no row of the n=5 given: choose idx between 0 and 4")):
+        aggregators.build("monna:idx=5", 1)(X_(5))
+    assert aggregators.build("monna:idx=4", 1)(X_(5)).shape == (3,)
 
 
 def test_mda_at_a_size_below_the_limit_is_served():

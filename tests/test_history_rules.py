@@ -48,7 +48,7 @@ def resumed(agg):
 def test_registered_with_their_needs():
     needs = {r: aggregators.build(r, 0).needs for r in aggregators.rules()}
     assert {r: k for r, k in needs.items() if k} == {
-        "fltrust": {"reference"}, "foolsgold": {"ids"}, "fldetector": {"ids", "w"}}
+        "fltrust": {"reference"}, "foolsgold": {"ids"}, "fldetector": {"ids", "w"}, "loss-score": {"ratings"}}
 
 
 ABC = ("a", "b", "c")

@@ -48,7 +48,7 @@ def time_limit(seconds: float):
 def test_registry_lists():
     assert aggregators.rules() == sorted(
         ["mean", "median", "trimmed-mean", "krum", "multi-krum", "geometric-median", "bulyan",
-         "centered-clipping", "meamed", "mda", "caf", "dnc", "signguard", "flame", "fltrust", "foolsgold",
+         "centered-clipping", "meamed", "mda", "monna", "smea", "loss-score", "caf", "dnc", "signguard", "flame", "fltrust", "foolsgold",
          "fldetector", "sign-vote"]
     )
     assert aggregators.pre_aggregators() == ["arc", "bucketing", "clip", "nnm"]
@@ -339,6 +339,74 @@ def test_mda_f2_tie_goes_to_lexicographically_first_excluded_set():
 
 def test_mda_f0_is_mean():
     close(aggregators.build("mda", 0)(T(MDA_X)), [16 / 5, 4 / 5])
+
+
+# ------------------------------------------------------------------ SMEA
+
+
+SMEA_X = [0, 0, 4, 4, 5, 9]
+
+
+def T1(values) -> torch.Tensor:
+    return torch.tensor([[float(v)] for v in values], dtype=F64)
+
+
+def test_smea_keeps_the_subset_of_least_variance():
+    # 4-row subsets of 0 0 4 4 5 9 (1-D: the covariance's eigenvalue is the variance):
+    # {0,0,4,4}: mean 2, var (4+4+4+4)/4 = 4; {0,4,4,5}: mean 13/4, var (169+9+9+49)/16/4 = 236/64 = 3.6875;
+    # {4,4,5,9}: mean 11/2, var (2.25+2.25+0.25+12.25)/4 = 4.25; {0,0,4,5}: var 5.1875; the others more.
+    # {0,4,4,5} (either 0) wins -> 13/4
+    agg = aggregators.build("smea", 2)
+    close(agg(T1(SMEA_X)), [13 / 4])
+    # excluded sets (0, 5) and (1, 5) tie (rows 0 and 1 are equal): the first, (0, 5), is used
+    assert agg.rule.last_kept.tolist() == [False, True, True, True, True, False]
+
+
+def test_mda_picks_the_smallest_range_where_smea_picks_the_smallest_variance():
+    # the same rows: {0,0,4,4} has range 4, every other subset >= 5 -> MDA's mean is 2, SMEA's 13/4
+    close(aggregators.build("mda", 2)(T1(SMEA_X)), [2.0])
+
+
+def test_smea_uses_the_largest_eigenvalue_of_the_covariance():
+    # square corners (0,0) (2,0) (0,2) (2,2) and (1,5), f = 1. Without (1,5): covariance diag(1, 1),
+    # largest eigenvalue 1. Without a corner, e.g. (0,0): rows (2,0) (0,2) (2,2) (1,5), mean (5/4, 9/4),
+    # covariance [[11/16, -1/16], [-1/16, 59/16]]: largest eigenvalue (70 + sqrt(48^2 + 4))/32 = 3.308...
+    # (the other corners alike or larger) -> the mean of the square, (1, 1)
+    close(aggregators.build("smea", 1)(T([[0, 0], [2, 0], [0, 2], [2, 2], [1, 5]])), [1.0, 1.0])
+
+
+def test_smea_ties_go_to_the_first_excluded_set_within_its_tolerance():
+    # 0 1 2 3, f = 1: {1,2,3} (excluding row 0) and {0,1,2} (excluding row 3) both have variance 2/3;
+    # excluding row 0 comes first -> 2
+    close(aggregators.build("smea", 1)(T1([0, 1, 2, 3])), [2.0])
+    # raising the last row by 1e-13 makes {1,2,3} larger by a relative ~1e-13, below RTOL = 1e-9:
+    # still a tie, so the choice cannot hang on the last bits a machine's LAPACK computes
+    close(aggregators.build("smea", 1)(T1([0, 1, 2, 3 + 1e-13])), [(6 + 1e-13) / 3])
+
+
+def test_smea_f0_is_mean():
+    close(aggregators.build("smea", 0)(T(MDA_X)), [16 / 5, 4 / 5])
+
+
+# ------------------------------------------------------------------ MoNNA
+
+
+MONNA_X = [[0, 0], [1, 0], [0, 2], [10, 10], [3, 3]]
+
+
+def test_monna_averages_the_neighbourhood_of_row_idx():
+    # squared distances from row 0: 0, 1, 4, 200, 18 -> the 3 nearest (f = 2): rows 0 1 2 -> (1/3, 2/3)
+    close(aggregators.build("monna", 2)(T(MONNA_X)), [1 / 3, 2 / 3])
+    # from row 3: 200, 181, 164, 0, 98 -> rows 3 4 2 -> ((10+3+0)/3, (10+3+2)/3) = (13/3, 5)
+    agg = aggregators.build("monna:idx=3", 2)
+    close(agg(T(MONNA_X)), [13 / 3, 5.0])
+    assert agg.rule.last_kept.tolist() == [False, False, True, True, True]
+
+
+def test_monna_ties_go_to_the_lower_row():
+    # 0 1 -1 3 -3 9 10, idx 0, f = 3: squared distances 0 1 1 9 9 81 100; four rows kept: 0, 1, 2 and,
+    # of rows 3 and 4 (both at 9), the lower -> (0 + 1 - 1 + 3)/4 = 0.75
+    close(aggregators.build("monna", 3)(T1([0, 1, -1, 3, -3, 9, 10])), [0.75])
 
 
 # ------------------------------------------------------------------ CAF

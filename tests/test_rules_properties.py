@@ -28,7 +28,7 @@ SETTINGS = settings(
 
 RULES = aggregators.rules()
 STATEFUL = {"centered-clipping", "foolsgold", "fldetector"}  # a call depends on the ones before
-SELECTION_RULES = {"krum", "multi-krum", "bulyan", "mda"}
+SELECTION_RULES = {"krum", "multi-krum", "bulyan", "mda", "smea", "monna", "loss-score"}
 SORT_BASED = ["median", "trimmed-mean", "meamed", "sign-vote"]
 
 FINITE = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
@@ -43,7 +43,7 @@ def max_f(rule: str, n: int) -> int:
         return (n - 3) // 2
     if rule == "bulyan":
         return (n - 3) // 4
-    # median: n >= 2f+1 ; trimmed-mean, meamed, geometric-median, mda, caf: n > 2f
+    # median: n >= 2f+1 ; trimmed-mean, meamed, geometric-median, mda, smea, monna, loss-score, caf: n > 2f
     return (n - 1) // 2
 
 
@@ -51,14 +51,17 @@ MIN_N = {r: (3 if r in ("krum", "multi-krum", "bulyan") else 1) for r in RULES}
 
 
 def round_inputs(agg: aggregators.Chain, X: torch.Tensor, ids: list[str] | None = None) -> RoundInputs | None:
-    """What a rule that needs more than the rows (fltrust, foolsgold, fldetector) is given,
-    ``None`` for the others: each row's node id (``ids``: they move with the rows under a
-    permutation; default n00, n01, ...), a zero model, and the rows' mean as the server's own
-    update (a reference that a permutation or a shift moves as it moves the rows)."""
+    """What a rule that needs more than the rows (fltrust, foolsgold, fldetector, loss-score) is
+    given, ``None`` for the others: each row's node id (``ids``: they move with the rows under a
+    permutation; default n00, n01, ...), a zero model, the rows' mean as the server's own update
+    (a reference that a permutation or a shift moves as it moves the rows), and as each node's
+    rating minus its row's distance to that mean (a rating that moves with the row)."""
     if not agg.needs:
         return None
     ids = tuple(ids or (f"n{i:02d}" for i in range(X.shape[0])))
-    return RoundInputs(ids=ids, w=torch.zeros(X.shape[1], dtype=X.dtype), reference=X.mean(dim=0))
+    mean = X.mean(dim=0)
+    return RoundInputs(ids=ids, w=torch.zeros(X.shape[1], dtype=X.dtype), reference=mean,
+                       ratings=-(X - mean).double().norm(dim=1))
 
 
 def run(spec: str, f: int, X: torch.Tensor, ids: list[str] | None = None) -> torch.Tensor:
@@ -162,19 +165,41 @@ def multi_krum_unambiguous(X: torch.Tensor, f: int, m: int, tol: float) -> bool:
     return all(torch.equal(X[near[0]], X[i]) for i in near)
 
 
-def mda_expected(X: torch.Tensor, f: int, tol: float) -> torch.Tensor | None:
-    """Mean of the optimal subset, or None when near-optimal subsets have different means."""
+def subset_expected(X: torch.Tensor, f: int, score, tol: float) -> torch.Tensor | None:
+    """Mean of the subset of n - f rows of least ``score``, or None when near-optimal subsets
+    (within ``tol``) have different means."""
     n = X.shape[0]
-    D = _sq_dist(X)
-    best = []
-    for keep in itertools.combinations(range(n), n - f):
-        k = list(keep)
-        best.append((float(D[np.ix_(k, k)].max()), k))
+    best = [(score(list(keep)), list(keep)) for keep in itertools.combinations(range(n), n - f)]
     lo = min(b[0] for b in best)
-    means = [X[k].mean(0) for diam, k in best if diam <= lo + tol]
+    means = [X[k].mean(0) for value, k in best if value <= lo + tol]
     if any(float((m - means[0]).abs().max()) > 1e-9 * scale_of(X) for m in means):
         return None
     return means[0]
+
+
+def mda_expected(X: torch.Tensor, f: int, tol: float) -> torch.Tensor | None:
+    D = _sq_dist(X)
+    return subset_expected(X, f, lambda k: float(D[np.ix_(k, k)].max()), tol)
+
+
+def smea_expected(X: torch.Tensor, f: int, tol: float) -> torch.Tensor | None:
+    """SMEA by its definition: the largest eigenvalue of each subset's (d, d) covariance."""
+    A = X.numpy()
+    return subset_expected(X, f, lambda k: float(np.linalg.eigvalsh(np.atleast_2d(np.cov(A[k].T, bias=True)))[-1]), tol)
+
+
+def monna_expected(X: torch.Tensor, f: int, idx: int, tol: float) -> torch.Tensor | None:
+    """Mean of the n - f rows nearest to row idx, or None when rows of different value are near
+    the boundary."""
+    D = _sq_dist(X)[idx]
+    order = np.argsort(D, kind="stable")
+    keep = X.shape[0] - f
+    if keep < X.shape[0]:
+        inside, outside = D[order[keep - 1]], D[order[keep]]
+        near = [i for i in range(X.shape[0]) if inside - tol <= D[i] <= outside + tol]
+        if outside - inside <= tol and not all(torch.equal(X[near[0]], X[i]) for i in near):
+            return None
+    return X[order[:keep]].mean(0)
 
 
 def bulyan_possible_selections(X: torch.Tensor, f: int) -> set:
@@ -251,15 +276,38 @@ def test_multi_krum_permutation_invariance(data):
     assert_close(run(spec, f, X.clone()), run(spec, f, X[perm].clone()), scale_of(X))
 
 
+def eigen_tol(X: torch.Tensor, t: torch.Tensor | None = None) -> float:
+    """Rounding slack on a covariance eigenvalue of the rows of X (also after adding t to X),
+    SMEA's own RTOL included."""
+    return 1e-9 * float(_sq_dist(X).max()) + 1e-12 * (scale_of(X) if t is None else scale_of(X, t)) ** 2
+
+
+SUBSET_RULES = {"mda": (mda_expected, dist_tol), "smea": (smea_expected, eigen_tol)}
+
+
+@pytest.mark.parametrize("rule", SUBSET_RULES)
 @SETTINGS
 @given(data=st.data())
-def test_mda_permutation_invariance_and_optimality(data):
-    X, f = data.draw(rule_case("mda", n_max=9))
-    expected = mda_expected(X, f, dist_tol(X))
+def test_subset_rule_permutation_invariance_and_optimality(rule, data):
+    expected_of, tol = SUBSET_RULES[rule]
+    X, f = data.draw(rule_case(rule, n_max=9))
+    expected = expected_of(X, f, tol(X))
     assume(expected is not None)
     perm = list(data.draw(st.permutations(range(X.shape[0]))))
-    assert_close(run("mda", f, X.clone()), expected, scale_of(X))
-    assert_close(run("mda", f, X[perm].clone()), expected, scale_of(X))
+    assert_close(run(rule, f, X.clone()), expected, scale_of(X))
+    assert_close(run(rule, f, X[perm].clone()), expected, scale_of(X))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_monna_follows_its_row_under_permutation(data):
+    X, f = data.draw(rule_case("monna"))
+    idx = data.draw(st.integers(0, X.shape[0] - 1))
+    expected = monna_expected(X, f, idx, dist_tol(X))
+    assume(expected is not None)
+    perm = list(data.draw(st.permutations(range(X.shape[0]))))
+    assert_close(run(f"monna:idx={idx}", f, X.clone()), expected, scale_of(X))
+    assert_close(run(f"monna:idx={perm.index(idx)}", f, X[perm].clone()), expected, scale_of(X))
 
 
 @SETTINGS
@@ -343,14 +391,27 @@ def test_multi_krum_translation_equivariance(data):
     assert_close(run(spec, f, X + t), run(spec, f, X) + t, scale_of(X, t))
 
 
+@pytest.mark.parametrize("rule", SUBSET_RULES)
 @SETTINGS
 @given(data=st.data())
-def test_mda_translation_equivariance(data):
-    X, f = data.draw(rule_case("mda", n_max=9))
+def test_subset_rule_translation_equivariance(rule, data):
+    expected_of, tol = SUBSET_RULES[rule]
+    X, f = data.draw(rule_case(rule, n_max=9))
     t = data.draw(matrix(1, X.shape[1]))[0]
-    expected = mda_expected(X, f, dist_tol(X, t))
+    expected = expected_of(X, f, tol(X, t))
     assume(expected is not None)
-    assert_close(run("mda", f, X + t), expected + t, scale_of(X, t))
+    assert_close(run(rule, f, X + t), expected + t, scale_of(X, t))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_monna_translation_equivariance(data):
+    X, f = data.draw(rule_case("monna"))
+    idx = data.draw(st.integers(0, X.shape[0] - 1))
+    t = data.draw(matrix(1, X.shape[1]))[0]
+    expected = monna_expected(X, f, idx, dist_tol(X, t))
+    assume(expected is not None)
+    assert_close(run(f"monna:idx={idx}", f, X + t), expected + t, scale_of(X, t))
 
 
 @SETTINGS

@@ -39,7 +39,8 @@ def spool(tmp_path, X: torch.Tensor, name: str = "r") -> Spooled:
 
 def inputs(X: torch.Tensor, step: int) -> RoundInputs:
     ids = tuple(f"node{i:02d}" for i in range(X.shape[0]))
-    return RoundInputs(ids=ids, w=torch.full((X.shape[1],), 0.01 * step, dtype=X.dtype), reference=X[3:].mean(dim=0))
+    return RoundInputs(ids=ids, w=torch.full((X.shape[1],), 0.01 * step, dtype=X.dtype), reference=X[3:].mean(dim=0),
+                       ratings=torch.arange(X.shape[0], dtype=torch.float64).remainder(step + 2))
 
 
 @pytest.mark.parametrize("spec", aggregators.rules() + CHAINS)

@@ -14,7 +14,7 @@ record, whichever driver produced them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import torch
@@ -31,6 +31,7 @@ from robust.models import build_model
 from robust.partition import partition
 from robust.profiles import Profile
 from robust.seeds import generator
+from robust.spec import format_spec, parse
 
 from evaluation.reports.metrics import kappa_bound, summarize_detection
 
@@ -102,8 +103,17 @@ class CellSetup:
         return Profile.parse(specs[self.ids.index(node) % len(specs)])
 
     def attack_of(self, node: str) -> str:
-        """What node ``node`` plays on its own side: a node-side attack if it is Byzantine."""
-        return self.node_attack if node in self.byzantine else ""
+        """What node ``node`` plays on its own side: a node-side attack if it is Byzantine; for
+        an attack whose colluding nodes take distinct roles (its ``rank_key``, e.g. ``dba``'s
+        ``part``) and a spec that leaves the key unset, the node's rank among the Byzantine
+        nodes in canonical order is set."""
+        if node not in self.byzantine or not self.node_attack:
+            return ""
+        key = self.attack.rank_key
+        (comp,) = parse(self.node_attack)
+        if key is None or key in comp.params:
+            return self.node_attack
+        return format_spec([replace(comp, params={**comp.params, key: sorted(self.byzantine).index(node)})])
 
 
 def cell_record(setup: CellSetup, rounds: list[dict], w: torch.Tensor, kappa: list[float] | None,

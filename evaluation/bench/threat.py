@@ -21,8 +21,10 @@ import torch
 import attacks
 from attacks.base import OmniscientAttack
 from robust.params import trained
+from nodes.engine import loss_ratings
 from nodes.engine.detectors import score_round
 from robust.seeds import generator
+from robust.source import as_rows
 
 from evaluation.reports.metrics import kappa_hat
 
@@ -50,7 +52,7 @@ class ThreatModel:
             self.coalitions[k] = attacks.build(self.spec, k)
         ctx = attacks.Context(n=len(ids), generator=generator(self.seed, round, "attack"), aggregator=self.aggregator(engine, ids, byz),
                               previous=self.previous, own=X[byz], round=round,
-                              detectors=partial(score_round, f=engine.chain.f),
+                              detectors=partial(self.scores, engine),
                               flagged=partial(engine.flags.flags_rows, ids=honest_first(ids, byz)),
                               layout=self.layout(engine),
                               step_sign=self.step_sign(engine))
@@ -60,6 +62,17 @@ class ThreatModel:
             crafted = self.timeline.transmit(crafted, round, [i for i, b in zip(ids, byz.tolist()) if b])
         X[byz] = crafted
         return X
+
+    @staticmethod
+    def scores(engine, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The deployment's detectors on ``rows``, as the engine scores a round: the loss score
+        included where it holds a root set (an attack that searches against the detectors then
+        searches against what its rows do to the held-out loss, too)."""
+        effects = None
+        if engine.root is not None:
+            effects = loss_ratings.effects(engine.scorer, engine.protocol, engine.root, engine.w, engine.buffer,
+                                         as_rows(rows))
+        return score_round(rows, engine.chain.f, effects=effects)
 
     @staticmethod
     def aggregator(engine, ids: list[str], byz: torch.Tensor):

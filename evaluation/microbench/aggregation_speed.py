@@ -125,10 +125,12 @@ def _built(spec: str, f: int, n: int) -> aggregators.Chain | PreAggregator:
 
 
 def round_inputs(X: torch.Tensor) -> aggregators.RoundInputs:
-    """Inputs for the rules that need more than the rows: ids ``node0...``, a zero model, and
-    the rows' mean as the root update (a rule's first call on them: its state starts empty)."""
-    return aggregators.RoundInputs(ids=tuple(f"node{i}" for i in range(X.shape[0])),
-                                   w=torch.zeros(X.shape[1], dtype=X.dtype), reference=X.mean(dim=0))
+    """Inputs for the rules that need more than the rows: ids ``node0...``, a zero model, the
+    rows' mean as the root update (a rule's first call on them: its state starts empty), and
+    ratings falling with the row index."""
+    n = X.shape[0]
+    return aggregators.RoundInputs(ids=tuple(f"node{i}" for i in range(n)), w=torch.zeros(X.shape[1], dtype=X.dtype),
+                                   reference=X.mean(dim=0), ratings=-torch.arange(n, dtype=torch.float64))
 
 
 def bench_size(

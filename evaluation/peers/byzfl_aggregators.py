@@ -19,7 +19,11 @@ A spec maps when every stage has an equivalent with our parameters (:data:`EQUIV
   here is the least a converged ByzFL answer costs;
 - ``centered-clipping`` -> ``CenteredClipping(tau, L=iters)``, from zero (a fresh object), as our
   rule's first call starts;
-- ``mda`` -> ``MDA(f)`` while ``C(n, f) <= MDA_SUBSETS``: ByzFL visits the subsets in Python;
+- ``mda`` -> ``MDA(f)`` while ``C(n, f) <= SUBSETS``: ByzFL visits the subsets in Python;
+- ``smea`` -> ``SMEA(f)`` while ``C(n, f) <= SUBSETS``: ByzFL visits the subsets in Python and
+  estimates each one's largest eigenvalue by one power-iteration step from a random vector (ours
+  is exact), less work a subset, and a choice that can change from call to call;
+- ``monna`` -> ``MoNNA(f, idx)``;
 - the pre-aggregators ``nnm`` -> ``NNM(f)``, ``bucketing`` -> ``Bucketing(s)`` (its own random
   buckets), ``arc`` -> ``ARC(f)``, ``clip`` -> ``Clipping(c)``; a chain applies them in turn.
 
@@ -44,7 +48,7 @@ from robust.spec import parse
 from .baseline import Baseline
 
 INSTALL = "pip install --no-deps byzfl==0.0.11"
-MDA_SUBSETS = 10_000  # ByzFL's MDA tries every subset in a Python loop: more take minutes a call
+SUBSETS = 10_000  # ByzFL's MDA and SMEA try every subset in a Python loop: more take minutes a call
 
 # our stage, with the rows reaching it -> ByzFL's class and its arguments (None: no equivalent)
 EQUIVALENTS: dict[str, Callable[[Stage, int], tuple[str, dict] | None]] = {
@@ -57,7 +61,9 @@ EQUIVALENTS: dict[str, Callable[[Stage, int], tuple[str, dict] | None]] = {
     "multi-krum": lambda s, n: ("MultiKrum", {"f": s.f}) if s.m in (None, n - s.f) else None,
     "geometric-median": lambda s, n: ("GeometricMedian", {"nu": float(s.nu), "T": 3}),
     "centered-clipping": lambda s, n: ("CenteredClipping", {"tau": float(s.tau), "L": s.iters}),
-    "mda": lambda s, n: ("MDA", {"f": s.f}) if math.comb(n, s.f) <= MDA_SUBSETS else None,
+    "mda": lambda s, n: ("MDA", {"f": s.f}) if math.comb(n, s.f) <= SUBSETS else None,
+    "smea": lambda s, n: ("SMEA", {"f": s.f}) if math.comb(n, s.f) <= SUBSETS else None,
+    "monna": lambda s, n: ("MoNNA", {"f": s.f, "idx": s.idx}),
     "nnm": lambda s, n: ("NNM", {"f": s.f}),
     "bucketing": lambda s, n: ("Bucketing", {"s": s.s}),
     "arc": lambda s, n: ("ARC", {"f": s.f}),

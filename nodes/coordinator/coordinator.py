@@ -88,7 +88,8 @@ FIXED = ("round", "seed", "dataset", "model", "aggregator", "tolerate", "protoco
 SPOOL_ABOVE = 2**30  # spool = auto: a round's rows past this many bytes wait on disk
 # what a round record's ``costs`` split its seconds into: the coordinator's own (each block counted
 # once, in the innermost cost that times it) and the rest, ``waiting`` for replies
-COSTS = ("send", "check", "hashing", "spool", "engine", "spot checks", "rule", "evaluation", "audit", "waiting")
+COSTS = ("send", "check", "hashing", "spool", "engine", "spot checks", "loss score", "rule", "evaluation", "audit",
+         "waiting")
 IN_FLIGHT_BYTES = 2 * 2**30  # in-flight = 0 (auto): the replies of the tasks out at once stay under this
 
 

@@ -34,10 +34,14 @@ O(n^2 + n * BLOCK + d).
   vector of the centred matrix ``C``. Catches colluding rows that all push one direction
   (ALIE, IPM, min-max), which dominate the top principal direction even when each row looks
   plausible on its own.
-- Every score but ``distance-ratio``, ``spectral`` and ``discarded`` is two-sided, ``|s_i - median_j s_j|`` of
+- Every score but ``distance-ratio``, ``spectral``, ``loss-score`` and ``discarded`` is two-sided, ``|s_i - median_j s_j|`` of
   the statistic above: a Byzantine row can be suspiciously *typical* (ALIE and mimic rows sit
   closer to the centre and to each other than honest rows do; a sign-flipped mean is shorter
   than any honest row), and a one-sided score would rank it least suspicious.
+- ``loss-score``: ``L_root(step(w, x_i)) - L_root(w)``, what the row alone does to the loss of
+  the coordinator's root samples (``nodes.engine.loss_ratings``; only where it holds a root set,
+  ``root = N``). One-sided: a row that raises the held-out loss, or lowers it less than the
+  others, is suspicious whatever its geometry.
 - ``discarded``: 1 where the aggregator did not keep the row, else 0 (only when ``kept`` is
   given). Measures what the defence itself flagged (Krum, Multi-Krum, Bulyan selections).
 """
@@ -61,6 +65,7 @@ DETECTORS: tuple[str, ...] = (
     "median-cosine",
     "krum-score",
     "spectral",
+    "loss-score",
     "discarded",
 )
 
@@ -68,14 +73,15 @@ F64 = torch.float64
 
 
 def score_round(
-    X: torch.Tensor | Rows, f: int, kept: torch.Tensor | None = None
+    X: torch.Tensor | Rows, f: int, kept: torch.Tensor | None = None, effects: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
     """Suspicion scores of every row of ``X`` (float ``(n, d)``), keyed by detector name,
     then :data:`~nodes.engine.names.TO_MEDIAN`.
 
     ``f`` is the number of Byzantine rows Krum assumes; ``kept`` (bool ``(n,)``) says which
-    rows the aggregator kept and adds the ``discarded`` detector. Raises ``ValueError`` on a
-    malformed ``X``, ``f`` or ``kept``.
+    rows the aggregator kept and adds the ``discarded`` detector; ``effects`` (float64 ``(n,)``,
+    ``nodes.engine.loss_ratings``) each row's effect on the held-out loss, the ``loss-score``.
+    Raises ``ValueError`` on a malformed ``X``, ``f``, ``kept`` or ``effects``.
     """
     check_updates(X)
     X = as_rows(X)
@@ -86,6 +92,8 @@ def score_round(
         raise ValueError(
             f"kept must be a bool tensor of shape ({n},) (got {kept.dtype}, {tuple(kept.shape)})"
         )
+    if effects is not None and (effects.dtype != F64 or tuple(effects.shape) != (n,)):
+        raise ValueError(f"effects must be a float64 tensor of shape ({n},) (got {effects.dtype}, {tuple(effects.shape)})")
     med, dist, (norms, to_median, dots) = measure(X)
     scores = {
         "norm": two_sided(norms),
@@ -95,6 +103,8 @@ def score_round(
         "krum-score": two_sided(krum_score(dist, f)),
         "spectral": spectral(dist),
     }
+    if effects is not None:
+        scores["loss-score"] = effects.to(X.device)
     if kept is not None:
         scores["discarded"] = (~kept).to(F64)
     scores[TO_MEDIAN] = to_median

@@ -33,7 +33,10 @@ the CPU's (float sums run in another order there), so its record names the devic
 
 Rules that need more than the rows (``aggregators.RoundInputs``) get the rows' node ids, the
 global model the rows were computed from, and, for ``fltrust``, the coordinator's own update on
-its root data (``nodes.engine.root``), computed once per round that steps.
+its root data (``nodes.engine.root``), computed once per round that steps. Where it holds a root
+set, the engine also measures what each row alone does to the root data's loss (the
+``loss-score`` detector) and rates the nodes by it across rounds, the ratings the
+``loss-score`` rule reads (``nodes.engine.loss_ratings``).
 
 Every row comes with its task (``nodes.engine.ledger.Ticket``: its number, the model it carried and
 that model's version). Asynchronous rounds (``round = async``, FedBuff) and carried late
@@ -64,6 +67,7 @@ import torch
 from torch import nn
 
 import aggregators
+from aggregators.base import ROOT_NEEDS
 from robust import codecs
 from robust.compute import device_name, profile, resolve_device
 from robust.models import Scorer
@@ -71,6 +75,7 @@ from robust.params import flat_params, sha256, trained, unflatten
 from robust.seeds import generator
 from robust.source import Rows, as_rows, on_device, scaled, take, validated
 
+from . import loss_ratings
 from .detectors import score_round
 from .flags import FlagPolicy
 from .ledger import Ticket
@@ -95,26 +100,30 @@ class ThreatHook(Interface):
 
 
 def judge(chain, flags: FlagPolicy, t: int, ids: list, X: torch.Tensor | Rows, rejected: dict, step: bool,
-          inputs: aggregators.RoundInputs | None = None, device: torch.device | str = "cpu"
-          ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor], list]:
+          inputs: aggregators.RoundInputs | None = None, device: torch.device | str = "cpu",
+          effects: torch.Tensor | None = None) -> tuple[torch.Tensor | None, dict[str, torch.Tensor], list]:
     """The robust core of round ``t``, the same in the engine and in ``RobustStrategy``: the
     rule's aggregate of the rows ``X`` of ``ids`` (``None`` unless the round ``step``s; a rule
     that needs them gets ``inputs``), the detectors' scores (both computed on ``device``, see
-    :func:`assess`), and the nodes the flag policy flags (``rejected`` ones included)."""
-    aggregate, scores = assess(chain, X, step, inputs, device)
+    :func:`assess`; ``effects``: the rows' loss scores, where the caller holds a root set), and
+    the nodes the flag policy flags (``rejected`` ones included)."""
+    aggregate, scores = assess(chain, X, step, inputs, device, effects)
     return aggregate, scores, flags.update(t, ids, scores, rejected)
 
 
 def assess(chain, X: torch.Tensor | Rows, step: bool, inputs: aggregators.RoundInputs | None = None,
-           device: torch.device | str = "cpu") -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+           device: torch.device | str = "cpu", effects: torch.Tensor | None = None
+           ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
     """The rule's aggregate of the rows ``X`` (``None`` unless ``step``) and the detectors'
-    scores (none for no rows), computed on ``device``: the rows' blocks are moved there as they
-    are read (never the ``(n, d)`` matrix), with ``inputs``; both results come back to the CPU,
-    where the protocol step, the records and the hashes read them. The rule's carried state
-    stays on ``device`` between calls (``Engine.state`` hands out CPU copies)."""
+    scores (none for no rows; ``effects``: the ``loss-score``), computed on ``device``: the rows'
+    blocks are moved there as they are read (never the ``(n, d)`` matrix), with ``inputs``; both
+    results come back to the CPU, where the protocol step, the records and the hashes read them.
+    The rule's carried state stays on ``device`` between calls (``Engine.state`` hands out CPU
+    copies)."""
     rows = on_device(as_rows(X), device)
     aggregate = chain(rows, None if inputs is None else inputs.to(rows.device)) if step else None
-    scores = score_round(rows, chain.f, chain.last_kept if aggregate is not None else None) if rows.n else {}
+    kept = chain.last_kept if aggregate is not None else None
+    scores = score_round(rows, chain.f, kept, effects) if rows.n else {}
     return (None if aggregate is None else aggregate.cpu()), {name: v.cpu() for name, v in scores.items()}
 
 
@@ -217,10 +226,11 @@ class Engine:
         self.w = flat_params(model)
         self.scorer = Scorer(model)
         self.chain = aggregators.build(s.aggregator, s.tolerate)
-        if "reference" in self.chain.needs and root is None:
+        if self.chain.needs & ROOT_NEEDS and root is None:
             raise ValueError(f"{s.aggregator} needs the coordinator's root data: build the engine with "
                              "nodes.engine.root.Root.of(settings, data) (a driver's error)")
         self.root = root
+        self.ratings = None if root is None else loss_ratings.Ratings()  # the nodes' loss-score ratings
         self.protocol = Protocol.of(s)
         self.flags = FlagPolicy(s.flag_ratio, s.quarantine_after, s.false_alarm, s.rounds, s.flag_own)
         self.quorum = s.quorum_needed
@@ -233,7 +243,7 @@ class Engine:
         # momentum work is checked from the momentum each task names (nodes.engine.states)
         self.states = States(self.w.numel()) if s.spot_check and self.protocol.keeps_momentum else None
         self.round = 0  # rounds finished
-        # ``clock(phase)``: a context manager timing the step's phases ("spot checks", "rule",
+        # ``clock(phase)``: a context manager timing the step's phases ("spot checks", "loss score", "rule",
         # "evaluation"), the coordinator's (its records' ``costs``); none in the bench
         self.clock: Callable[[str], ContextManager] = lambda phase: nullcontext()
 
@@ -284,7 +294,8 @@ class Engine:
     def inputs(self, ids: list[str]) -> aggregators.RoundInputs:
         """What a rule may need besides the rows of ``ids`` in round ``self.round + 1``."""
         reference = self.root.update(self.round + 1, self.w) if "reference" in self.chain.needs else None
-        return aggregators.RoundInputs(ids=tuple(ids), w=self.w, reference=reference)
+        ratings = self.ratings.ordinals(ids) if "ratings" in self.chain.needs else None
+        return aggregators.RoundInputs(ids=tuple(ids), w=self.w, reference=reference, ratings=ratings)
 
     def evaluate(self) -> tuple[float, float]:
         """The model's ``(accuracy, loss)`` on the test set (a text set: next-token accuracy and
@@ -328,12 +339,17 @@ class Engine:
             used = X  # as the nodes sent them
             if staleness is not None:
                 X = scaled(X, torch.tensor([self.weight(staleness[i]) for i in ids], dtype=X.dtype))
+            effects = None
+            if self.root is not None and X.n:
+                with self.clock("loss score"):
+                    effects = loss_ratings.effects(self.scorer, self.protocol, self.root, self.w, self.buffer, X)
+                    self.ratings.update(ids, effects)
             inputs = None if skipped or not self.chain.needs else self.inputs(ids)
             # only the rule and the detectors run under the device's profile: CUDA's deterministic mode is
             # process-wide and would change the CPU algorithms of a spot check's recomputation or the root update
             with self.clock("rule"), profile(self.settings.threads, self.device):
                 aggregate, scores, flagged = judge(self.chain, self.flags, t, ids, X, rejected, not skipped, inputs,
-                                                   self.device)
+                                                   self.device, effects)
             if aggregate is not None:
                 if self.states is not None:
                     self.states.keep(ids, used)
@@ -404,6 +420,7 @@ class Engine:
             state["buffer"] = self.buffer
         if self.root is not None:
             state["root"] = self.root.state()
+            state["ratings"] = self.ratings.state()
         if self.lookahead is not None:
             state["lookahead"] = self.lookahead.state()
         if self.states is not None:
@@ -417,6 +434,7 @@ class Engine:
         self.buffer = state.get("buffer")
         if self.root is not None:
             self.root.load_state(state.get("root", {}))
+            self.ratings.load_state(state.get("ratings", {}))
         if self.lookahead is not None:
             self.lookahead.load_state(state.get("lookahead", {}))
         if self.states is not None:

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch.func import vmap
 
+import attacks
 from attacks.base import Memory, NodeAttack
 from nodes.engine.engine import Engine
 from nodes.engine.ledger import Ticket
@@ -177,9 +178,9 @@ class CellRun:
         xs, ys, parts = [data.x_train], [data.y_train], list(parts)
         start = len(data.y_train)
         for i, fp in enumerate(self.ids):
-            if setup.attack_of(fp) and not self.alone[i]:
-                px, py = setup.attack.poison(data.x_train[parts[i]], data.y_train[parts[i]], data.classes,
-                                             generator(self.setup.cell.seed, fp, "poison"))
+            if setup.attack_of(fp) and not self.alone[i]:  # the node's own attack (its rank set: dba's part)
+                px, py = attacks.build(setup.attack_of(fp), 1).poison(
+                    data.x_train[parts[i]], data.y_train[parts[i]], data.classes, generator(self.setup.cell.seed, fp, "poison"))
                 xs.append(px)
                 ys.append(py)
                 parts[i] = torch.arange(start, start + len(py))
