@@ -73,9 +73,9 @@ class EdgeCase(NodeAttack):
             return x, y
         count = math.ceil(self.fraction * x.shape[0])
         slots = torch.randperm(x.shape[0], generator=gen)[:count]
-        drawn = pool[torch.randint(len(pool), (count,), generator=gen)]
+        drawn = torch.randint(len(pool), (count,), generator=gen)  # positions in the pool
         x, y = x.clone(), y.clone()
-        x[slots] = self.edge(x[pool])[torch.searchsorted(pool, drawn)]
+        x[slots] = self.edge(x[pool])[drawn]
         y[slots] = self.target
         return x, y
 

@@ -103,17 +103,23 @@ class CellSetup:
         return Profile.parse(specs[self.ids.index(node) % len(specs)])
 
     def attack_of(self, node: str) -> str:
-        """What node ``node`` plays on its own side: a node-side attack if it is Byzantine; for
-        an attack whose colluding nodes take distinct roles (its ``rank_key``, e.g. ``dba``'s
-        ``part``) and a spec that leaves the key unset, the node's rank among the Byzantine
-        nodes in canonical order is set."""
-        if node not in self.byzantine or not self.node_attack:
-            return ""
+        """What node ``node`` plays on its own side: a node-side attack if it is Byzantine
+        (:attr:`node_attacks`)."""
+        return self.node_attacks.get(node, "")
+
+    @cached_property
+    def node_attacks(self) -> dict[str, str]:
+        """Each Byzantine node's node-side attack spec; for an attack whose colluding nodes take
+        distinct roles (its ``rank_key``, e.g. ``dba``'s ``part``) and a spec that leaves the key
+        unset, with the node's rank among the Byzantine nodes in canonical order set."""
+        if not self.node_attack:
+            return {}
         key = self.attack.rank_key
         (comp,) = parse(self.node_attack)
         if key is None or key in comp.params:
-            return self.node_attack
-        return format_spec([replace(comp, params={**comp.params, key: sorted(self.byzantine).index(node)})])
+            return dict.fromkeys(self.byzantine, self.node_attack)
+        return {fp: format_spec([replace(comp, params={**comp.params, key: rank})])
+                for rank, fp in enumerate(sorted(self.byzantine))}
 
 
 def cell_record(setup: CellSetup, rounds: list[dict], w: torch.Tensor, kappa: list[float] | None,

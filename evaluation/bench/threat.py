@@ -21,7 +21,6 @@ import torch
 import attacks
 from attacks.base import OmniscientAttack
 from robust.params import trained
-from nodes.engine import loss_ratings
 from nodes.engine.detectors import score_round
 from robust.seeds import generator
 from robust.source import as_rows
@@ -68,11 +67,7 @@ class ThreatModel:
         """The deployment's detectors on ``rows``, as the engine scores a round: the loss score
         included where it holds a root set (an attack that searches against the detectors then
         searches against what its rows do to the held-out loss, too)."""
-        effects = None
-        if engine.root is not None:
-            effects = loss_ratings.effects(engine.scorer, engine.protocol, engine.root, engine.w, engine.buffer,
-                                         as_rows(rows))
-        return score_round(rows, engine.chain.f, effects=effects)
+        return score_round(rows, engine.chain.f, effects=engine.loss_effects(as_rows(rows)))
 
     @staticmethod
     def aggregator(engine, ids: list[str], byz: torch.Tensor):

@@ -297,6 +297,13 @@ class Engine:
         ratings = self.ratings.ordinals(ids) if "ratings" in self.chain.needs else None
         return aggregators.RoundInputs(ids=tuple(ids), w=self.w, reference=reference, ratings=ratings)
 
+    def loss_effects(self, X: Rows) -> torch.Tensor | None:
+        """What each row of ``X`` alone does to the loss of the root samples, the ``loss-score``
+        (``nodes.engine.loss_ratings``); ``None`` without a root set."""
+        if self.root is None:
+            return None
+        return loss_ratings.effects(self.scorer, self.protocol, self.root, self.w, self.buffer, X)
+
     def evaluate(self) -> tuple[float, float]:
         """The model's ``(accuracy, loss)`` on the test set (a text set: next-token accuracy and
         the held-out loss)."""
@@ -342,7 +349,7 @@ class Engine:
             effects = None
             if self.root is not None and X.n:
                 with self.clock("loss score"):
-                    effects = loss_ratings.effects(self.scorer, self.protocol, self.root, self.w, self.buffer, X)
+                    effects = self.loss_effects(X)
                     self.ratings.update(ids, effects)
             inputs = None if skipped or not self.chain.needs else self.inputs(ids)
             # only the rule and the detectors run under the device's profile: CUDA's deterministic mode is
