@@ -125,6 +125,10 @@ RUN = table(
           "evidence over rounds: quarantine a node whose update's direction stays atypical (a CUSUM), "
           "its threshold set for this chance that an honest node is ever quarantined over the run; "
           "0: per-round flags only"),
+    Param("loss-evidence", Flag(), False,
+          "evidence over rounds from the loss score as well (needs root = N and false-alarm > 0): quarantine a node "
+          "whose rows keep raising the root samples' loss (a second CUSUM, sharing the false-alarm target); catches "
+          "some label-flippers the geometry misses"),
     Param("root", Interval(int, 0, None), 0,
           "training samples the coordinator holds as its root data set, to compute its own update each round "
           "(fltrust needs it; 0: none)"),
@@ -219,6 +223,10 @@ class _Checked:
             what = " and ".join(NEEDED[k] for k in sorted(chain.needs & ROOT_NEEDS))
             raise ValueError(f"aggregator {self.aggregator!r} needs {what}, which the coordinator computes on clean "
                              "data it holds: set root = N (training samples, e.g. root=100)")
+        if self.loss_evidence and not (self.root and self.false_alarm):
+            raise ValueError(f"loss-evidence needs a root set and a false-alarm target (root = {self.root}, "
+                             f"false-alarm = {self.false_alarm:g}): set root = N (e.g. root=100) and false-alarm > 0, "
+                             "or loss-evidence = false")
         if self.spot_check and not self.protocol.startswith("delta"):
             if self.round == "async":
                 raise ValueError(f"spot-check={self.spot_check:g} under protocol={self.protocol!r} needs round=sync: "

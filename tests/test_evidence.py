@@ -11,7 +11,7 @@ from nodes.engine.flags import FlagPolicy
 
 
 def test_the_threshold_grows_with_persistence_and_never_lets_one_round_quarantine():
-    floor = evidence.CAP - evidence.K
+    floor = evidence.K
     assert evidence.threshold(0.01, 50, 0.0) == floor  # independent rounds: the one-round floor binds
     hs = [evidence.threshold(0.001, 50, rho) for rho in (0.0, 0.5, 0.9)]
     assert hs[0] == floor and hs[0] < hs[1] < hs[2]  # persistence raises the bar
@@ -22,7 +22,7 @@ def test_the_threshold_grows_with_persistence_and_never_lets_one_round_quarantin
 
 def test_robust_z_is_relative_to_the_rounds_spread():
     z = evidence.robust_z(torch.tensor([1.0, 2.0, 3.0, 4.0, 100.0]))
-    assert z[2] == 0 and z[-1] == evidence.CAP and torch.isclose(z[3], torch.tensor(1 / 1.4826, dtype=torch.float64))
+    assert z[2] == 0 and z[-1] == 2 * evidence.K and torch.isclose(z[3], torch.tensor(1 / 1.4826, dtype=torch.float64))
     assert torch.equal(evidence.robust_z(torch.ones(4)), torch.zeros(4, dtype=torch.float64))
 
 
@@ -64,7 +64,7 @@ def framing(floor: float, monkeypatch) -> tuple[dict, dict]:
     """Median-cosine gaps of 25 nodes for 50 rounds: 5 colluders sit on the median (MAD 0.001),
     one honest node is persistently a little off (gap 0.25 above it), and from round 20 three
     more nodes point against the median (gap 1.0 above it). Returns (quarantined, why)."""
-    monkeypatch.setattr(evidence, "FLOOR", floor)
+    monkeypatch.setattr(evidence, "DIRECTION", evidence.Stream("median-cosine", floor=floor))
     policy = FlagPolicy(4.0, 3, 0.01, 50)
     ids = [f"n{i:02d}" for i in range(25)]
     for t in range(50):

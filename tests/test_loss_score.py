@@ -10,7 +10,9 @@ import aggregators
 from aggregators import RoundInputs
 from evaluation.bench.cell import Cell
 from evaluation.bench.drivers.inprocess import CellRun, run_cell
+from nodes.dashboard.view import _quarantine_reason
 from nodes.engine.detectors import score_round
+from nodes.engine.flags import FlagPolicy
 from nodes.engine.loss_ratings import Ratings
 from nodes.settings import Settings
 from nodes.strategy import RobustStrategy
@@ -28,7 +30,8 @@ def test_the_score_is_each_rows_effect_on_the_root_loss():
     record = engine.step(asked, asked, X)
     root, lr = engine.root, engine.protocol.lr
     before = engine.scorer.evaluate(w, root.x, root.y)[1]
-    want = [engine.scorer.evaluate(w - lr * X[i], root.x, root.y)[1] - before for i in range(len(asked))]
+    n = len(asked)  # each row at its share of the mean
+    want = [engine.scorer.evaluate(w - lr * (X[i] / n), root.x, root.y)[1] - before for i in range(n)]
     assert record["scores"]["loss-score"] == pytest.approx(want, rel=1e-9, abs=1e-12)
     flipped = [i for i, fp in enumerate(record["ids"]) if fp in run.setup.byzantine]
     honest = [i for i in range(len(asked)) if i not in flipped]
@@ -113,3 +116,44 @@ def test_a_cell_under_the_rule_leaves_out_its_label_flippers_and_resumes_to_the_
     other.engine.ratings = Ratings()  # forgotten: the checkpoint brings them back
     other.engine.load_state(state)
     assert [run.play_round()["model_sha256"] for _ in range(3)] == [other.play_round()["model_sha256"] for _ in range(3)]
+
+
+def test_loss_evidence_needs_a_root_set_and_a_false_alarm_target():
+    for values in ({"root": 0}, {"root": 100, "false_alarm": 0.0}):
+        with pytest.raises(ValueError, match=r"loss-evidence needs a root set and a false-alarm target .* or "
+                                             r"loss-evidence = false"):
+            Settings(loss_evidence=True, **values)
+
+
+def test_the_loss_evidence_shares_the_target_quarantines_and_checkpoints():
+    policy = FlagPolicy(4.0, 3, 0.01, 20, loss=True)
+    assert policy.evidence.false_alarm == policy.loss_evidence.false_alarm == 0.005  # the target, shared
+    assert FlagPolicy(4.0, 3, 0.01, 20).loss_evidence is None  # off unless asked
+    ids = [f"n{i}" for i in range(8)]
+    direction = torch.tensor([0.1 * (i % 3) for i in range(8)], dtype=torch.float64)  # nobody's direction is odd
+    effects = torch.tensor([-0.01 * (1 + i % 4) for i in range(8)], dtype=torch.float64)
+    effects[-1] = 0.2  # n7's rows keep raising the root loss
+    for t in range(1, 6):
+        policy.update(t, ids, {"to-median": torch.ones(8), "median-cosine": direction, "loss-score": effects}, [])
+    assert policy.quarantined == {"n7": 3} and policy.why == {"n7": "loss score"}  # z capped at 2k = 8: S 4, 8, 12
+    again = FlagPolicy(4.0, 3, 0.01, 20, loss=True)
+    again.load_state(policy.state())
+    assert again.loss_evidence.S == policy.loss_evidence.S and again.evidence.S == policy.evidence.S
+    record = {"loss_evidence": {"h": policy.loss_evidence.h, "S": {"n7": policy.loss_evidence.S["n7"]}}}
+    reason = _quarantine_reason(record, "n7", "loss score", Settings(loss_evidence=True, root=100))
+    assert reason.startswith("its loss-score evidence ") and "shared by both kinds of evidence" in reason
+
+
+def test_the_loss_evidence_catches_label_flippers_the_geometry_misses_and_no_honest_node():
+    # the quick scenario (digits, 25 nodes of which 5 flip labels, 50 rounds) with a root set: measured,
+    # the loss score quarantines 3 flippers by rounds 35-43, the direction's evidence and the flags none
+    config = {"dataset": "digits", "partition": "dirichlet", "alpha": 1.0, "model": "mlp", "nodes": 25,
+              "byzantine": 5, "rounds": 50, "batch-size": 32, "lr": 0.05, "momentum": 0.9, "protocol": "momentum",
+              "root": 100}
+    run = CellRun(Cell({**config, "loss-evidence": True}, "mean", "label-flip", 1))
+    while run.play_round() is not None:
+        pass
+    flags = run.engine.flags
+    assert set(flags.quarantined) <= run.setup.byzantine and len(flags.quarantined) >= 2, flags.quarantined
+    assert set(flags.why.values()) == {"loss score"}
+    assert all("loss_evidence" in r for r in run.records)

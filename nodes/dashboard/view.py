@@ -46,7 +46,7 @@ REASONS = 5  # latest rejection or failure reasons kept per node
 LIVE_EVERY = 2.0  # seconds between two looks at whether the run's SuperLink answers
 SETTINGS = ("dataset", "model", "seed", "aggregator", "tolerate", "protocol", "round", "late", "buffer", "staleness",
             "compression", "downlink", "deadline", "spot_check", "flag_ratio", "flag_own", "quarantine_after",
-            "false_alarm", "keep_updates")
+            "false_alarm", "loss_evidence", "keep_updates")
 
 
 class RunView:
@@ -144,11 +144,14 @@ def _quarantine_reason(record: dict, fp: str, cause: str, settings: Settings) ->
     in a round that scored the node: that round's record holds both)."""
     if cause == "flags":
         return f"flagged in {settings.quarantine_after} rounds (quarantine-after)"
-    if cause == "evidence":
-        evidence = record.get("evidence", {})
-        return ("its evidence crossed the threshold" if fp not in evidence.get("S", {}) else
-                f"its evidence {evidence['S'][fp]:.1f} crossed the threshold {evidence['h']:.1f} (false-alarm "
-                f"{settings.false_alarm:g} over the run)")
+    if cause in ("evidence", "loss score"):
+        key, what = ("evidence", "its evidence") if cause == "evidence" else ("loss_evidence", "its loss-score evidence")
+        evidence = record.get(key, {})
+        if fp not in evidence.get("S", {}):
+            return f"{what} crossed the threshold"
+        shared = ", shared by both kinds of evidence" if settings.loss_evidence else ""
+        return (f"{what} {evidence['S'][fp]:.1f} crossed the threshold {evidence['h']:.1f} (false-alarm "
+                f"{settings.false_alarm:g} over the run{shared})")
     if cause == "convicted" and record.get("rejected", {}).get(fp, "").startswith("convicted in a dispute"):
         return "convicted in a dispute"
     return "convicted by a spot check" if cause == "convicted" else cause

@@ -187,7 +187,8 @@ def record(t: int, asked: list, ids: list, rejected: dict, failed: dict, flags: 
     spot checks, staleness). ``typical`` is the flag policy's run-wide typical distance
     after the round (``nodes.engine.flags``), ``own`` the flagged nodes' own where that was
     higher. With a ``false_alarm`` target, ``evidence`` holds the threshold ``h`` and the CUSUM
-    ``S`` of each node scored this round (``nodes.engine.evidence``)."""
+    ``S`` of each node scored this round (``nodes.engine.evidence``), and ``loss_evidence`` the
+    same of the loss score's where the run holds a root set."""
     return {
         "round": t, "asked": len(asked), "accepted": len(ids), "ids": ids,
         "rejected": dict(sorted(rejected.items())), "failed": dict(sorted(failed.items())),
@@ -199,9 +200,8 @@ def record(t: int, asked: list, ids: list, rejected: dict, failed: dict, flags: 
         "own": {node: own for node in flagged if (own := flags.level(node)) > flags.typical},
         "skipped": skipped, **model, "aggregate_sha256": None if aggregate is None else sha256(aggregate), **rows,
         "scores": {name: s.tolist() for name, s in scores.items()},
-        **({"evidence": {"h": flags.evidence.h, "S": {node: flags.evidence.S[node] for node in ids
-                                                      if node in flags.evidence.S}}}
-           if flags.evidence is not None else {}),
+        **{key: {"h": cusum.h, "S": {node: cusum.S[node] for node in ids if node in cusum.S}}
+           for key, cusum in flags.cusums()},
     }
 
 
@@ -232,7 +232,8 @@ class Engine:
         self.root = root
         self.ratings = None if root is None else loss_ratings.Ratings()  # the nodes' loss-score ratings
         self.protocol = Protocol.of(s)
-        self.flags = FlagPolicy(s.flag_ratio, s.quarantine_after, s.false_alarm, s.rounds, s.flag_own)
+        self.flags = FlagPolicy(s.flag_ratio, s.quarantine_after, s.false_alarm, s.rounds, s.flag_own,
+                                loss=s.loss_evidence)
         self.quorum = s.quorum_needed
         self.device = resolve_device(s.device)  # the rule's and the detectors'; the model stays on the CPU
         self.weight = weight_of(s.staleness)

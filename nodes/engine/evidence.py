@@ -5,16 +5,15 @@ little suspicious *every* round. Each round, each accepted node's ``median-cosin
 (``nodes.engine.detectors``: how far its update's direction is from the round's coordinate median,
 two-sided, in cosine units) becomes a robust z-score relative to the round's spread,
 
-    z_i = (s_i - median_j s_j) / max(1.4826 * MAD_j s_j, FLOOR),     clipped to [-CAP, CAP],
+    z_i = (s_i - median_j s_j) / max(1.4826 * MAD_j s_j, FLOOR),     clipped to [-2K, 2K],
 
 and accumulates into the node's one-sided CUSUM
 
     S_i <- max(0, S_i + z_i - K),
 
 which quarantines the node when ``S_i > h``. ``K`` is the reference: the per-round excess an
-attacker must keep up to be caught (honest heterogeneity rarely stays above it). ``CAP = 2K``
-bounds one round's evidence, and ``h >= CAP - K``, so one extreme round alone never
-quarantines.
+attacker must keep up to be caught (honest heterogeneity rarely stays above it). The cap ``2K``
+bounds one round's evidence, and ``h >= K``, so one extreme round alone never quarantines.
 
 ``FLOOR`` (0.1, in cosine units) is the smallest spread the z is taken relative to. The
 scores are cosines, already on an absolute scale, and a round's MAD can collapse far below
@@ -43,46 +42,74 @@ pooled lag-1 correlation of every node's z from one round to the next (Byzantine
 included, whose persistence only raises ``h``), rounded up to a multiple of 0.05; until
 ``MIN_PAIRS`` pairs are seen it is ``RHO_PRIOR``. ``h`` is recomputed when that value changes.
 For a stricter target (0.001) the quantile, not the one-round bound, sets ``h``.
+
+**The loss score's evidence.** Where the coordinator holds a root set (``root = N``) a second
+CUSUM, of the same form and reference, accumulates the ``loss-score`` (``nodes.engine.loss_ratings``:
+what the row, at its share of the mean, does to the root samples' loss), one-sided as the score
+is: a label-flipper's update raises the held-out loss a little every round, which no geometric
+score sees (its direction and size are ordinary). The two streams share the ``false_alarm``
+target (each gets half: the chance that an honest node is quarantined by either stays within
+it). The loss score's z has no absolute floor (its unit, nats of loss, moves with the model); its
+spread is floored at ``LOSS_FLOOR`` times the round's median ``|effect|``, so a round in which
+colluders agree cannot shrink it to nothing. Measured on the quick grid (digits and mnist1d, 5
+rules x 7 attacks x 2 seeds, ``root = 100``): see ``docs/measurements/attacks.md#the-loss-score``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
-SCORE = "median-cosine"
 K = 6.0
-CAP = 2 * K
 PATHS = 10_000
 T3_MAD = 0.7649  # the median absolute deviation of a Student-t with 3 degrees of freedom
 RHO_PRIOR, RHO_STEP, MIN_PAIRS = 0.95, 0.05, 30
 GRID = (*(k * RHO_STEP for k in range(round(RHO_PRIOR / RHO_STEP))), RHO_PRIOR)  # the rho a run can measure
 FLOOR = 0.1  # the smallest spread of the cosine gaps a z is taken relative to (see the module)
+LOSS_K = 4.0  # the loss score's reference (see the module)
+TINY = 1e-12  # the spread below which no round's scores are divided
 
 
-def robust_z(scores: torch.Tensor) -> torch.Tensor:
-    """``(s - median) / max(1.4826 MAD, FLOOR)`` clipped to ``[-CAP, CAP]`` (the floor also
-    keeps a round whose scores all equal the median from dividing by zero)."""
+@dataclass(frozen=True)
+class Stream:
+    """A score the evidence accumulates: the detector it reads (``nodes.engine.detectors``), its
+    reference ``k`` (its z is capped at ``2 k``), and the smallest spread its z is taken
+    relative to (at least :data:`TINY`)."""
+
+    score: str
+    k: float = K
+    floor: float = TINY
+
+
+DIRECTION = Stream("median-cosine", floor=FLOOR)
+LOSS = Stream("loss-score", k=LOSS_K)
+
+
+def robust_z(scores: torch.Tensor, stream: Stream = DIRECTION) -> torch.Tensor:
+    """``(s - median) / max(1.4826 MAD, floor)`` clipped to ``[-2 k, 2 k]``, the floor and ``k``
+    the ``stream``'s (the floor at least :data:`TINY`: a round whose scores all equal the median
+    divides by no zero)."""
     s = scores.to(torch.float64)
     med = s.median()
-    mad = torch.clamp_min(1.4826 * (s - med).abs().median(), FLOOR)
-    return ((s - med) / mad).clamp(-CAP, CAP)
+    mad = torch.clamp_min(1.4826 * (s - med).abs().median(), max(stream.floor, TINY))
+    return ((s - med) / mad).clamp(-2 * stream.k, 2 * stream.k)
 
 
-def threshold(false_alarm: float, rounds: int, rho: float) -> float:
-    """``h``: an honest node's CUSUM exceeds it within ``rounds`` rounds with probability
-    ``false_alarm`` under the AR(1) null of correlation ``rho`` (see the module), and never
-    for one round alone. The values of ``rho`` a run can measure (:data:`GRID`) are simulated
+def threshold(false_alarm: float, rounds: int, rho: float, k: float = K) -> float:
+    """``h``: an honest node's CUSUM of reference ``k`` exceeds it within ``rounds`` rounds with
+    probability ``false_alarm`` under the AR(1) null of correlation ``rho`` (see the module), and
+    never for one round alone. The values of ``rho`` a run can measure (:data:`GRID`) are simulated
     together, once per process for each target and run length."""
     if not 0 < false_alarm < 1 or rounds < 1 or not 0 <= rho < 1:
         raise ValueError(f"false_alarm must be in (0, 1), rounds >= 1, rho in [0, 1) (got {false_alarm}, {rounds}, {rho})")
-    return thresholds(false_alarm, rounds, GRID if rho in GRID else (rho,))[rho]
+    return thresholds(false_alarm, rounds, GRID if rho in GRID else (rho,), k)[rho]
 
 
 @lru_cache(maxsize=64)
-def thresholds(false_alarm: float, rounds: int, rhos: tuple[float, ...]) -> dict[float, float]:
+def thresholds(false_alarm: float, rounds: int, rhos: tuple[float, ...], k: float = K) -> dict[float, float]:
     """:func:`threshold` for each of ``rhos``, simulated in one pass: every ``rho`` sees the
     same innovations, and each path's arithmetic is elementwise, so a value does not depend
     on which others are simulated with it."""
@@ -96,17 +123,17 @@ def thresholds(false_alarm: float, rounds: int, rhos: tuple[float, ...]) -> dict
         chi2 = torch.randn(PATHS, 3, generator=g, dtype=torch.float64).square().sum(dim=1)
         e = normal / (chi2 / 3).sqrt() / (1.4826 * T3_MAD)
         z = e.expand(len(rhos), PATHS) if t == 0 else r * z + c * e
-        S = (S + z.clamp(-CAP, CAP) - K).clamp_min(0)
+        S = (S + z.clamp(-2 * k, 2 * k) - k).clamp_min(0)
         torch.maximum(peak, S, out=peak)
-    return {rho: max(float(torch.quantile(peak[i], 1 - false_alarm)), CAP - K) for i, rho in enumerate(rhos)}
+    return {rho: max(float(torch.quantile(peak[i], 1 - false_alarm)), k) for i, rho in enumerate(rhos)}
 
 
 class Cusum:
-    """Every node's CUSUM ``S``, and the pooled lag-1 moments of the nodes' z (for ``rho``);
-    :meth:`update` returns the nodes whose evidence crossed ``h``."""
+    """Every node's CUSUM ``S`` of one :class:`Stream`, and the pooled lag-1 moments of the
+    nodes' z (for ``rho``); :meth:`update` returns the nodes whose evidence crossed ``h``."""
 
-    def __init__(self, false_alarm: float, rounds: int) -> None:
-        self.false_alarm, self.rounds = false_alarm, rounds
+    def __init__(self, false_alarm: float, rounds: int, stream: Stream = DIRECTION) -> None:
+        self.false_alarm, self.rounds, self.stream = false_alarm, rounds, stream
         self.S: dict[str, float] = {}
         self.last: dict[str, float] = {}  # each node's z in the last round it was scored
         self.moments = [0.0] * 6  # pairs (a = z before, b = z after): count, sum a, sum b, sum a^2, sum b^2, sum ab
@@ -123,19 +150,19 @@ class Cusum:
 
     @property
     def h(self) -> float:
-        return threshold(self.false_alarm, self.rounds, self.rho)
+        return threshold(self.false_alarm, self.rounds, self.rho, self.stream.k)
 
     def update(self, ids: list[str], scores: torch.Tensor) -> list[str]:
-        """Add one round: ``scores`` are the ``SCORE`` of the accepted rows ``ids``."""
+        """Add one round: ``scores`` are the stream's score of the accepted rows ``ids``."""
         if len(ids) < 3:  # no spread to stand out from
             return []
-        for node, z in zip(ids, robust_z(scores).tolist()):
+        for node, z in zip(ids, robust_z(scores, self.stream).tolist()):
             if node in self.last:
                 a = self.last[node]
                 for i, v in enumerate((1.0, a, z, a * a, z * z, a * z)):
                     self.moments[i] += v
             self.last[node] = z
-            self.S[node] = max(0.0, self.S.get(node, 0.0) + z - K)
+            self.S[node] = max(0.0, self.S.get(node, 0.0) + z - self.stream.k)
         h = self.h
         return sorted(node for node in ids if self.S[node] > h)
 

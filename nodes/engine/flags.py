@@ -45,7 +45,10 @@ rounds is quarantined: it is no longer asked. Flags never change a round's aggre
 With a ``false_alarm`` target, a node is also quarantined when its evidence over rounds
 (``nodes.engine.evidence``: a CUSUM of how atypical its update's direction is, round after round)
 crosses the threshold calibrated to that target over the run's ``rounds``: the patient
-attacker who never crosses a per-round threshold.
+attacker who never crosses a per-round threshold. With ``loss`` (the engine's, where it holds a
+root set) a second CUSUM accumulates the ``loss-score``, what each row does to the root
+samples' loss, and the two share the target: the label-flipper, whose rows are geometrically
+ordinary but raise the held-out loss a little every round.
 
 A node whose update a spot check proved fabricated (``nodes.engine.spotcheck``) is *convicted*:
 quarantined at once, whatever its flags, with the evidence kept in :attr:`convicted`.
@@ -59,17 +62,23 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from .names import TO_MEDIAN
-from .evidence import SCORE as EVIDENCE, Cusum
+from . import evidence
+from .evidence import Cusum
+
+WHY = {"evidence": "evidence", "loss_evidence": "loss score"}  # what quarantined a node, by evidence stream
 
 
 class FlagPolicy:
-    def __init__(self, ratio: float, after: int, false_alarm: float = 0.0, rounds: int = 1, own: bool = True) -> None:
+    def __init__(self, ratio: float, after: int, false_alarm: float = 0.0, rounds: int = 1, own: bool = True,
+                 loss: bool = False) -> None:
         self.ratio, self.after, self.judges_own = ratio, after, own
-        self.evidence = Cusum(false_alarm, rounds) if false_alarm else None
+        share = false_alarm / 2 if loss else false_alarm  # the target, split between the evidence streams
+        self.evidence = Cusum(share, rounds, evidence.DIRECTION) if false_alarm else None
+        self.loss_evidence = Cusum(share, rounds, evidence.LOSS) if false_alarm and loss else None
         self.flags: dict[str, int] = {}
         self.quarantined: dict[str, int] = {}  # node -> the round it was quarantined in
         self.convicted: dict[str, dict] = {}  # node -> {round, author, distance}: proved to lie
-        self.why: dict[str, str] = {}  # node -> what quarantined it: "flags", "evidence" or "convicted"
+        self.why: dict[str, str] = {}  # node -> what quarantined it: "flags", "evidence", "loss score" or "convicted"
         self.typical = 0.0  # the largest median distance to the coordinate median of any round so far
         self.own: dict[str, tuple[int, float]] = {}  # node -> (its unflagged rounds, the sum of their log distances)
 
@@ -90,11 +99,17 @@ class FlagPolicy:
             self.flags[node] = self.flags.get(node, 0) + 1
             if self.flags[node] >= self.after and node not in self.quarantined:
                 self.quarantined[node], self.why[node] = round, "flags"
-        if self.evidence is not None and ids:
-            for node in self.evidence.update(ids, scores[EVIDENCE]):
-                if node not in self.quarantined:
-                    self.quarantined[node], self.why[node] = round, "evidence"
+        for key, cusum in self.cusums():
+            if ids and cusum.stream.score in scores:
+                for node in cusum.update(ids, scores[cusum.stream.score]):
+                    if node not in self.quarantined:
+                        self.quarantined[node], self.why[node] = round, WHY[key]
         return sorted(flagged)
+
+    def cusums(self) -> list[tuple[str, Cusum]]:
+        """The evidence streams kept, by their key in a round's record and the policy's state."""
+        return [(key, c) for key, c in (("evidence", self.evidence), ("loss_evidence", self.loss_evidence))
+                if c is not None]
 
     def flags_rows(self, scores: Mapping[str, torch.Tensor], ids: list[str] | None = None) -> torch.Tensor:
         """The per-round rule: which rows of a round's detector ``scores`` are flagged (bool):
@@ -127,13 +142,12 @@ class FlagPolicy:
         state = {"flags": dict(self.flags), "quarantined": dict(self.quarantined), "convicted": dict(self.convicted),
                  "why": dict(self.why), "typical": self.typical,
                  "own": {node: [count, logs] for node, (count, logs) in self.own.items()}}
-        if self.evidence is not None:
-            state["evidence"] = self.evidence.state()
+        state.update((key, cusum.state()) for key, cusum in self.cusums())
         return state
 
     def load_state(self, state: dict) -> None:
-        if self.evidence is not None:
-            self.evidence.load_state(state.get("evidence", {}))
+        for key, cusum in self.cusums():
+            cusum.load_state(state.get(key, {}))
         self.flags = {str(k): int(v) for k, v in state["flags"].items()}
         self.quarantined = {str(k): int(v) for k, v in state["quarantined"].items()}
         self.convicted = {str(k): dict(v) for k, v in state.get("convicted", {}).items()}
