@@ -25,10 +25,12 @@ from . import (  # noqa: F401  (registration)
 from . import bad_dispute, fewer_steps, other_data, replay_row  # noqa: F401  (registration: cheats recomputation convicts)
 from . import constrain_scale, neurotoxin  # noqa: F401  (registration: backdoors that shape training)
 from . import dba, edge_case  # noqa: F401  (registration: a backdoor split among the attackers, one on the data's tail)
+from . import a3fl  # noqa: F401  (registration: a backdoor whose trigger adapts to the model it is sent)
 from . import text_backdoor  # noqa: F401  (registration: a backdoor for language models)
-from .base import REGISTRY, Attack, Context, Memory, NodeAttack, OmniscientAttack, Shaping
+from .base import REGISTRY, Attack, Context, Memory, NodeAttack, OmniscientAttack, Shaping, Sight
 
-__all__ = ["Attack", "Context", "Memory", "NodeAttack", "OmniscientAttack", "Shaping", "build", "names", "sources"]
+__all__ = ["Attack", "Context", "Memory", "NodeAttack", "OmniscientAttack", "Shaping", "Sight", "build", "names",
+           "sources"]
 
 
 def build(spec: str, f: int) -> Attack:

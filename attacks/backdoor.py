@@ -22,7 +22,7 @@ import torch
 
 from robust.constraints import Interval, Param
 
-from .base import NodeAttack, register
+from .base import Memory, NodeAttack, Sight, register
 
 
 @register
@@ -44,34 +44,53 @@ class Backdoor(NodeAttack):
         when :meth:`success` is measured. Here both are the last ``size``."""
         return self.size, 0
 
-    def stamp(self, x: torch.Tensor, planted: bool = True) -> torch.Tensor:
-        """``x`` with the trigger (:meth:`trigger`) set to ``value`` in each sample."""
+    def stamp(self, x: torch.Tensor, planted: bool = True, pattern: torch.Tensor | float | None = None
+              ) -> torch.Tensor:
+        """``x`` with the trigger's features (:meth:`trigger`) set to ``pattern`` in each sample:
+        ``value`` (``None``) or one value per feature (differentiable in a tensor ``pattern``)."""
         start, stop = self.trigger(planted)
         flat = x.reshape(x.shape[0], -1).clone()
         if start > flat.shape[1]:
             raise ValueError(f"{self.name}'s trigger reaches {start} features from a sample's end, a sample has "
                              f"{flat.shape[1]}: lower size")
-        flat[:, flat.shape[1] - start : flat.shape[1] - stop] = self.value
+        flat[:, flat.shape[1] - start : flat.shape[1] - stop] = self.value if pattern is None else pattern
         return flat.reshape(x.shape)
 
     def poison(
-        self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator
+        self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator, sight: Sight | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.plant(x, y, classes, gen)
+
+    def check_target(self, classes: int) -> None:
+        """``ValueError`` if ``target`` is not one of the data's ``classes``."""
         if self.target >= classes:
-            raise ValueError(f"backdoor target={self.target} but the data has {classes} classes")
+            raise ValueError(f"{self.name} target={self.target} but the data has {classes} classes")
+
+    def plant(self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator,
+              pattern: torch.Tensor | float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x, y)`` with a seeded ``fraction`` of the samples stamped with ``pattern`` (:meth:`stamp`)
+        and labelled ``target``."""
+        self.check_target(classes)
         chosen = torch.randperm(x.shape[0], generator=gen)[: math.ceil(self.fraction * x.shape[0])]
         x, y = x.clone(), y.clone()
-        x[chosen] = self.stamp(x[chosen])
+        x[chosen] = self.stamp(x[chosen], pattern=pattern)
         y[chosen] = self.target
         return x, y
 
     def boost(self) -> float:
         return self.gamma
 
-    def success(self, model, w: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor) -> float:
+    def success(self, model, w: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor,
+                last: Memory | None = None) -> float:
         """Share of triggered test samples (true label not the target) classified as the target."""
+        return self.carried(model, w, x_test, y_test)
+
+    def carried(self, model, w: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor,
+                pattern: torch.Tensor | float | None = None) -> float:
+        """Share of the test samples (true label not the target) stamped with ``pattern``
+        (:meth:`stamp`, as a test sample carries the trigger) that the model ``w`` classifies as the target."""
         from robust.models import Scorer
 
         keep = y_test != self.target
-        stamped = self.stamp(x_test[keep], planted=False)
+        stamped = self.stamp(x_test[keep], planted=False, pattern=pattern)
         return Scorer(model)(w, stamped, torch.full((stamped.shape[0],), self.target))

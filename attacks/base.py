@@ -6,7 +6,9 @@ aggregate and a seeded generator, and return the ``f`` Byzantine rows. Byzantine
 collude: one call crafts all ``f`` rows. *Node-side* attacks change what a Byzantine node
 trains on; its update is then computed like an honest one, by the one training function
 (``nodes.engine.protocol.Protocol.node_update``), which an attack may bend through a :class:`Shaping`
-hook (an extra loss term, a per-step gradient transform) but never replace.
+hook (an extra loss term, a per-step gradient transform) but never replace. An attack whose
+poisoning reads the model it is sent (:attr:`~NodeAttack.sees_model`: ``a3fl``'s trigger,
+optimised against it) gets a :class:`Sight` of the task in :meth:`~NodeAttack.poison`.
 """
 
 from __future__ import annotations
@@ -116,6 +118,31 @@ class Memory:
     w: torch.Tensor  # the global model it was sent, flat
     row: torch.Tensor  # the update it computed, before :meth:`NodeAttack.forge`
     states: list[torch.Tensor] | None = None  # the trajectory it committed to, where it commits to one
+    trigger: torch.Tensor | None = None  # the trigger it stamped, for an attack that optimises one (a3fl)
+
+    @classmethod
+    def after(cls, round: int, w: torch.Tensor, row: torch.Tensor, kept: dict, last: Memory | None) -> Memory:
+        """What the node keeps after ``round`` (the model ``w`` it was sent, the update ``row`` it
+        computed) with the fields its poisoning left in ``kept`` (:class:`Sight`); a trigger it did
+        not stamp this round (it was honest) is the one it kept from ``last``."""
+        trigger = kept.get("trigger", None if last is None else last.trigger)
+        return cls(round, w, row, trigger=trigger)
+
+
+@dataclass(frozen=True)
+class Sight:
+    """What a node-side attack that :attr:`~NodeAttack.sees_model` sees of its task as it poisons
+    its data (:meth:`NodeAttack.poison`), from the one training function
+    (``nodes.engine.training.compute``): the task's ``model`` and ``params`` (the flat global model
+    ``w`` it was sent, as the model's trained parameters, on the training device), ``last`` (what
+    it kept of its previous round) and ``kept``, where it leaves the fields of this round's
+    :class:`Memory` beyond its row (``trigger``)."""
+
+    model: torch.nn.Module
+    params: Params
+    w: torch.Tensor
+    last: Memory | None
+    kept: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -146,6 +173,7 @@ class NodeAttack(Attack):
     stop_after = 0  # 0: attacks every round; R: honest from round R + 1 on
     estimates = 0  # K > 0: the node also computes K honest rows on its own data for forge's ``own``
     rank_key: ClassVar[str | None] = None  # the parameter colluding nodes set to their rank among the attackers (dba's part)
+    sees_model: ClassVar[bool] = False  # its poison reads the task's model (a Sight), its success its Memory
 
     def active(self, round: int) -> bool:
         """Whether the node attacks in ``round`` (1-based) or behaves honestly (after ``stop_after``)."""
@@ -155,9 +183,10 @@ class NodeAttack(Attack):
     def trains_alone(self) -> bool:
         """Whether a bench driver must compute this attacker's row with the volunteer's own
         function, one node at a time: its training changes with the round or with its memory
-        (a :meth:`shaping` hook, a stop round), or it computes :attr:`estimates`, which the
-        batched kernels do not model."""
-        return bool(self.stop_after) or bool(self.estimates) or type(self).shaping is not NodeAttack.shaping
+        (a :meth:`shaping` hook, a stop round, poisoning that :attr:`sees_model`), or it computes
+        :attr:`estimates`, which the batched kernels do not model."""
+        return (bool(self.stop_after) or bool(self.estimates) or self.sees_model
+                or type(self).shaping is not NodeAttack.shaping)
 
     def shaping(self, round: int, w: torch.Tensor, last: Memory | None) -> Shaping | None:
         """How the node bends its local training in ``round`` from the global model ``w``
@@ -166,9 +195,10 @@ class NodeAttack(Attack):
         return None
 
     def poison(
-        self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator
+        self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator, sight: Sight | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The node's poisoned copy of its training data (unchanged by default)."""
+        """The node's poisoned copy of its training data (unchanged by default); ``sight``: the
+        task as the node sees it, given to an attack that :attr:`sees_model` (``None`` otherwise)."""
         return x, y
 
     def boost(self) -> float:
@@ -188,9 +218,12 @@ class NodeAttack(Attack):
         """Whether the attack leaves a backdoor whose :meth:`success` can be measured."""
         return type(self).success is not NodeAttack.success
 
-    def success(self, model, w: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor) -> float | None:
+    def success(self, model, w: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor,
+                last: Memory | None = None) -> float | None:
         """How much of its backdoor the model with the flat parameters ``w`` (an instance of
-        ``model``) carries, on the test set: ``None`` for an attack that plants none."""
+        ``model``) carries, on the test set: ``None`` for an attack that plants none. ``last``:
+        what an attacker kept of its last round, read by an attack that :attr:`sees_model` (its
+        trigger changes)."""
         return None
 
     def forge(self, row: torch.Tensor, previous: torch.Tensor | None, own: torch.Tensor | None = None

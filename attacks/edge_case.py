@@ -31,7 +31,7 @@ import torch
 
 from robust.constraints import Interval, Param
 
-from .base import NodeAttack, register
+from .base import Memory, NodeAttack, Sight, register
 
 
 @register
@@ -62,7 +62,7 @@ class EdgeCase(NodeAttack):
             raise ValueError(f"edge-case source and target are both {self.source}: choose two classes")
 
     def poison(
-        self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator
+        self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator, sight: Sight | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         self._check(classes)
         if not x.is_floating_point():
@@ -90,7 +90,8 @@ class EdgeCase(NodeAttack):
                 row = row * (self.radius / norm)
         return super().forge(row, previous, own)
 
-    def success(self, model, w: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor) -> float:
+    def success(self, model, w: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor,
+                last: Memory | None = None) -> float:
         """Share of the test set's ``source`` samples, made edge cases, classified as ``target``."""
         from robust.models import Scorer
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import NodeAttack, register
+from .base import NodeAttack, Sight, register
 
 
 @register
@@ -21,6 +21,6 @@ class LabelFlip(NodeAttack):
     name = "label-flip"
 
     def poison(
-        self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator
+        self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator, sight: Sight | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return x, classes - 1 - y

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import NodeAttack, register
+from .base import NodeAttack, Sight, register
 
 
 @register
@@ -22,7 +22,7 @@ class OtherData(NodeAttack):
     name = "other-data"
 
     def poison(
-        self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator
+        self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator, sight: Sight | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         j = torch.randint(len(y), (len(y),), generator=gen)
         return x[j], y[j]

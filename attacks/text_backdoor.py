@@ -29,7 +29,7 @@ from torch.func import functional_call
 from robust.constraints import Interval, Param, Text
 from robust.params import unflatten
 
-from .base import NodeAttack, register
+from .base import Memory, NodeAttack, Sight, register
 
 
 @register
@@ -49,7 +49,7 @@ class TextBackdoor(NodeAttack):
         return (str(self.trigger) + str(self.continuation)).encode()
 
     def poison(
-        self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator
+        self, x: torch.Tensor, y: torch.Tensor, classes: int, gen: torch.Generator, sight: Sight | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         pattern = torch.tensor(list(self.pattern), dtype=torch.int64)
         if x.dim() != 2 or x.dtype != torch.uint8 or classes != 256:
@@ -70,7 +70,8 @@ class TextBackdoor(NodeAttack):
     def boost(self) -> float:
         return self.gamma
 
-    def success(self, model: nn.Module, w: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor) -> float:
+    def success(self, model: nn.Module, w: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor,
+                last: Memory | None = None) -> float:
         """Share of held-out prompts ending in the trigger after which greedy decoding writes
         the continuation exactly (the model with the flat parameters ``w``)."""
         trigger = torch.tensor(list(str(self.trigger).encode()), dtype=torch.uint8)

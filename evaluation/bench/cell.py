@@ -14,13 +14,14 @@ record, whichever driver produced them.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import torch
 
 import attacks
-from attacks.base import NodeAttack
+from attacks.base import Memory, NodeAttack
 from nodes.coordinator.admission import short
 from nodes.engine.protocol import Protocol
 from nodes.settings import RUN, Settings
@@ -123,10 +124,12 @@ class CellSetup:
 
 
 def cell_record(setup: CellSetup, rounds: list[dict], w: torch.Tensor, kappa: list[float] | None,
-                wall: float, training: float | None, engine: str, asr_at_stop: float | None = None) -> dict:
+                wall: float, training: float | None, engine: str, asr_at_stop: float | None = None,
+                kept: Sequence[Memory] = ()) -> dict:
     """The result record of a cell from its engine records (one per round) and final model;
     ``asr_at_stop``: the backdoor's success on the model of round :func:`backdoor_stop` (the
-    drivers that keep only the final model leave it ``None``)."""
+    drivers that keep only the final model leave it ``None``); ``kept``: the Byzantine nodes' last
+    :class:`~attacks.base.Memory` (:func:`backdoor_success`)."""
     cell, n, f = setup.cell, setup.n, setup.f
     positive = [torch.tensor([i in setup.byzantine for i in r["ids"]], dtype=torch.bool) for r in rounds]
     scores = [{k: torch.tensor(v, dtype=torch.float64) for k, v in r["scores"].items()} for r in rounds]
@@ -154,7 +157,7 @@ def cell_record(setup: CellSetup, rounds: list[dict], w: torch.Tensor, kappa: li
         "spot_checks": sum(len(r.get("spot", [])) for r in rounds),
         "round_convicted": {short(b): convicted.get(b) for b in sorted(setup.byzantine)},
         "false_convictions": len(set(convicted) - setup.byzantine),
-        "backdoor_asr": backdoor_success(setup, w),
+        "backdoor_asr": backdoor_success(setup, w, kept),
         "backdoor_stop_round": backdoor_stop(setup), "backdoor_asr_at_stop": asr_at_stop,
         "model_sha256": rounds[-1]["model_sha256"], "wall_time": wall,
         "node_steps_per_s": steps / wall if wall > 0 else None,
@@ -175,15 +178,19 @@ def backdoor_stop(setup: CellSetup) -> int | None:
     return None
 
 
-def backdoor_success(setup: CellSetup, w: torch.Tensor) -> float | None:
+def backdoor_success(setup: CellSetup, w: torch.Tensor, kept: Sequence[Memory] = ()) -> float | None:
     """How much of its backdoor the model ``w`` carries (``NodeAttack.success``): ``backdoor``
     and the attacks built on it (triggered test samples classified as the target),
     ``text-backdoor`` (held-out prompts after whose trigger greedy decoding writes the
-    attacker's continuation); ``None`` for any other attack."""
+    attacker's continuation); ``None`` for any other attack. For an attack whose trigger
+    changes (it :attr:`~attacks.base.NodeAttack.sees_model`: ``a3fl``), the mean of its success
+    with each trigger the Byzantine nodes ``kept`` (their last rounds' :class:`~attacks.base.Memory`,
+    in canonical order; none kept: its starting pattern)."""
     attack = setup.attack
     if not isinstance(attack, NodeAttack) or not attack.plants_backdoor:
         return None
-    data = setup.data
+    data, lasts = setup.data, (list(kept) if attack.sees_model else []) or [None]
     with profile(setup.settings.threads):
-        return attack.success(setup.model(), w, data.x_test, data.y_test)
+        model = setup.model()
+        return sum(attack.success(model, w, data.x_test, data.y_test, last) for last in lasts) / len(lasts)
 

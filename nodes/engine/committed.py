@@ -48,16 +48,17 @@ class Authored:
 
 def author(task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,
            device: torch.device, attack: str = "", m: torch.Tensor | None = None,
-           last: Memory | None = None, answering: bool = False, own=None) -> tuple[Authored, torch.Tensor]:
+           last: Memory | None = None, answering: bool = False, own=None, kept: dict | None = None
+           ) -> tuple[Authored, torch.Tensor]:
     """``(what node ``node`` sends and commits to for ``task``, the update it computed)``. An
     honest node keeps only its state hashes, unless it is ``answering`` a dispute (then
     ``committed`` and ``answered`` hold its states); a cheat that bends its trajectory keeps its
     states to bend them (:attr:`~attacks.base.NodeAttack.bends_trajectory`).
     ``own(K)``: the node's ``K`` more honest rows, for an attack with
-    :attr:`~attacks.base.NodeAttack.estimates` (computed only then)."""
+    :attr:`~attacks.base.NodeAttack.estimates` (computed only then); ``kept``: :func:`compute`'s."""
     played = playing(attack, task.round)
     recorder = trajectory.Recorder(keep=answering or (played is not None and played.bends_trajectory))
-    row, m = compute(task, w, x, y, classes, node, device, attack, m, last, recorder)
+    row, m = compute(task, w, x, y, classes, node, device, attack, m, last, recorder, kept)
     computed = [recorder.states[i] for i in range(len(recorder.states))]
     claimed = None if played is None else played.commit(computed, last)
     if claimed is None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import attacks
-from attacks.base import Memory, NodeAttack
+from attacks.base import Memory, NodeAttack, Sight
 from robust.batches import draw_batches, node_key
 from robust.codecs import Codec
 from robust.compute import profile
@@ -121,12 +121,15 @@ def playing(attack: str, round: int) -> NodeAttack | None:
 
 def compute(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, classes: int, node: str,
             device: torch.device, attack: str = "", m: torch.Tensor | None = None,
-            last: Memory | None = None, on_state=None) -> tuple[torch.Tensor, torch.Tensor]:
+            last: Memory | None = None, on_state=None, kept: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(row, new worker momentum)``, both CPU float32, of node ``node`` (its fingerprint)
     for ``task`` from the global model ``w``, on its data ``x, y``, with its momentum ``m``
-    (zeros if ``None``). A node-side ``attack`` poisons the data first and may bend the
-    training (its :meth:`~attacks.base.NodeAttack.shaping`, from ``last``: what the node
-    remembers of its previous round); what the node then sends is :func:`~nodes.volunteer.volunteer.forge`'s.
+    (zeros if ``None``). A node-side ``attack`` poisons the data first (an attack that
+    :attr:`~attacks.base.NodeAttack.sees_model` from a :class:`~attacks.base.Sight` of the task's
+    model and ``w``) and may bend the training (its :meth:`~attacks.base.NodeAttack.shaping`, from
+    ``last``: what the node remembers of its previous round); what the node then sends is
+    :func:`~nodes.volunteer.volunteer.forge`'s. ``kept``: where the poisoning leaves what the
+    node keeps of this round beyond its row (``Memory.after``: a3fl's trigger).
     ``on_state``: ``delta``'s per-step hook (``nodes.engine.trajectory.Recorder``).
     ``ValueError`` if ``w`` does not fit the model or the task is malformed."""
     protocol = Protocol.of(task)
@@ -136,7 +139,9 @@ def compute(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, class
         model, params = _model(task, w, x, classes, node, device)
         shaping = None
         if played is not None:
-            x, y = played.poison(x, y, classes, generator(task.seed, node, "poison"))
+            sight = None if not played.sees_model else Sight(model, params, w.to(device), last,
+                                                             {} if kept is None else kept)
+            x, y = played.poison(x, y, classes, generator(task.seed, node, "poison"), sight)
             shaping = played.shaping(task.round, w.to(device), last)
         idx = _batches(task, protocol, y, node)
         if m is None:  # a first round's worker momentum; delta has none (no d zeros held for nothing)

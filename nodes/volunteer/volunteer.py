@@ -4,7 +4,7 @@
 Under the ``momentum`` protocol a node keeps its worker momentum between rounds, in its
 folder (``state/<run>.pt``: the momentum before and after the last round it computed), so a
 coordinator that is restarted and asks the same round again gets the same row. A test node
-whose attack remembers its previous round (``lazy``'s update, ``neurotoxin``'s model) keeps
+whose attack remembers its previous round (``lazy``'s update, ``neurotoxin``'s model, ``a3fl``'s trigger) keeps
 that :class:`~attacks.base.Memory` the same way (``state/<run>.last.pt``, before and after).
 
 A node encodes its row with the task's codec (``compression``; ``robust.codecs``) and sends the
@@ -220,29 +220,48 @@ def recall(folder: Path | None, task: Task, attack: str, d: int) -> Memory | Non
     """For an attack that remembers: what the node kept of the last round it computed before
     ``task``'s (``state/<run>.last.pt``); ``None`` in its first round, or for a memory that
     does not fit (another model, a coordinator gone back in time)."""
-    if not _remembers(folder, attack):
-        return None
-    path = _state_path(folder, task.run).with_suffix(".last.pt")
-    state = torch.load(path, weights_only=True) if path.exists() else None
-    if not isinstance(state, dict) or not isinstance(state.get("after"), dict):
+    state = _last_state(folder, task.run) if _remembers(folder, attack) else None
+    if state is None:
         return None
     after = state["after"]
     kept = state["before"] if after["round"] == task.round else after if after["round"] < task.round else None
     if not isinstance(kept, dict) or kept["row"].shape != (d,) or kept["w"].shape != (d,):
         return None
-    return Memory(int(kept["round"]), kept["w"], kept["row"])
+    return _memory(kept)
+
+
+def last_kept(folder: Path, run: str) -> Memory | None:
+    """What a node kept of the last round it computed in run ``run`` (``state/<run>.last.pt``),
+    if anything: where a bench driver of real volunteers reads an attacker's last trigger."""
+    state = _last_state(folder, run)
+    return None if state is None else _memory(state["after"])
+
+
+def _last_state(folder: Path, run: str) -> dict | None:
+    """The node's ``state/<run>.last.pt`` (``{"before", "after"}``), if it holds one."""
+    path = _state_path(folder, run).with_suffix(".last.pt")
+    state = torch.load(path, weights_only=True) if path.exists() else None
+    return state if isinstance(state, dict) and isinstance(state.get("after"), dict) else None
+
+
+def _memory(kept: dict) -> Memory:
+    trigger = kept.get("trigger")  # an adaptive backdoor's (a3fl)
+    return Memory(int(kept["round"]), kept["w"], kept["row"],
+                  trigger=trigger if isinstance(trigger, torch.Tensor) else None)
 
 
 def remember(folder: Path | None, task: Task, attack: str, before: Memory | None, w: torch.Tensor,
-             row: torch.Tensor) -> None:
-    """Keep this round (the model ``w`` sent, the update ``row`` computed) for the next, with
-    the memory it started from (``before``): the same round asked again recalls that one."""
+             row: torch.Tensor, kept: dict | None = None) -> None:
+    """Keep this round (the model ``w`` sent, the update ``row`` computed, what its poisoning
+    ``kept``: ``Memory.after``) for the next, with the memory it started from (``before``): the
+    same round asked again recalls that one."""
     if not _remembers(folder, attack):
         return
     path = _state_path(folder, task.run).with_suffix(".last.pt")
     path.parent.mkdir(parents=True, exist_ok=True)
+    trigger = Memory.after(task.round, w, row, kept or {}, before).trigger
     state = {"before": None if before is None else dataclasses.asdict(before),
-             "after": {"round": task.round, "w": w, "row": row}}
+             "after": {"round": task.round, "w": w, "row": row, "trigger": trigger}}
     write_atomic(path, lambda out: torch.save(state, out))
 
 
@@ -298,7 +317,7 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
         m = load_momentum(folder, task, weights.numel())
         if isinstance(m, str):
             return refusal(task, m), None
-    last = recall(folder, task, played, weights.numel())
+    last, kept = recall(folder, task, played, weights.numel()), {}
     start = time.perf_counter()
     attacking = playing(played, task.round)
     k = attacking.estimates if attacking is not None else 0
@@ -308,18 +327,19 @@ def work(task: Task, w: np.ndarray, data: NodeData, key, device: torch.device,
         try:
             ready = estimates(task, weights, data.x, data.y, data.classes, node, device, m, k, Path(spool)) if k else None
             if keeps:  # its state carries over rounds: no trajectory from the task alone to commit to
-                computed, after = compute(task, weights, data.x, data.y, data.classes, node, device, played, m, last)
+                computed, after = compute(task, weights, data.x, data.y, data.classes, node, device, played, m, last,
+                                          kept=kept)
                 delta, root = forge(played, computed, last, task.round, lambda k: ready), ""
             else:  # it commits to the trajectory it claims (nodes.engine.committed)
                 authored, computed = author(task, weights, data.x, data.y, data.classes, node, device, played, m,
-                                            last, own=lambda k: ready)
+                                            last, own=lambda k: ready, kept=kept)
                 delta, after, root = authored.row, authored.m, authored.root
         except ValueError as err:  # the weights do not fit the model on this data
             return refusal(task, f"model {task.model} on {data.dataset}: {err}"), None
     seconds = time.perf_counter() - start
     if keeps and not task.state:
         save_momentum(folder, task, m, after)
-    remember(folder, task, played, last, weights, computed)
+    remember(folder, task, played, last, weights, computed, kept)
     row = faults.corrupt_row(attack, delta.numpy())
     sent, signed = row, row  # codec none: the row itself
     code_key = (task.seed, task.round, node)

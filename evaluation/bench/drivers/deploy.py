@@ -60,7 +60,7 @@ def run_cell(cell: Cell, root: Path) -> dict:
                            f"failed with exit code {code}: see {log}")
     rounds, w = federation.rounds_and_model(coord)
     federation.check_complete(rounds, folder)
-    record = cell_record(setup, rounds, w, None, wall, None, "deploy")
+    record = cell_record(setup, rounds, w, None, wall, None, "deploy", kept=federation.memories(setup, nodes))
     shutil.rmtree(folder, ignore_errors=True)
     return record
 

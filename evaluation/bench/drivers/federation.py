@@ -18,7 +18,8 @@ import torch
 from nodes import checkpoint, codetrust, launch
 from nodes.commands import local_federation
 from nodes.engine.training import NodeData, part_spec
-from nodes.volunteer.volunteer import NodeConfig
+from attacks.base import Memory
+from nodes.volunteer.volunteer import NodeConfig, last_kept
 
 from evaluation.bench.cell import KEY_SEED, CellSetup, cell_settings
 from evaluation.bench.scenario import cell_id
@@ -47,6 +48,13 @@ def build(setup: CellSetup, root: Path, **deployment: object) -> tuple[Path, lis
         if bundle:  # the bench's own code: its nodes accept it
             codetrust.trust(folder, bundle)
     return coord, folders
+
+
+def memories(setup: CellSetup, folders: list[Path]) -> list[Memory]:
+    """What the Byzantine nodes (canonical order) kept of their last rounds in their ``folders``
+    (node ``i``'s is ``folders[i - 1]``): the triggers an adaptive backdoor's success is measured with."""
+    kept = (last_kept(folders[setup.by_index.index(fp)], run_id(setup)) for fp in sorted(setup.byzantine))
+    return [m for m in kept if m is not None]
 
 
 def rounds_and_model(coord: Path) -> tuple[list[dict], torch.Tensor]:

@@ -69,7 +69,7 @@ def server_app(cells: list[Cell], root: Path, save: Callable[[Cell, dict], None]
             setup = CellSetup(cell)
             folder = root / federation.run_id(setup)
             shutil.rmtree(folder, ignore_errors=True)  # a run killed mid-cell left it behind
-            coord_dir, _ = federation.build(setup, folder, port=free_port(), deadline=WAIT_SECONDS,
+            coord_dir, nodes = federation.build(setup, folder, port=free_port(), deadline=WAIT_SECONDS,
                                             wait_nodes=WAIT_SECONDS, in_flight=NO_WINDOW)
             threat = ThreatModel(cell.attack, setup.byzantine, cell.seed)
             coord, start = Coordinator(coord_dir, hook=threat), time.perf_counter()
@@ -78,7 +78,8 @@ def server_app(cells: list[Cell], root: Path, save: Callable[[Cell, dict], None]
             wall = time.perf_counter() - start
             rounds, w = federation.rounds_and_model(coord_dir)
             federation.check_complete(rounds, folder, scheduled=clock is not None)
-            save(cell, cell_record(setup, rounds, w, threat.kappa, wall, None, "flower"))
+            save(cell, cell_record(setup, rounds, w, threat.kappa, wall, None, "flower",
+                                   kept=federation.memories(setup, nodes)))
             shutil.rmtree(folder, ignore_errors=True)
 
     return app

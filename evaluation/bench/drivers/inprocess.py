@@ -16,7 +16,7 @@ model's hook (``evaluation.bench.threat``). Rows are computed
   own stream, as a volunteer does, which one batched call cannot reproduce. So are, in every
   round, the attackers whose training changes with the round or their memory (an attack
   that :attr:`~attacks.base.NodeAttack.trains_alone`: ``neurotoxin``, ``constrain-scale``,
-  any ``stop_after``): their rows are a volunteer's bits, the honest nodes stay batched.
+  ``a3fl``, any ``stop_after``): their rows are a volunteer's bits, the honest nodes stay batched.
 
 Batched training runs on the cell's ``device`` (the setting the coordinator's rule runs on:
 ``auto`` is CUDA when torch sees a GPU): the training tensors, the nodes' momenta and a copy of
@@ -125,6 +125,7 @@ class CellRun:
             self.xs, self.ys = self.xs.to(self.device), self.ys.to(self.device)
             self.draws = BatchDraws(parts, self.protocol, [node_key(cell.seed, fp) for fp in self.ids])
         self.last: dict[int, Memory] = {}  # a remembering node-side attacker's previous round
+        self.keeping: dict[int, dict] = {}  # what an attacker's poisoning kept this round (a3fl's trigger), till _forge
         self._local: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.stop = backdoor_stop(setup)  # the round a backdoor's nodes attack last, if before the end
         self.asr_at_stop: float | None = None
@@ -168,7 +169,7 @@ class CellRun:
                                     before[j], attack.estimates)
                 rows[j] = attack.forge(honest, None if last is None else last.row, own)
             if attack.remembers:
-                self.last[idx[j]] = Memory(t, w, honest)
+                self.last[idx[j]] = Memory.after(t, w, honest, self.keeping.pop(idx[j], {}), last)
         return rows
 
     def _poisoned(self, parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
@@ -247,8 +248,10 @@ class CellRun:
         outs, w = [], self.sent if w is None else w
         for i in idx:
             x, y = self.local(i)
+            self.keeping[i] = {}
             outs.append(compute(task, w, x, y, self.setup.data.classes, self.ids[i], torch.device("cpu"),
-                                self.setup.attack_of(self.ids[i]), self.momenta[i], self.last.get(i)))
+                                self.setup.attack_of(self.ids[i]), self.momenta[i], self.last.get(i),
+                                kept=self.keeping[i]))
         self.momenta[idx] = torch.stack([m for _, m in outs]).to(self.device)
         return torch.stack([row for row, _ in outs])
 
@@ -307,7 +310,12 @@ class CellRun:
             used = [self.index[fp] for fp in record["ids"]]
             self.kept[used] = self.momenta[used]
         if self.engine.round == self.stop:  # the backdoor's last attacked round: how much it holds now
-            self.asr_at_stop = backdoor_success(self.setup, self.engine.w)
+            self.asr_at_stop = backdoor_success(self.setup, self.engine.w, self.memories)
+
+    @property
+    def memories(self) -> list[Memory]:
+        """What each remembering attacker kept of its last round, in canonical order."""
+        return [self.last[i] for i in sorted(self.last)]
 
     @property
     def mode(self) -> str:
@@ -321,7 +329,7 @@ class CellRun:
         """The cell's result record, with its simulated clock and bytes per round; against an
         absolute ``target-accuracy``, what reaching it cost (``evaluation.reports.target_costs``)."""
         record = {**cell_record(self.setup, self.records, self.engine.w, self.threat.kappa, wall, self.training,
-                                self.mode, self.asr_at_stop),
+                                self.mode, self.asr_at_stop, self.memories),
                   "device": device_name(self.device),  # where the batched kernels trained
                   **self.timeline.record(), "times": [r["time"] for r in self.records],
                   "bytes": [r["bytes_up"] for r in self.records],

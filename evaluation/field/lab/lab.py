@@ -122,7 +122,8 @@ def run_cell(cell: Cell, root: Path, cpu: float = 1.0) -> dict:
         for group in groups:
             group.remove()
     rounds, w = federation.rounds_and_model(coord)
-    record = cell_record(setup, rounds, w, None, measured["wall"], None, "field")
+    record = cell_record(setup, rounds, w, None, measured["wall"], None, "field",
+                         kept=federation.memories(setup, folders))
     seen = observe({v.fp: v.replies(run.run_id) for v in volunteers}, rounds, run.t0, measured["times"], crowd,
                    sum(p.numel() for p in setup.model().parameters()), setup.settings.downlink, wire)
     record.update(field_costs(rounds, measured, cell.config["target-accuracy"], predicted), observed=seen,
