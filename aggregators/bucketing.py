@@ -22,7 +22,7 @@ class Bucketing(PreAggregator):
     name = "bucketing"
     keeps_rows = False
 
-    params = (Param("s", Interval(int, 1, None), 2, "the bucket size: rows averaged into one"), SEED)
+    params = (Param("s", Interval(int, 1, None), 2, "the bucket size: rows averaged into one", tune=True), SEED)
 
     def rows(self, n: int) -> int:
         return -(-n // self.s)

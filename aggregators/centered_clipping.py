@@ -81,8 +81,8 @@ class CenteredClipping(Rule):
     name = "centered-clipping"
 
     params = (
-        Param("tau", Interval(float, 0, None, "neither"), 10.0, "the clipping radius"),
-        Param("iters", Interval(int, 1, None), 1, "clipping steps per call, each from the last"),
+        Param("tau", Interval(float, 0, None, "neither"), 10.0, "the clipping radius", tune=True),
+        Param("iters", Interval(int, 1, None), 1, "clipping steps per call, each from the last", tune=True),
     )
 
     def __init__(self, f: int, **params: object) -> None:

@@ -26,7 +26,7 @@ def clip_rows(X: Rows, norms: torch.Tensor, c: float) -> Rows:
 class Clip(PreAggregator):
     name = "clip"
 
-    params = (Param("c", Interval(float, 0, None, "neither"), 1.0, "the largest norm a row may keep"),)
+    params = (Param("c", Interval(float, 0, None, "neither"), 1.0, "the largest norm a row may keep", tune=True),)
 
     def transformed(self, X: Rows) -> Rows:
         return clip_rows(X, row_norms(X), self.c)

@@ -38,9 +38,9 @@ class DnC(Rule):
     name = "dnc"
 
     params = (
-        Param("iters", Interval(int, 1, None), 5, "how many random subsets of coordinates are scored"),
+        Param("iters", Interval(int, 1, None), 5, "how many random subsets of coordinates are scored", tune=True),
         Param("b", Interval(int, 1, None), 10000, "how many coordinates each subset has"),
-        Param("c", Interval(float, 0, None, "neither"), 1.0, "each subset removes floor(c * f) rows"),
+        Param("c", Interval(float, 0, None, "neither"), 1.0, "each subset removes floor(c * f) rows", tune=True),
         SEED,
     )
 

@@ -46,7 +46,7 @@ def majority_cluster(cosine: torch.Tensor) -> torch.Tensor:
 class Flame(Rule):
     name = "flame"
 
-    params = (Param("noise", Interval(float, 0, None), 0.001, "the added noise's std, in median norms"), SEED)
+    params = (Param("noise", Interval(float, 0, None), 0.001, "the added noise's std, in median norms", tune=True), SEED)
 
     def check_n(self, n: int) -> None:
         self._require(n > 2 * self.f, "> 2f", n)

@@ -142,7 +142,7 @@ class FLDetector(Rule):
     needs = frozenset({"ids", "w"})
 
     params = (
-        Param("window", Interval(int, 1, None), 10, "how many rounds of history are used"),
+        Param("window", Interval(int, 1, None), 10, "how many rounds of history are used", tune=True),
         Param("base", OneOf(BASES), "median", "the rule run on the rows it keeps"),
         SEED,
     )

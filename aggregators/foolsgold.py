@@ -97,7 +97,7 @@ class FoolsGold(Rule):
     needs = frozenset({"ids"})
 
     params = (Param("kappa", Interval(float, 0, None, "neither"), 1.0,
-                    "the slope of the logit from dissimilarity to weight"),)
+                    "the slope of the logit from dissimilarity to weight", tune=True),)
 
     def __init__(self, f: int, **params: object) -> None:
         super().__init__(f, **params)

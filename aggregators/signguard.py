@@ -97,9 +97,9 @@ class SignGuard(Rule):
     name = "signguard"
 
     params = (  # lower <= 1 <= upper: the median row passes the norm filter
-        Param("lower", Interval(float, 0, 1), 0.1, "the norm filter's low end, in median norms"),
-        Param("upper", Interval(float, 1, None), 3.0, "the norm filter's high end, in median norms"),
-        Param("frac", Interval(float, 0, 1, "right"), 0.1, "the fraction of coordinates whose signs are counted"),
+        Param("lower", Interval(float, 0, 1), 0.1, "the norm filter's low end, in median norms", tune=True),
+        Param("upper", Interval(float, 1, None), 3.0, "the norm filter's high end, in median norms", tune=True),
+        Param("frac", Interval(float, 0, 1, "right"), 0.1, "the fraction of coordinates whose signs are counted", tune=True),
         SEED,
     )
 

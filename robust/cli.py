@@ -193,6 +193,13 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--sweep-points", type=int, default=8, help="values in the sweep (default 8)")
     run.add_argument("--speed", action="store_true", help="also time the engine against a plain per-node loop "
                      "on the first scenario (about 7 s; DIR/speed.json and the report's Speed section)")
+    run.add_argument("--tune", action="store_true", help="first choose each rule's hyperparameters (declared ranges) by "
+                     "their worst case over the scenario's attacks on validation seeds, then run the grid with the "
+                     "chosen ones on the scenario's seeds (DIR/tune.json, the report's Tuning section)")
+    run.add_argument("--tune-budget", type=float, default=3600.0, metavar="SECONDS",
+                     help="--tune: wall seconds the choice may take (default 3600); candidates left are reported")
+    run.add_argument("--tune-seeds", type=int, default=2, metavar="N",
+                     help="--tune: validation seeds (1000, 1001, ...; default 2), none of them a seed of the scenario")
     run.set_defaults(run=_bench)
     listing = sub.add_parser("attacks", help="list every attack a spec may name: its kind (omniscient or node) and its file")
     listing.set_defaults(run=_attacks)

@@ -182,12 +182,14 @@ Rule = Interval | OneOf | Folder | Text | Host | Flag | Spec
 
 @dataclass(frozen=True)
 class Param:
-    """One declared parameter: ``key`` (kebab-case), its rule, default and help."""
+    """One declared parameter: ``key`` (kebab-case), its rule, default and help; ``tune``: a
+    defence's hyperparameter, which ``robust bench --tune`` chooses (``evaluation.bench.tune``)."""
 
     key: str
     rule: Rule
     default: object
     help: str
+    tune: bool = False
 
     @property
     def attr(self) -> str:

@@ -25,6 +25,7 @@ from evaluation.bench.drivers.inprocess import run_cell
 from evaluation.reports.objective import is_text
 from evaluation.reports.summary import read_results, write_report
 from .scenario import cell_id, cells, load_scenario
+from .tune import tune
 from evaluation.peers.per_node_loop import median, paired_speed
 
 
@@ -97,60 +98,87 @@ def main(args: argparse.Namespace) -> int:
     if args.no_vectorize and args.engine != "local":
         raise ValueError(f"--no-vectorize is a mode of --engine local: drop it with --engine {args.engine}")
     scenario = load_scenario(args.config, [*(args.set or []), *([f"code={json.dumps(args.path)}"] if args.path else [])], engine)
-    todo_all = cells(scenario, args.sweep, args.sweep_points)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = out / "results.jsonl"
-    finished = {r["cell"] for r in read_results(results)} if results.exists() else set()
-    todo = [c for c in todo_all if record_id(c, engine) not in finished]
-    print(
-        f"robust bench: {len(todo_all)} cells ({len(todo_all) - len(todo)} already in {results}), "
-        f"{f'Ray cluster ({args.cluster})' if args.cluster else f'{args.jobs} job(s)'}, {ENGINES_SAID[engine]}",
-        file=sys.stderr,
-    )
-    progress = Progress(len(todo_all), len(todo_all) - len(todo))
-    if results.exists() and results.stat().st_size and not results.read_bytes().endswith(b"\n"):
-        with results.open("a") as sink:  # a killed run's cut-short line ends here, not in ours
-            sink.write("\n")
-    with results.open("a") as sink:
-
-        def save(record: dict, node: str | None = None) -> None:
-            sink.write(json.dumps(record) + "\n")
-            sink.flush()
-            os.fsync(sink.fileno())
-            progress.update(record, node)
-
-        try:
-            with progress:
-                if engine == "flower":
-                    from evaluation.bench.drivers.flower_sim import run_cells  # imports Flower and Ray
-
-                    run_cells(todo, out / "federations", lambda cell, record: save({"cell": record_id(cell, engine), **record}))
-                elif engine == "deploy":
-                    from evaluation.bench.drivers.deploy import run_cells
-
-                    run_cells(todo, out / "federations", lambda cell, record: save({"cell": record_id(cell, engine), **record}))
-                elif args.cluster:
-                    from .ray_cluster import run_cells
-
-                    run_cells(todo, engine, args.cluster, run_one, save)
-                elif args.jobs == 1:
-                    for cell in todo:
-                        save(run_one(cell, engine))
-                else:
-                    _run_parallel(todo, args.jobs, engine, save)
-        except KeyboardInterrupt:
-            print(
-                f"\ninterrupted: {progress.done} of {len(todo_all)} cells are saved in {results}; "
-                "run the same command again to finish the rest",
-                file=sys.stderr,
-            )
-            return 130
+    play = Player(args, engine)
+    try:
+        if args.tune:
+            if args.sweep or engine != "local" or args.cluster:
+                raise ValueError("--tune chooses rules on the local driver's grid: drop --sweep, --engine and --cluster")
+            chosen = tune(scenario, cells, play, out, args.tune_seeds, args.tune_budget)
+            scenario = {**scenario, "aggregators": list(dict.fromkeys(chosen[a] for a in scenario["aggregators"]))}
+        todo_all = cells(scenario, args.sweep, args.sweep_points)
+        play(todo_all, out / "results.jsonl")
+    except KeyboardInterrupt:
+        return 130
     if args.speed:
         write_speed(out / "speed.json", todo_all[0].config)
-    paths = write_report(results, out)
+    paths = write_report(out / "results.jsonl", out)
     print(f"report: {out / 'summary.md'} (a page: {out / 'summary.html'}; {len(paths)} files in {out})")
     return 0
+
+
+class Player:
+    """Runs cells into a results file: the ones not yet in it, each record appended (flushed to
+    disk) the moment its cell finishes, with a progress bar; returns the file's records. Ctrl-C
+    says what is saved and raises ``KeyboardInterrupt``."""
+
+    def __init__(self, args: argparse.Namespace, engine: str) -> None:
+        self.args, self.engine = args, engine
+
+    def __call__(self, todo_all: list[Cell], results: Path) -> list[dict]:
+        args, engine = self.args, self.engine
+        results.parent.mkdir(parents=True, exist_ok=True)
+        finished = {r["cell"] for r in read_results(results)} if results.exists() else set()
+        todo = [c for c in todo_all if record_id(c, engine) not in finished]
+        print(
+            f"robust bench: {len(todo_all)} cells ({len(todo_all) - len(todo)} already in {results}), "
+            f"{f'Ray cluster ({args.cluster})' if args.cluster else f'{args.jobs} job(s)'}, {ENGINES_SAID[engine]}",
+            file=sys.stderr,
+        )
+        progress = Progress(len(todo_all), len(todo_all) - len(todo))
+        if results.exists() and results.stat().st_size and not results.read_bytes().endswith(b"\n"):
+            with results.open("a") as sink:  # a killed run's cut-short line ends here, not in ours
+                sink.write("\n")
+        with results.open("a") as sink:
+
+            def save(record: dict, node: str | None = None) -> None:
+                sink.write(json.dumps(record) + "\n")
+                sink.flush()
+                os.fsync(sink.fileno())
+                progress.update(record, node)
+
+            try:
+                with progress:
+                    self.run(todo, results.parent, save)
+            except KeyboardInterrupt:
+                print(
+                    f"\ninterrupted: {progress.done} of {len(todo_all)} cells are saved in {results}; "
+                    "run the same command again to finish the rest",
+                    file=sys.stderr,
+                )
+                raise
+        return read_results(results)
+
+    def run(self, todo: list[Cell], folder: Path, save) -> None:
+        args, engine = self.args, self.engine
+        if engine == "flower":
+            from evaluation.bench.drivers.flower_sim import run_cells  # imports Flower and Ray
+
+            run_cells(todo, folder / "federations", lambda cell, record: save({"cell": record_id(cell, engine), **record}))
+        elif engine == "deploy":
+            from evaluation.bench.drivers.deploy import run_cells
+
+            run_cells(todo, folder / "federations", lambda cell, record: save({"cell": record_id(cell, engine), **record}))
+        elif args.cluster:
+            from .ray_cluster import run_cells
+
+            run_cells(todo, engine, args.cluster, run_one, save)
+        elif args.jobs == 1:
+            for cell in todo:
+                save(run_one(cell, engine))
+        else:
+            _run_parallel(todo, args.jobs, engine, save)
 
 
 def write_speed(path: Path, config: dict) -> None:

@@ -24,6 +24,7 @@ from .results import (
 )
 from .tables import format_value, num, pct, rounds, table
 from .time_section import time_section
+from .tune_section import tune_section
 
 REQUIRED = ("cell", "aggregator", "attack", "seed", "config", "final_accuracy", "accuracy")
 
@@ -400,6 +401,7 @@ def write_summary(records: Sequence[dict], out_dir: str | Path, figures: Sequenc
         lines += _stealth_section(res)
         lines += _worst_section(res)
         lines += _scenario_section(res)
+        lines += tune_section(out_dir)
         if res.grid:
             lines += _accuracy_section(res)
         if any(g.key.attack != CLEAN for g in res.grid):

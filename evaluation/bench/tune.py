@@ -1,0 +1,170 @@
+"""Tuned defences (``robust bench --tune``): each rule's hyperparameters chosen by its worst
+case over the scenario's attacks on validation seeds, within a wall-time budget, before the grid
+is played on its own seeds. ByzFL's benchmark tunes each rule against its worst attack before
+comparing them: a defence compared at its defaults against attacks tuned to beat it is a straw man.
+
+**Candidates.** A rule's hyperparameters are declared as data (``Param(..., tune=True)``:
+bucketing's ``s``, centered clipping's ``tau`` and ``iters``, clip's ``c``, ...). Each one's
+candidates are its value in the scenario's spec (given there, else its default) times
+:data:`FACTORS` (a float) or :data:`INT_FACTORS` (an integer, rounded), kept where its declared
+rule accepts them. A rule's candidates are the product of its parameters' candidates when that
+is at most :data:`MAX_PRODUCT` specs, else the spec with one parameter moved at a time; the spec
+as written comes first. Not tuned: a parameter whose default the round derives (Multi-Krum's
+``m = n - f``), and ``f``, which stays the scenario's ``byzantine`` (the threat the defender
+states).
+
+**Objective.** A candidate's cells are the scenario's grid with the rule replaced by the
+candidate, every attack (``none`` included), on the validation seeds (``--tune-seeds N``:
+``VALIDATION + i``, none of them a seed of the scenario). Its score is its worst case: the lowest,
+over the attacks, of the final accuracy averaged over the validation seeds (a backdoor's success
+is not in it). The chosen candidate has the highest score; ties go to the earlier candidate, so
+the spec as written stays unless another is strictly better.
+
+**Budget.** ``--tune-budget SECONDS`` bounds the tuning's wall time: before a candidate starts,
+tuning stops if the seconds spent so far plus the mean seconds of a candidate would pass the
+budget (the spec as written always runs); the candidates not run are reported as such. Finished
+tuning cells are kept in ``DIR/tune/results.jsonl``: running the command again reuses them.
+
+The grid then runs with each rule replaced by its choice on the scenario's own seeds, never
+used to choose, and ``DIR/tune.json`` keeps every candidate's worst case and worst attack, the
+value chosen and the spec as written, which the report's Tuning section shows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import aggregators
+from aggregators.base import REGISTRY
+from robust.spec import Component, format_spec, parse
+
+from .cell import Cell
+
+FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)  # a float hyperparameter's candidates, times its value
+INT_FACTORS = (0.5, 1.0, 2.0, 4.0)  # an integer's, rounded
+MAX_PRODUCT = 16  # above this many combinations, each parameter is moved alone
+VALIDATION = 1000  # the first validation seed
+TUNE_FILE = "tune.json"
+
+
+def values_of(component: Component) -> dict[str, list]:
+    """Each tunable parameter of ``component`` (a rule of a chain) and its candidate values,
+    the spec's own first."""
+    out = {}
+    for key, param in REGISTRY.lookup(component.name, str(component)).declared().items():
+        given = component.params.get(key, param.default)
+        if not param.tune or given is None:
+            continue
+        factors = INT_FACTORS if param.rule.kind is int else FACTORS
+        raw = [round(given * k) if param.rule.kind is int else given * k for k in factors]
+        kept = [v for v in dict.fromkeys(raw) if param.rule.accepts(v)]
+        out[key] = [given, *(v for v in kept if v != given)]
+    return out
+
+
+def candidates(spec: str) -> list[str]:
+    """The specs ``--tune`` tries for the rule ``spec`` (a chain): ``spec`` itself first (see
+    the module for the set)."""
+    chain = parse(spec)
+    axes = [(i, key, values) for i, comp in enumerate(chain) for key, values in values_of(comp).items()]
+    if math.prod(len(v) for _, _, v in axes) <= MAX_PRODUCT:
+        combos = [{}]
+        for i, key, values in axes:
+            combos = [{**c, (i, key): v} for c in combos for v in values]
+    else:
+        combos = [{}, *({(i, key): v} for i, key, values in axes for v in values[1:])]
+    written = {(i, key): values[0] for i, key, values in axes}
+    out = [spec]
+    for combo in combos:
+        moved = {at: v for at, v in combo.items() if v != written[at]}
+        if not moved:
+            continue  # the spec as written
+        parts = [replace(comp, params={**comp.params, **{k: v for (j, k), v in moved.items() if j == i}})
+                 for i, comp in enumerate(chain)]
+        aggregators.build(text := format_spec(parts), 0)  # every candidate is a spec the registry takes
+        out.append(text)
+    return list(dict.fromkeys(out))
+
+
+@dataclass
+class Candidate:
+    """One candidate's cells, as run: its per-attack mean accuracy over the validation seeds."""
+
+    spec: str
+    accuracy: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    ran: bool = False
+
+    @property
+    def worst(self) -> float | None:
+        return min(self.accuracy.values()) if self.accuracy else None
+
+    @property
+    def worst_attack(self) -> str | None:
+        return min(self.accuracy, key=self.accuracy.get) if self.accuracy else None
+
+
+def score(spec: str, records: Sequence[dict]) -> dict[str, float]:
+    """Each attack's final accuracy, averaged over the seeds, of the records of the rule ``spec``."""
+    by_attack: dict[str, list[float]] = {}
+    for r in records:
+        if r["aggregator"] == spec:
+            by_attack.setdefault(r["attack"], []).append(r["final_accuracy"])
+    return {attack: statistics.fmean(v) for attack, v in by_attack.items()}
+
+
+def choose(tried: Sequence[Candidate]) -> Candidate:
+    """The candidate of the highest worst case; ties to the earlier (the spec as written first)."""
+    ran = [c for c in tried if c.ran]
+    return max(ran, key=lambda c: (c.worst, -ran.index(c)))
+
+
+def validation_seeds(scenario: dict, count: int) -> list[int]:
+    """``count`` validation seeds from :data:`VALIDATION`; refused where one is a seed of the grid."""
+    if count < 1:
+        raise ValueError(f"--tune-seeds must be >= 1 (got {count})")
+    seeds = list(range(VALIDATION, VALIDATION + count))
+    if clash := sorted(set(seeds) & {int(s) for s in scenario["seeds"]}):
+        raise ValueError(f"the scenario's seeds {clash} are validation seeds of --tune: the report must be on seeds "
+                         f"never used to choose; use seeds below {VALIDATION}")
+    return seeds
+
+
+def tune(scenario: dict, grid: Callable[[dict], list[Cell]], play: Callable[[list[Cell], Path], list[dict]],
+         out: Path, seeds: int, budget: float, clock: Callable[[], float] = time.monotonic) -> dict[str, str]:
+    """Choose every rule of ``scenario`` (module docstring): ``grid(scenario)`` makes the cells,
+    ``play(cells, results)`` runs the ones not yet in the file ``results`` and returns its
+    records. Returns each rule as written -> its chosen spec; writes ``out/tune.json``."""
+    if budget <= 0:
+        raise ValueError(f"--tune-budget must be > 0 seconds (got {budget:g})")
+    validation = {**scenario, "seeds": validation_seeds(scenario, seeds)}
+    start, report, chosen = clock(), {"budget_s": budget, "seeds": validation["seeds"], "rules": {}}, {}
+    for rule in scenario["aggregators"]:
+        tried = [Candidate(spec) for spec in candidates(rule)]
+        for candidate in tried:
+            spent = clock() - start
+            ran = [c for c in tried if c.ran]
+            if ran and spent + statistics.fmean(c.seconds for c in ran) > budget:
+                break
+            began = clock()
+            records = play(grid({**validation, "aggregators": [candidate.spec]}), out / "tune" / "results.jsonl")
+            candidate.accuracy, candidate.seconds, candidate.ran = score(candidate.spec, records), clock() - began, True
+        best = choose(tried)
+        chosen[rule] = best.spec
+        report["rules"][rule] = {"chosen": best.spec, "candidates": [{**asdict(c), "worst": c.worst,
+                                                                      "worst_attack": c.worst_attack} for c in tried]}
+    report["seconds"] = clock() - start
+    (out / TUNE_FILE).write_text(json.dumps(report, indent=1))
+    return chosen
+
+
+def read_tuning(out: Path) -> dict | None:
+    """``out/tune.json`` if a ``--tune`` run wrote it."""
+    path = Path(out) / TUNE_FILE
+    return json.loads(path.read_text()) if path.exists() else None

@@ -1,0 +1,31 @@
+"""The report's Tuning section: what ``robust bench --tune`` tried and chose
+(``evaluation.bench.tune``, whose ``DIR/tune.json`` it reads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evaluation.bench.tune import read_tuning
+
+from .tables import pct, table
+
+
+def tune_section(out_dir: str | Path) -> list[str]:
+    """Every tuned rule's candidates, their worst case and worst attack, the choice beside the
+    spec as written; nothing where the run was not tuned."""
+    report = read_tuning(Path(out_dir))
+    if report is None:
+        return []
+    seeds = ", ".join(map(str, report["seeds"]))
+    lines = ["## Tuning", "",
+             f"Each rule's hyperparameters were chosen by their worst case: the lowest, over the attacks, of the final "
+             f"accuracy (%) averaged over the validation seeds {seeds}, never the seeds of the tables above, which use "
+             f"the chosen specs. {report['seconds']:.0f} s of a {report['budget_s']:.0f} s budget.", ""]
+    for rule, entry in report["rules"].items():
+        written, chosen = entry["candidates"][0]["spec"], entry["chosen"]
+        lines += [f"`{rule}`: " + ("kept as written" if chosen == written else f"**`{chosen}`** chosen"), ""]
+        rows = [(f"`{c['spec']}`" + (" (as written)" if c["spec"] == written else "") + (" **chosen**" if c["spec"] == chosen else ""),
+                 pct(c["worst"]) if c["ran"] else "not run (budget)", f"`{c['worst_attack']}`" if c["ran"] else "—",
+                 f"{c['seconds']:.0f}" if c["ran"] else "—") for c in entry["candidates"]]
+        lines += table(("candidate", "worst case", "worst attack", "seconds"), rows)
+    return lines

@@ -1,0 +1,96 @@
+"""``robust bench --tune`` (``evaluation.bench.tune``): candidates from the declared ranges, the
+worst case over attacks, the budget, and the grid played on fresh seeds with the choice."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import aggregators
+from aggregators.base import REGISTRY
+from evaluation.bench import tune
+from evaluation.bench.scenario import cells, load_scenario
+from robust.constraints import Interval
+
+
+def test_every_tuned_parameter_is_a_number_with_a_range_and_a_default():
+    tuned = {(name, key): p for name in REGISTRY.names() for key, p in REGISTRY.lookup(name, name).declared().items()
+             if p.tune}
+    assert {("bucketing", "s"), ("centered-clipping", "tau"), ("centered-clipping", "iters"), ("clip", "c")} <= set(tuned)
+    for (name, key), p in tuned.items():
+        assert isinstance(p.rule, Interval) and p.default is not None and p.rule.accepts(p.default), (name, key)
+
+
+def test_candidates_start_with_the_spec_as_written_and_stay_within_the_declared_rules():
+    assert tune.candidates("trimmed-mean") == ["trimmed-mean"]  # nothing to tune but f, which is not
+    assert tune.candidates("multi-krum") == ["multi-krum"]  # m derives from the round
+    alone = tune.candidates("centered-clipping")  # tau 10 x (1/4 .. 4), iters 1 x (1, 2, 4): 15, the product
+    assert alone[0] == "centered-clipping" and len(alone) == 15 and "centered-clipping:tau=2.5,iters=4" in alone
+    assert not any("iters=0" in c for c in alone)  # 1 x 0.5 rounds to 0, which iters refuses
+    chain = tune.candidates("bucketing:s=2+centered-clipping:tau=10,iters=3")  # 4 x 5 x 4 > 16: one at a time
+    assert chain[0] == "bucketing:s=2+centered-clipping:tau=10,iters=3" and len(chain) == 1 + 3 + 4 + 3
+    assert "bucketing:s=8+centered-clipping:tau=10,iters=3" in chain
+    assert "bucketing:s=2+centered-clipping:tau=2.5,iters=3" in chain and "bucketing:s=4+centered-clipping:tau=2.5,iters=3" not in chain
+    assert tune.candidates("clip:c=2+mean") == ["clip:c=2+mean", "clip:c=0.5+mean", "clip:c=1.0+mean",
+                                                "clip:c=4.0+mean", "clip:c=8.0+mean"]
+    for spec in chain + alone:
+        aggregators.build(spec, 2)
+
+
+def test_the_choice_is_the_best_worst_case_and_ties_keep_the_spec_as_written():
+    def cand(spec, **accuracy):
+        return tune.Candidate(spec, accuracy, 1.0, True)
+
+    tried = [cand("a", none=0.9, alie=0.5), cand("b", none=0.8, alie=0.7), cand("c", none=0.95, alie=0.6),
+             tune.Candidate("d")]  # d never ran
+    assert tune.choose(tried).spec == "b" and tried[1].worst_attack == "alie"
+    assert tune.choose([cand("a", none=0.9, alie=0.5), cand("b", none=0.5, alie=0.9)]).spec == "a"
+
+
+def test_the_budget_stops_before_a_candidate_that_would_pass_it(tmp_path):
+    scenario = load_scenario(None, ["nodes=7", "byzantine=1", 'aggregators=["clip:c=2+mean"]', 'attacks=["none"]',
+                                    "seeds=[0]"])
+    now = [0.0]
+    played = []
+
+    def play(todo, results):  # each candidate "takes" 10 s; its accuracy grows with c
+        played.append(todo[0].aggregator)
+        now[0] += 10.0
+        c = float(todo[0].aggregator.split("c=")[1].split("+")[0])
+        return [{"aggregator": cell.aggregator, "attack": cell.attack, "final_accuracy": c / 10} for cell in todo]
+
+    chosen = tune.tune(scenario, cells, play, tmp_path, seeds=2, budget=25.0, clock=lambda: now[0])
+    assert played == ["clip:c=2+mean", "clip:c=0.5+mean"]  # a third: 20 s spent + 10 s a candidate > 25
+    assert chosen == {"clip:c=2+mean": "clip:c=2+mean"}
+    report = json.loads((tmp_path / "tune.json").read_text())
+    ran = [c["ran"] for c in report["rules"]["clip:c=2+mean"]["candidates"]]
+    assert ran == [True, True, False, False, False] and report["seeds"] == [1000, 1001]
+
+
+def test_validation_seeds_and_a_budget_are_refused_where_they_cannot_be_used(tmp_path):
+    scenario = load_scenario(None, ["seeds=[0, 1000]"])
+    with pytest.raises(ValueError, match=r"the scenario's seeds \[1000\] are validation seeds of --tune"):
+        tune.validation_seeds(scenario, 2)
+    with pytest.raises(ValueError, match="--tune-budget must be > 0 seconds"):
+        tune.tune(scenario, cells, None, tmp_path, 1, 0.0)
+
+
+def test_bench_tune_chooses_on_validation_seeds_and_reports_on_the_scenarios(tmp_path):
+    out = tmp_path / "tuned"
+    cmd = [sys.executable, "-m", "robust.cli", "bench", "--out", str(out), "--tune", "--tune-seeds", "1"]
+    for item in ("rounds=3", "nodes=7", "byzantine=2", "seeds=[0]", "dataset=digits", "model=mlp", "protocol=momentum",
+                 'aggregators=["trimmed-mean","clip:c=2+mean"]', 'attacks=["none","sign-flip"]'):
+        cmd += ["--set", item]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((out / "tune.json").read_text())
+    chosen = report["rules"]["clip:c=2+mean"]["chosen"]
+    best = max(report["rules"]["clip:c=2+mean"]["candidates"], key=lambda c: c["worst"])
+    assert best["worst"] == next(c["worst"] for c in report["rules"]["clip:c=2+mean"]["candidates"] if c["spec"] == chosen)
+    tuning = [json.loads(line) for line in (out / "tune" / "results.jsonl").read_text().splitlines()]
+    assert {r["seed"] for r in tuning} == {1000} and len(tuning) == 2 * (1 + 5)  # 2 attacks x the candidates
+    grid = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["seed"] for r in grid} == {0} and {r["aggregator"] for r in grid} == {"trimmed-mean", chosen}
+    summary = (out / "summary.md").read_text()
+    assert "## Tuning" in summary and "(as written)" in summary and "**chosen**" in summary
