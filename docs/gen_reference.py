@@ -40,7 +40,8 @@ def declared_parameters(cls: type) -> list[ParamRow]:
     declarations (``robust.registry.Component.declared``, each a ``robust.constraints.Param``),
     the one place the reference learns what a component takes, as the code checks it."""
     return [ParamRow(key, p.kind.__name__ + (" or None" if p.default is None else ""), f"`{p.default!r}`",
-                     p.rule.describe(), p.help) for key, p in cls.declared().items()]
+                     p.rule.describe(), p.help + (" (a hyperparameter `robust bench --tune` chooses)" if p.tune else ""))
+            for key, p in cls.declared().items()]
 
 
 def parameter_table(rows: list[ParamRow]) -> str:

@@ -89,8 +89,10 @@ def test_bench_tune_chooses_on_validation_seeds_and_reports_on_the_scenarios(tmp
     best = max(report["rules"]["clip:c=2+mean"]["candidates"], key=lambda c: c["worst"])
     assert best["worst"] == next(c["worst"] for c in report["rules"]["clip:c=2+mean"]["candidates"] if c["spec"] == chosen)
     tuning = [json.loads(line) for line in (out / "tune" / "results.jsonl").read_text().splitlines()]
-    assert {r["seed"] for r in tuning} == {1000} and len(tuning) == 2 * (1 + 5)  # 2 attacks x the candidates
+    assert {r["seed"] for r in tuning} == {1000} and len(tuning) == 2 * 5  # 2 attacks x clip's 5 candidates
     grid = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert {r["seed"] for r in grid} == {0} and {r["aggregator"] for r in grid} == {"trimmed-mean", chosen}
     summary = (out / "summary.md").read_text()
     assert "## Tuning" in summary and "(as written)" in summary and "**chosen**" in summary
+    assert "`trimmed-mean`: nothing to tune" in summary  # and no tuning cell of it was played
+    assert {r["aggregator"] for r in tuning} == {c["spec"] for c in report["rules"]["clip:c=2+mean"]["candidates"]}

@@ -26,7 +26,7 @@ budget (the spec as written always runs); the candidates not run are reported as
 tuning cells are kept in ``DIR/tune/results.jsonl``: running the command again reuses them.
 
 The grid then runs with each rule replaced by its choice on the scenario's own seeds, never
-used to choose, and ``DIR/tune.json`` keeps every candidate's worst case and worst attack, the
+used to choose (a rule with one candidate, nothing to tune, plays no tuning cell), and ``DIR/tune.json`` keeps every candidate's worst case and worst attack, the
 value chosen and the spec as written, which the report's Tuning section shows.
 """
 
@@ -120,9 +120,10 @@ def score(spec: str, records: Sequence[dict]) -> dict[str, float]:
 
 
 def choose(tried: Sequence[Candidate]) -> Candidate:
-    """The candidate of the highest worst case; ties to the earlier (the spec as written first)."""
+    """The candidate of the highest worst case; ties to the earlier (the spec as written first,
+    which is also the choice where none ran: a rule with nothing to tune)."""
     ran = [c for c in tried if c.ran]
-    return max(ran, key=lambda c: (c.worst, -ran.index(c)))
+    return max(ran, key=lambda c: (c.worst, -ran.index(c))) if ran else tried[0]
 
 
 def validation_seeds(scenario: dict, count: int) -> list[int]:
@@ -147,7 +148,7 @@ def tune(scenario: dict, grid: Callable[[dict], list[Cell]], play: Callable[[lis
     start, report, chosen = clock(), {"budget_s": budget, "seeds": validation["seeds"], "rules": {}}, {}
     for rule in scenario["aggregators"]:
         tried = [Candidate(spec) for spec in candidates(rule)]
-        for candidate in tried:
+        for candidate in tried if len(tried) > 1 else ():  # a rule with nothing to tune is not played
             spent = clock() - start
             ran = [c for c in tried if c.ran]
             if ran and spent + statistics.fmean(c.seconds for c in ran) > budget:

@@ -23,6 +23,9 @@ def tune_section(out_dir: str | Path) -> list[str]:
              f"the chosen specs. {report['seconds']:.0f} s of a {report['budget_s']:.0f} s budget.", ""]
     for rule, entry in report["rules"].items():
         written, chosen = entry["candidates"][0]["spec"], entry["chosen"]
+        if len(entry["candidates"]) == 1:
+            lines += [f"`{rule}`: nothing to tune", ""]
+            continue
         lines += [f"`{rule}`: " + ("kept as written" if chosen == written else f"**`{chosen}`** chosen"), ""]
         rows = [(f"`{c['spec']}`" + (" (as written)" if c["spec"] == written else "") + (" **chosen**" if c["spec"] == chosen else ""),
                  pct(c["worst"]) if c["ran"] else "not run (budget)", f"`{c['worst_attack']}`" if c["ran"] else "—",
