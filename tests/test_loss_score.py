@@ -157,3 +157,12 @@ def test_the_loss_evidence_catches_label_flippers_the_geometry_misses_and_no_hon
     assert set(flags.quarantined) <= run.setup.byzantine and len(flags.quarantined) >= 2, flags.quarantined
     assert set(flags.why.values()) == {"loss score"}
     assert all("loss_evidence" in r for r in run.records)
+
+
+def test_the_cost_microbench_times_the_score_beside_the_rule():
+    from evaluation.microbench.loss_score_cost import measure
+
+    row = measure("digits", "mlp", "momentum", n=6, root=20, repeats=1)
+    assert row["d"] == 4810 and row["n"] == 6 and row["loss_score_s"] > 0 and row["rule_and_detectors_s"] > 0
+    assert row["per_row_ms"] == pytest.approx(1000 * row["loss_score_s"] / 6)
+    assert row["ratio"] == pytest.approx(row["loss_score_s"] / row["rule_and_detectors_s"])

@@ -48,21 +48,23 @@ def test_the_choice_is_the_best_worst_case_and_ties_keep_the_spec_as_written():
     assert tune.choose([cand("a", none=0.9, alie=0.5), cand("b", none=0.5, alie=0.9)]).spec == "a"
 
 
-def test_the_budget_stops_before_a_candidate_that_would_pass_it(tmp_path):
-    scenario = load_scenario(None, ["nodes=7", "byzantine=1", 'aggregators=["clip:c=2+mean"]', 'attacks=["none"]',
-                                    "seeds=[0]"])
+def test_the_rules_share_the_budget_and_stop_before_a_candidate_that_would_pass_it(tmp_path):
+    scenario = load_scenario(None, ["nodes=7", "byzantine=1", 'aggregators=["clip:c=2+mean", "trimmed-mean", "foolsgold"]',
+                                    'attacks=["none"]', "seeds=[0]"])
     now = [0.0]
     played = []
 
-    def play(todo, results):  # each candidate "takes" 10 s; its accuracy grows with c
+    def play(todo, results):  # each candidate "takes" 10 s; clip's accuracy grows with c
         played.append(todo[0].aggregator)
         now[0] += 10.0
-        c = float(todo[0].aggregator.split("c=")[1].split("+")[0])
-        return [{"aggregator": cell.aggregator, "attack": cell.attack, "final_accuracy": c / 10} for cell in todo]
+        value = float(todo[0].aggregator.split("=")[1].split("+")[0]) if "=" in todo[0].aggregator else 1.0
+        return [{"aggregator": cell.aggregator, "attack": cell.attack, "final_accuracy": value / 10} for cell in todo]
 
-    chosen = tune.tune(scenario, cells, play, tmp_path, seeds=2, budget=25.0, clock=lambda: now[0])
-    assert played == ["clip:c=2+mean", "clip:c=0.5+mean"]  # a third: 20 s spent + 10 s a candidate > 25
-    assert chosen == {"clip:c=2+mean": "clip:c=2+mean"}
+    chosen = tune.tune(scenario, cells, play, tmp_path, seeds=2, budget=50.0, clock=lambda: now[0])
+    # clip's share: 50 / 2 rules to tune = 25 s, so 2 candidates (a third: 20 + 10 > 25); trimmed-mean has
+    # nothing to tune and plays nothing; foolsgold gets what is left, 30 s: 3 candidates
+    assert played == ["clip:c=2+mean", "clip:c=0.5+mean", "foolsgold", "foolsgold:kappa=0.25", "foolsgold:kappa=0.5"]
+    assert chosen == {"clip:c=2+mean": "clip:c=2+mean", "trimmed-mean": "trimmed-mean", "foolsgold": "foolsgold"}
     report = json.loads((tmp_path / "tune.json").read_text())
     ran = [c["ran"] for c in report["rules"]["clip:c=2+mean"]["candidates"]]
     assert ran == [True, True, False, False, False] and report["seeds"] == [1000, 1001]

@@ -20,9 +20,11 @@ over the attacks, of the final accuracy averaged over the validation seeds (a ba
 is not in it). The chosen candidate has the highest score; ties go to the earlier candidate, so
 the spec as written stays unless another is strictly better.
 
-**Budget.** ``--tune-budget SECONDS`` bounds the tuning's wall time: before a candidate starts,
-tuning stops if the seconds spent so far plus the mean seconds of a candidate would pass the
-budget (the spec as written always runs); the candidates not run are reported as such. Finished
+**Budget.** ``--tune-budget SECONDS`` bounds the tuning's wall time. The rules with something to
+tune share it: each in turn gets what is left divided by the rules left, so a rule that finishes
+early leaves its time to the next. Before a candidate starts, a rule stops if its seconds so far
+plus the mean seconds of its candidates would pass its share (the spec as written always runs);
+the candidates not run are reported as such. Finished
 tuning cells are kept in ``DIR/tune/results.jsonl``: running the command again reuses them.
 
 The grid then runs with each rule replaced by its choice on the scenario's own seeds, never
@@ -146,12 +148,14 @@ def tune(scenario: dict, grid: Callable[[dict], list[Cell]], play: Callable[[lis
         raise ValueError(f"--tune-budget must be > 0 seconds (got {budget:g})")
     validation = {**scenario, "seeds": validation_seeds(scenario, seeds)}
     start, report, chosen = clock(), {"budget_s": budget, "seeds": validation["seeds"], "rules": {}}, {}
-    for rule in scenario["aggregators"]:
-        tried = [Candidate(spec) for spec in candidates(rule)]
-        for candidate in tried if len(tried) > 1 else ():  # a rule with nothing to tune is not played
-            spent = clock() - start
+    rules = {rule: [Candidate(spec) for spec in candidates(rule)] for rule in scenario["aggregators"]}
+    tuned = [rule for rule, tried in rules.items() if len(tried) > 1]  # a rule with nothing to tune is not played
+    for rule, tried in rules.items():
+        share = (budget - (clock() - start)) / (len(tuned) - tuned.index(rule)) if rule in tuned else 0.0
+        began_rule = clock()
+        for candidate in tried if rule in tuned else ():
             ran = [c for c in tried if c.ran]
-            if ran and spent + statistics.fmean(c.seconds for c in ran) > budget:
+            if ran and clock() - began_rule + statistics.fmean(c.seconds for c in ran) > share:
                 break
             began = clock()
             records = play(grid({**validation, "aggregators": [candidate.spec]}), out / "tune" / "results.jsonl")
