@@ -45,10 +45,10 @@ rounds is quarantined: it is no longer asked. Flags never change a round's aggre
 With a ``false_alarm`` target, a node is also quarantined when its evidence over rounds
 (``nodes.engine.evidence``: a CUSUM of how atypical its update's direction is, round after round)
 crosses the threshold calibrated to that target over the run's ``rounds``: the patient
-attacker who never crosses a per-round threshold. With ``loss`` (the engine's, where it holds a
-root set) a second CUSUM accumulates the ``loss-score``, what each row does to the root
-samples' loss, and the two share the target: the label-flipper, whose rows are geometrically
-ordinary but raise the held-out loss a little every round.
+attacker who never crosses a per-round threshold. With ``loss`` (the ``loss-evidence``
+setting, which needs a root set) a second CUSUM accumulates the ``loss-score``, what each row
+does to the root samples' loss, and the two share the target: the label-flipper, whose rows are
+geometrically ordinary but raise the held-out loss a little every round.
 
 A node whose update a spot check proved fabricated (``nodes.engine.spotcheck``) is *convicted*:
 quarantined at once, whatever its flags, with the evidence kept in :attr:`convicted`.
