@@ -34,8 +34,8 @@ class Answer:
 
 
 def _view(name: str):
-    return property(lambda self: {fp: getattr(a, name) for fp, a in self.answers.items()
-                                  if getattr(a, name) not in (None, "")},
+    return property(lambda self: {fp: value for fp, a in self.answers.items()
+                                  if (value := getattr(a, name)) is not None and not (isinstance(value, str) and not value)},
                     doc=f"node -> its answer's ``{name}``, where it has one")
 
 

@@ -158,7 +158,7 @@ class CellRun:
         byz = [j for j, i in enumerate(idx) if self.setup.attack_of(self.ids[i])]
         if not isinstance(attack, NodeAttack) or not byz:
             return rows
-        rows = rows.clone()  # under `momentum` the rows *are* the momenta: forge a copy
+        sent = rows
         for j in byz:
             honest, last = rows[j].clone(), self.last.get(idx[j])
             if attack.active(t):
@@ -167,10 +167,13 @@ class CellRun:
                     x, y = self.local(idx[j])
                     own = estimates(task, w, x, y, self.setup.data.classes, self.ids[idx[j]], torch.device("cpu"),
                                     before[j], attack.estimates)
-                rows[j] = attack.forge(honest, None if last is None else last.row, own)
+                forged = attack.forge(honest, None if last is None else last.row, own)
+                if forged is not honest:  # under `momentum` the rows *are* the momenta: forge into a copy
+                    sent = rows.clone() if sent is rows else sent
+                    sent[j] = forged
             if attack.remembers:
                 self.last[idx[j]] = Memory.after(t, w, honest, self.keeping.pop(idx[j], {}), last)
-        return rows
+        return sent
 
     def _poisoned(self, parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """Training tensors with the Byzantine nodes' poisoned copies appended (a node-side
