@@ -118,6 +118,7 @@ class Stage(Component):
 
     is_rule: ClassVar[bool]
     needs: ClassVar[frozenset[str]] = frozenset()
+    uses_f: ClassVar[bool] = True  # whether its output depends on f (False: f only bounds the n it serves)
     keeper: Keeper | None = None  # where a stage that carries (d,) rows across calls keeps them (robust.row_keeper)
 
     def check_n(self, n: int) -> None:

@@ -20,6 +20,7 @@ from .base import SEED, PreAggregator, register
 @register
 class Bucketing(PreAggregator):
     name = "bucketing"
+    uses_f = False
     keeps_rows = False
 
     params = (Param("s", Interval(int, 1, None), 2, "the bucket size: rows averaged into one", tune=True), SEED)

@@ -79,6 +79,7 @@ def clipping_coefficients(dist: torch.Tensor, tau: float, iters: int) -> torch.T
 @register
 class CenteredClipping(Rule):
     name = "centered-clipping"
+    uses_f = False
 
     params = (
         Param("tau", Interval(float, 0, None, "neither"), 10.0, "the clipping radius", tune=True),

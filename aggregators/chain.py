@@ -36,6 +36,11 @@ class Chain:
         return self.stages[-1]  # type: ignore[return-value]
 
     @property
+    def uses_f(self) -> bool:
+        """Whether the chain's output depends on ``f`` (a stage's does)."""
+        return any(stage.uses_f for stage in self.stages)
+
+    @property
     def needs(self) -> frozenset[str]:
         """The :class:`RoundInputs` fields a call must give (the rule's)."""
         return self.rule.needs

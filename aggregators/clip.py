@@ -25,6 +25,7 @@ def clip_rows(X: Rows, norms: torch.Tensor, c: float) -> Rows:
 @register
 class Clip(PreAggregator):
     name = "clip"
+    uses_f = False
 
     params = (Param("c", Interval(float, 0, None, "neither"), 1.0, "the largest norm a row may keep", tune=True),)
 

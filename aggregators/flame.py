@@ -45,6 +45,7 @@ def majority_cluster(cosine: torch.Tensor) -> torch.Tensor:
 @register
 class Flame(Rule):
     name = "flame"
+    uses_f = False
 
     params = (Param("noise", Interval(float, 0, None), 0.001, "the added noise's std, in median norms", tune=True), SEED)
 

@@ -139,6 +139,7 @@ def two_clusters(s: torch.Tensor, gen: torch.Generator, refs: int = 10) -> int:
 @register
 class FLDetector(Rule):
     name = "fldetector"
+    uses_f = False
     needs = frozenset({"ids", "w"})
 
     params = (

@@ -56,6 +56,7 @@ def cosines_and_norms(X: Rows, order: torch.Tensor, u: torch.Tensor) -> tuple[to
 @register
 class FLTrust(Rule):
     name = "fltrust"
+    uses_f = False
     needs = frozenset({"reference"})
 
     def check_n(self, n: int) -> None:

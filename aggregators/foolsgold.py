@@ -94,6 +94,7 @@ def foolsgold_weights(cs: torch.Tensor, kappa: float) -> torch.Tensor:
 @register
 class FoolsGold(Rule):
     name = "foolsgold"
+    uses_f = False
     needs = frozenset({"ids"})
 
     params = (Param("kappa", Interval(float, 0, None, "neither"), 1.0,

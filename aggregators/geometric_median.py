@@ -46,6 +46,7 @@ def weiszfeld_weights(
 @register
 class GeometricMedian(Rule):
     name = "geometric-median"
+    uses_f = False
 
     params = (
         Param("nu", Interval(float, 0, None, "neither"), 1e-6, "smooths ||z - x_i|| near the data"),

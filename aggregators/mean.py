@@ -16,6 +16,7 @@ from .base import Rule, register
 @register
 class Mean(Rule):
     name = "mean"
+    uses_f = False
 
     def aggregate(self, X: Rows) -> torch.Tensor:
         return weighted_sum(X, torch.full((X.n,), 1.0 / X.n, dtype=torch.float64, device=X.device))

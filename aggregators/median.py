@@ -15,6 +15,7 @@ from .base import Rule, register
 @register
 class Median(Rule):
     name = "median"
+    uses_f = False
 
     def check_n(self, n: int) -> None:
         self._require(n >= 2 * self.f + 1, ">= 2f + 1", n)

@@ -30,6 +30,7 @@ def _vote(S: torch.Tensor) -> torch.Tensor:
 @register
 class SignVote(Rule):
     name = "sign-vote"
+    uses_f = False
 
     def check_n(self, n: int) -> None:
         self._require(n >= 2 * self.f + 1, ">= 2f + 1", n)

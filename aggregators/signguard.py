@@ -95,6 +95,7 @@ def largest_cluster(features: torch.Tensor, h: float, max_iter: int = 300) -> to
 @register
 class SignGuard(Rule):
     name = "signguard"
+    uses_f = False
 
     params = (  # lower <= 1 <= upper: the median row passes the norm filter
         Param("lower", Interval(float, 0, 1), 0.1, "the norm filter's low end, in median norms", tune=True),

@@ -594,3 +594,21 @@ def test_centered_clipping_is_stateful_same_object():
     assert not torch.equal(a, b)
     agg.rule.reset()
     assert torch.equal(agg(X), a)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in aggregators.REGISTRY.names() if not aggregators.REGISTRY.entries[n].uses_f))
+def test_a_stage_that_says_f_does_not_change_its_output_is_right(name):
+    # robust bench --tune moves f only for a chain whose output depends on it (evaluation.bench.tune)
+    spec = name if aggregators.REGISTRY.entries[name].is_rule else f"{name}+mean"
+    for seed in range(5):
+        X = torch.randn(11, 4, generator=torch.Generator().manual_seed(seed), dtype=F64)
+        X[-2:] += 30.0  # two outliers: a rule that trims, selects or weighs by f would treat them by f
+        assert torch.equal(run(spec, 1, X), run(spec, 3, X)), (name, seed)
+
+
+def test_the_stages_that_use_f_are_the_ones_that_trim_select_or_weigh_by_it():
+    uses = sorted(n for n in aggregators.REGISTRY.names() if aggregators.REGISTRY.entries[n].uses_f)
+    assert {"trimmed-mean", "krum", "multi-krum", "nnm", "bulyan", "meamed", "mda", "smea", "monna", "loss-score",
+            "dnc", "caf", "arc"} <= set(uses)
+    assert aggregators.build("bucketing:s=2+centered-clipping", 2).uses_f is False
+    assert aggregators.build("nnm+trimmed-mean", 2).uses_f is True

@@ -23,33 +23,37 @@ def test_every_tuned_parameter_is_a_number_with_a_range_and_a_default():
 
 
 def test_candidates_start_with_the_spec_as_written_and_stay_within_the_declared_rules():
-    assert tune.candidates("trimmed-mean") == ["trimmed-mean"]  # nothing to tune but f, which is not
-    assert tune.candidates("multi-krum") == ["multi-krum"]  # m derives from the round
-    alone = tune.candidates("centered-clipping")  # tau 10 x (1/4 .. 4), iters 1 x (1, 2, 4): 15, the product
+    assert tune.candidates("mean", 25, 5) == [("mean", 5)]  # nothing to tune: f only bounds the rows it serves
+    assert tune.candidates("trimmed-mean", 25, 5) == [("trimmed-mean", 5), ("trimmed-mean", 2), ("trimmed-mean", 10)]
+    # m derives from the round, so only f moves: 1 x 1/2 rounds to 0, and 4 fails multi-krum's n > 2f + 2 at 7 rows
+    assert tune.candidates("multi-krum", 7, 1) == [("multi-krum", 1), ("multi-krum", 0), ("multi-krum", 2)]
+    alone = [spec for spec, _ in tune.candidates("centered-clipping", 25, 5)]  # tau 10 x (1/4 .. 4), iters 1 x (1, 2, 4)
     assert alone[0] == "centered-clipping" and len(alone) == 15 and "centered-clipping:tau=2.5,iters=4" in alone
     assert not any("iters=0" in c for c in alone)  # 1 x 0.5 rounds to 0, which iters refuses
-    chain = tune.candidates("bucketing:s=2+centered-clipping:tau=10,iters=3")  # 4 x 5 x 4 > 16: one at a time
-    assert chain[0] == "bucketing:s=2+centered-clipping:tau=10,iters=3" and len(chain) == 1 + 3 + 4 + 3
+    chain = [spec for spec, _ in tune.candidates("bucketing:s=2+centered-clipping:tau=10,iters=3", 25, 5)]
+    assert chain[0] == "bucketing:s=2+centered-clipping:tau=10,iters=3" and len(chain) == 1 + 3 + 4 + 3  # 80 > 16: one at a time
     assert "bucketing:s=8+centered-clipping:tau=10,iters=3" in chain
     assert "bucketing:s=2+centered-clipping:tau=2.5,iters=3" in chain and "bucketing:s=4+centered-clipping:tau=2.5,iters=3" not in chain
-    assert tune.candidates("clip:c=2+mean") == ["clip:c=2+mean", "clip:c=0.5+mean", "clip:c=1.0+mean",
-                                                "clip:c=4.0+mean", "clip:c=8.0+mean"]
-    for spec in chain + alone:
-        aggregators.build(spec, 2)
+    assert tune.candidates("clip:c=2+mean", 25, 5) == [("clip:c=2+mean", 5), ("clip:c=0.5+mean", 5), ("clip:c=1.0+mean", 5),
+                                                       ("clip:c=4.0+mean", 5), ("clip:c=8.0+mean", 5)]
+    bucketed = tune.candidates("bucketing:s=2+trimmed-mean", 25, 5)  # 13 buckets serve f <= 6
+    assert ("bucketing:s=2+trimmed-mean", 10) not in bucketed and ("bucketing:s=1+trimmed-mean", 10) in bucketed
+    for spec, f in bucketed + [(c, 5) for c in chain + alone]:
+        aggregators.build(spec, f).check_n(25)
 
 
 def test_the_choice_is_the_best_worst_case_and_ties_keep_the_spec_as_written():
     def cand(spec, **accuracy):
-        return tune.Candidate(spec, accuracy, 1.0, True)
+        return tune.Candidate(spec, 5, None, accuracy, 1.0, True)
 
     tried = [cand("a", none=0.9, alie=0.5), cand("b", none=0.8, alie=0.7), cand("c", none=0.95, alie=0.6),
-             tune.Candidate("d")]  # d never ran
+             tune.Candidate("d", 5)]  # d never ran
     assert tune.choose(tried).spec == "b" and tried[1].worst_attack == "alie"
     assert tune.choose([cand("a", none=0.9, alie=0.5), cand("b", none=0.5, alie=0.9)]).spec == "a"
 
 
 def test_the_rules_share_the_budget_and_stop_before_a_candidate_that_would_pass_it(tmp_path):
-    scenario = load_scenario(None, ["nodes=7", "byzantine=1", 'aggregators=["clip:c=2+mean", "trimmed-mean", "foolsgold"]',
+    scenario = load_scenario(None, ["nodes=7", "byzantine=1", 'aggregators=["clip:c=2+mean", "mean", "foolsgold"]',
                                     'attacks=["none"]', "seeds=[0]"])
     now = [0.0]
     played = []
@@ -58,13 +62,15 @@ def test_the_rules_share_the_budget_and_stop_before_a_candidate_that_would_pass_
         played.append(todo[0].aggregator)
         now[0] += 10.0
         value = float(todo[0].aggregator.split("=")[1].split("+")[0]) if "=" in todo[0].aggregator else 1.0
-        return [{"aggregator": cell.aggregator, "attack": cell.attack, "final_accuracy": value / 10} for cell in todo]
+        return [{"aggregator": cell.aggregator, "attack": cell.attack, "final_accuracy": value / 10,
+                 "config": cell.config} for cell in todo]
 
     chosen = tune.tune(scenario, cells, play, tmp_path, seeds=2, budget=50.0, clock=lambda: now[0])
-    # clip's share: 50 / 2 rules to tune = 25 s, so 2 candidates (a third: 20 + 10 > 25); trimmed-mean has
+    # clip's share: 50 / 2 rules to tune = 25 s, so 2 candidates (a third: 20 + 10 > 25); the mean has
     # nothing to tune and plays nothing; foolsgold gets what is left, 30 s: 3 candidates
     assert played == ["clip:c=2+mean", "clip:c=0.5+mean", "foolsgold", "foolsgold:kappa=0.25", "foolsgold:kappa=0.5"]
-    assert chosen == {"clip:c=2+mean": "clip:c=2+mean", "trimmed-mean": "trimmed-mean", "foolsgold": "foolsgold"}
+    assert {rule: keys["aggregators"] for rule, keys in chosen.items()} == {
+        "clip:c=2+mean": ["clip:c=2+mean"], "mean": ["mean"], "foolsgold": ["foolsgold"]}
     report = json.loads((tmp_path / "tune.json").read_text())
     ran = [c["ran"] for c in report["rules"]["clip:c=2+mean"]["candidates"]]
     assert ran == [True, True, False, False, False] and report["seeds"] == [1000, 1001]
@@ -82,19 +88,26 @@ def test_bench_tune_chooses_on_validation_seeds_and_reports_on_the_scenarios(tmp
     out = tmp_path / "tuned"
     cmd = [sys.executable, "-m", "robust.cli", "bench", "--out", str(out), "--tune", "--tune-seeds", "1"]
     for item in ("rounds=3", "nodes=7", "byzantine=2", "seeds=[0]", "dataset=digits", "model=mlp", "protocol=momentum",
-                 'aggregators=["trimmed-mean","clip:c=2+mean"]', 'attacks=["none","sign-flip"]'):
+                 'aggregators=["mean","clip:c=2+mean","trimmed-mean"]', 'attacks=["none","sign-flip"]'):
         cmd += ["--set", item]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     report = json.loads((out / "tune.json").read_text())
-    chosen = report["rules"]["clip:c=2+mean"]["chosen"]
-    best = max(report["rules"]["clip:c=2+mean"]["candidates"], key=lambda c: c["worst"])
-    assert best["worst"] == next(c["worst"] for c in report["rules"]["clip:c=2+mean"]["candidates"] if c["spec"] == chosen)
+    for rule in ("clip:c=2+mean", "trimmed-mean"):
+        tried = report["rules"][rule]["candidates"]
+        best = max(tried, key=lambda c: c["worst"])["worst"]
+        assert next(c["worst"] for c in tried if c["label"] == report["rules"][rule]["chosen"]) == best
+    assert [c["label"] for c in report["rules"]["trimmed-mean"]["candidates"]] == [
+        "trimmed-mean", "trimmed-mean (f=1)"]  # f: 2 x 1/2; 2 x 2 = 4 and 8 fail trimmed mean's n > 2f at 7 rows
     tuning = [json.loads(line) for line in (out / "tune" / "results.jsonl").read_text().splitlines()]
-    assert {r["seed"] for r in tuning} == {1000} and len(tuning) == 2 * 5  # 2 attacks x clip's 5 candidates
+    assert {r["seed"] for r in tuning} == {1000} and len(tuning) == 2 * (5 + 2)  # 2 attacks x the candidates
+    assert "mean" not in {r["aggregator"] for r in tuning}  # nothing to tune: no tuning cell
     grid = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert {r["seed"] for r in grid} == {0} and {r["aggregator"] for r in grid} == {"trimmed-mean", chosen}
+    assert {r["seed"] for r in grid} == {0} and len(grid) == 3 * 2
+    for rule in ("clip:c=2+mean", "trimmed-mean"):
+        label = report["rules"][rule]["chosen"]
+        chosen = next(c for c in report["rules"][rule]["candidates"] if c["label"] == label)
+        assert any(r["aggregator"] == chosen["spec"] and r["config"]["tolerate"] == chosen["tolerate"] for r in grid)
     summary = (out / "summary.md").read_text()
     assert "## Tuning" in summary and "(as written)" in summary and "**chosen**" in summary
-    assert "`trimmed-mean`: nothing to tune" in summary  # and no tuning cell of it was played
-    assert {r["aggregator"] for r in tuning} == {c["spec"] for c in report["rules"]["clip:c=2+mean"]["candidates"]}
+    assert "`mean`: nothing to tune" in summary

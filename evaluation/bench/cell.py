@@ -56,7 +56,9 @@ def cell_settings(cell: Cell, **deployment: object) -> Settings:
     asynchronous cell aggregates as many replies as its synchronous twin of ``rounds`` rounds
     would: ``rounds * ceil(nodes / buffer)`` buffers, each a round of the engine."""
     shared = {RUN[k].attr: cell.config[k] for k in SHARED if k in cell.config}
-    settings = Settings(seed=cell.seed, aggregator=cell.aggregator, tolerate=int(cell.config["byzantine"]),
+    f = cell.config.get("tolerate")
+    settings = Settings(seed=cell.seed, aggregator=cell.aggregator,
+                        tolerate=int(cell.config["byzantine"] if f is None else f),
                         **shared, **deployment)
     if settings.round == "async":
         buffers = math.ceil(int(cell.config["nodes"]) / (settings.buffer or settings.quorum_needed))

@@ -106,8 +106,9 @@ def main(args: argparse.Namespace) -> int:
             if args.sweep or engine != "local" or args.cluster:
                 raise ValueError("--tune chooses rules on the local driver's grid: drop --sweep, --engine and --cluster")
             chosen = tune(scenario, cells, play, out, args.tune_seeds, args.tune_budget)
-            scenario = {**scenario, "aggregators": list(dict.fromkeys(chosen[a] for a in scenario["aggregators"]))}
-        todo_all = cells(scenario, args.sweep, args.sweep_points)
+            todo_all = list({cell_id(c): c for keys in chosen.values() for c in cells({**scenario, **keys})}.values())
+        else:
+            todo_all = cells(scenario, args.sweep, args.sweep_points)
         play(todo_all, out / "results.jsonl")
     except KeyboardInterrupt:
         return 130

@@ -44,7 +44,9 @@ SCENARIO = {
         Param("partition", OneOf(KINDS), "iid", "how the training set is split among nodes"),
         Param("alpha", Interval(float, 0, None, "neither"), 1.0, "Dirichlet concentration (partition = dirichlet)"),
         Param("nodes", Interval(int, 1, 100_000), 25, "nodes in the federation"),
-        Param("byzantine", Interval(int, 0, None), 5, "Byzantine nodes among them (the rule's f)"),
+        Param("byzantine", Interval(int, 0, None), 5, "Byzantine nodes among them"),
+        Param("tolerate", Interval(int, 0, None), None,
+              "the f the defence assumes (default: byzantine; robust bench --tune may choose another)"),
         Param("seeds", RUN["seed"].rule, [0], "run seeds (a grid axis)"),
         Param("aggregators", Spec(lambda spec: aggregators.build(spec, 0), "an aggregator spec"), ["mean"],
               "aggregator specs (a grid axis)"),
@@ -160,7 +162,7 @@ def validate(scenario: dict, engine: str = "local") -> None:
         if config["quorum"] > n:
             raise ValueError(f"quorum={config['quorum']} is above nodes={n}: no round could step; lower quorum")
         for spec in scenario["aggregators"]:
-            aggregators.build(spec, f).check_n(n)
+            aggregators.build(spec, f if config.get("tolerate") is None else config["tolerate"]).check_n(n)
             cell_settings(Cell(config, spec, "none", scenario["seeds"][0]))
     for spec in scenario["attacks"]:
         attack = attacks.build(spec, 1)

@@ -7,11 +7,14 @@ comparing them: a defence compared at its defaults against attacks tuned to beat
 bucketing's ``s``, centered clipping's ``tau`` and ``iters``, clip's ``c``, ...). Each one's
 candidates are its value in the scenario's spec (given there, else its default) times
 :data:`FACTORS` (a float) or :data:`INT_FACTORS` (an integer, rounded), kept where its declared
-rule accepts them. A rule's candidates are the product of its parameters' candidates when that
-is at most :data:`MAX_PRODUCT` specs, else the spec with one parameter moved at a time; the spec
-as written comes first. Not tuned: a parameter whose default the round derives (Multi-Krum's
-``m = n - f``), and ``f``, which stays the scenario's ``byzantine`` (the threat the defender
-states).
+rule accepts them. ``f``, the number of Byzantine rows the rule assumes (the scenario's
+``tolerate``, by default its ``byzantine``), is one more such integer where the chain's output
+depends on it (``uses_f``: trimmed mean, Krum, NNM, ...; not the mean, median or centered
+clipping, where it only bounds the rows they serve), its candidates kept where the chain can
+serve the scenario's ``nodes`` with them. A rule's candidates are the product of its parameters'
+candidates when that is at most :data:`MAX_PRODUCT`, else the spec with one parameter moved at a
+time; the spec as written comes first. Not tuned: a parameter whose default the round derives
+(Multi-Krum's ``m = n - f``).
 
 **Objective.** A candidate's cells are the scenario's grid with the rule replaced by the
 candidate, every attack (``none`` included), on the validation seeds (``--tune-seeds N``:
@@ -52,6 +55,7 @@ FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)  # a float hyperparameter's candidates, tim
 INT_FACTORS = (0.5, 1.0, 2.0, 4.0)  # an integer's, rounded
 MAX_PRODUCT = 16  # above this many combinations, each parameter is moved alone
 VALIDATION = 1000  # the first validation seed
+F = -1  # the axis of f among a chain's components' (their positions)
 TUNE_FILE = "tune.json"
 
 
@@ -70,11 +74,14 @@ def values_of(component: Component) -> dict[str, list]:
     return out
 
 
-def candidates(spec: str) -> list[str]:
-    """The specs ``--tune`` tries for the rule ``spec`` (a chain): ``spec`` itself first (see
-    the module for the set)."""
+def candidates(spec: str, nodes: int, f: int) -> list[tuple[str, int]]:
+    """The ``(spec, f)`` pairs ``--tune`` tries for the rule ``spec`` (a chain) assuming ``f``
+    Byzantine rows of ``nodes``: ``(spec, f)`` itself first (see the module for the set)."""
     chain = parse(spec)
     axes = [(i, key, values) for i, comp in enumerate(chain) for key, values in values_of(comp).items()]
+    if aggregators.build(spec, f).uses_f:
+        moved = (round(f * k) for k in INT_FACTORS)
+        axes.append((F, "f", [f, *(v for v in dict.fromkeys(moved) if v != f)]))
     if math.prod(len(v) for _, _, v in axes) <= MAX_PRODUCT:
         combos = [{}]
         for i, key, values in axes:
@@ -82,26 +89,38 @@ def candidates(spec: str) -> list[str]:
     else:
         combos = [{}, *({(i, key): v} for i, key, values in axes for v in values[1:])]
     written = {(i, key): values[0] for i, key, values in axes}
-    out = [spec]
+    out = [(spec, f)]
     for combo in combos:
         moved = {at: v for at, v in combo.items() if v != written[at]}
         if not moved:
             continue  # the spec as written
         parts = [replace(comp, params={**comp.params, **{k: v for (j, k), v in moved.items() if j == i}})
                  for i, comp in enumerate(chain)]
-        aggregators.build(text := format_spec(parts), 0)  # every candidate is a spec the registry takes
-        out.append(text)
+        candidate = (format_spec(parts), moved.get((F, "f"), f))
+        try:
+            aggregators.build(*candidate).check_n(nodes)
+        except ValueError:  # f too large for the rows it serves (e.g. after bucketing)
+            continue
+        out.append(candidate)
     return list(dict.fromkeys(out))
 
 
 @dataclass
 class Candidate:
-    """One candidate's cells, as run: its per-attack mean accuracy over the validation seeds."""
+    """One candidate, a rule's ``spec`` assuming ``f``, and its cells as run: its per-attack mean
+    accuracy over the validation seeds. ``tolerate``: the scenario key that sets ``f`` (``None``:
+    the scenario's own)."""
 
     spec: str
+    f: int
+    tolerate: int | None = None
     accuracy: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     ran: bool = False
+
+    @property
+    def label(self) -> str:
+        return self.spec if self.tolerate is None else f"{self.spec} (f={self.f})"
 
     @property
     def worst(self) -> float | None:
@@ -111,14 +130,13 @@ class Candidate:
     def worst_attack(self) -> str | None:
         return min(self.accuracy, key=self.accuracy.get) if self.accuracy else None
 
-
-def score(spec: str, records: Sequence[dict]) -> dict[str, float]:
-    """Each attack's final accuracy, averaged over the seeds, of the records of the rule ``spec``."""
-    by_attack: dict[str, list[float]] = {}
-    for r in records:
-        if r["aggregator"] == spec:
-            by_attack.setdefault(r["attack"], []).append(r["final_accuracy"])
-    return {attack: statistics.fmean(v) for attack, v in by_attack.items()}
+    def score(self, records: Sequence[dict]) -> dict[str, float]:
+        """Each attack's final accuracy, averaged over the seeds, of this candidate's records."""
+        by_attack: dict[str, list[float]] = {}
+        for r in records:
+            if r["aggregator"] == self.spec and r["config"].get("tolerate") == self.tolerate:
+                by_attack.setdefault(r["attack"], []).append(r["final_accuracy"])
+        return {attack: statistics.fmean(v) for attack, v in by_attack.items()}
 
 
 def choose(tried: Sequence[Candidate]) -> Candidate:
@@ -140,15 +158,19 @@ def validation_seeds(scenario: dict, count: int) -> list[int]:
 
 
 def tune(scenario: dict, grid: Callable[[dict], list[Cell]], play: Callable[[list[Cell], Path], list[dict]],
-         out: Path, seeds: int, budget: float, clock: Callable[[], float] = time.monotonic) -> dict[str, str]:
+         out: Path, seeds: int, budget: float, clock: Callable[[], float] = time.monotonic) -> dict[str, dict]:
     """Choose every rule of ``scenario`` (module docstring): ``grid(scenario)`` makes the cells,
     ``play(cells, results)`` runs the ones not yet in the file ``results`` and returns its
-    records. Returns each rule as written -> its chosen spec; writes ``out/tune.json``."""
+    records. Returns each rule as written -> the scenario keys of its choice (``aggregators`` and
+    ``tolerate``); writes ``out/tune.json``."""
     if budget <= 0:
         raise ValueError(f"--tune-budget must be > 0 seconds (got {budget:g})")
     validation = {**scenario, "seeds": validation_seeds(scenario, seeds)}
     start, report, chosen = clock(), {"budget_s": budget, "seeds": validation["seeds"], "rules": {}}, {}
-    rules = {rule: [Candidate(spec) for spec in candidates(rule)] for rule in scenario["aggregators"]}
+    own = scenario.get("tolerate")
+    f = int(scenario["byzantine"] if own is None else own)
+    rules = {rule: [Candidate(spec, g, own if g == f else g) for spec, g in candidates(rule, int(scenario["nodes"]), f)]
+             for rule in scenario["aggregators"]}
     tuned = [rule for rule, tried in rules.items() if len(tried) > 1]  # a rule with nothing to tune is not played
     for rule, tried in rules.items():
         share = (budget - (clock() - start)) / (len(tuned) - tuned.index(rule)) if rule in tuned else 0.0
@@ -158,11 +180,12 @@ def tune(scenario: dict, grid: Callable[[dict], list[Cell]], play: Callable[[lis
             if ran and clock() - began_rule + statistics.fmean(c.seconds for c in ran) > share:
                 break
             began = clock()
-            records = play(grid({**validation, "aggregators": [candidate.spec]}), out / "tune" / "results.jsonl")
-            candidate.accuracy, candidate.seconds, candidate.ran = score(candidate.spec, records), clock() - began, True
+            keys = {"aggregators": [candidate.spec], "tolerate": candidate.tolerate}
+            records = play(grid({**validation, **keys}), out / "tune" / "results.jsonl")
+            candidate.accuracy, candidate.seconds, candidate.ran = candidate.score(records), clock() - began, True
         best = choose(tried)
-        chosen[rule] = best.spec
-        report["rules"][rule] = {"chosen": best.spec, "candidates": [{**asdict(c), "worst": c.worst,
+        chosen[rule] = {"aggregators": [best.spec], "tolerate": best.tolerate}
+        report["rules"][rule] = {"chosen": best.label, "candidates": [{**asdict(c), "label": c.label, "worst": c.worst,
                                                                       "worst_attack": c.worst_attack} for c in tried]}
     report["seconds"] = clock() - start
     (out / TUNE_FILE).write_text(json.dumps(report, indent=1))

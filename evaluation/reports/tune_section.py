@@ -22,12 +22,12 @@ def tune_section(out_dir: str | Path) -> list[str]:
              f"accuracy (%) averaged over the validation seeds {seeds}, never the seeds of the tables above, which use "
              f"the chosen specs. {report['seconds']:.0f} s of a {report['budget_s']:.0f} s budget.", ""]
     for rule, entry in report["rules"].items():
-        written, chosen = entry["candidates"][0]["spec"], entry["chosen"]
+        written, chosen = entry["candidates"][0]["label"], entry["chosen"]
         if len(entry["candidates"]) == 1:
             lines += [f"`{rule}`: nothing to tune", ""]
             continue
         lines += [f"`{rule}`: " + ("kept as written" if chosen == written else f"**`{chosen}`** chosen"), ""]
-        rows = [(f"`{c['spec']}`" + (" (as written)" if c["spec"] == written else "") + (" **chosen**" if c["spec"] == chosen else ""),
+        rows = [(f"`{c['label']}`" + (" (as written)" if c["label"] == written else "") + (" **chosen**" if c["label"] == chosen else ""),
                  pct(c["worst"]) if c["ran"] else "not run (budget)", f"`{c['worst_attack']}`" if c["ran"] else "—",
                  f"{c['seconds']:.0f}" if c["ran"] else "—") for c in entry["candidates"]]
         lines += table(("candidate", "worst case", "worst attack", "seconds"), rows)
