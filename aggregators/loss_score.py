@@ -5,7 +5,7 @@ its top-rated peers, Covenant-72B).
 ``F(X) = (1/m) sum_{i in M} x_i`` with ``M`` the ``m`` rows whose nodes have the highest
 rating (ties to the lower row index); default ``m = n - f``. A node's rating is its OpenSkill
 Plackett-Luce ordinal ``mu - 3 sigma`` over the rounds so far, this round's included: each
-round the engine steps the model by each row alone, measures the loss on its root samples, and
+round the engine steps the model by each row alone, at its share of the mean, measures the loss on its root samples, and
 ranks the nodes by it (``nodes.engine.loss_ratings``). So the rule needs the coordinator's root
 set (``root = N``) and gets the ratings through ``RoundInputs(ratings=...)``. Needs
 ``n > 2f`` and ``1 <= m <= n``.

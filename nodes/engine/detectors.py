@@ -38,7 +38,7 @@ O(n^2 + n * BLOCK + d).
   the statistic above: a Byzantine row can be suspiciously *typical* (ALIE and mimic rows sit
   closer to the centre and to each other than honest rows do; a sign-flipped mean is shorter
   than any honest row), and a one-sided score would rank it least suspicious.
-- ``loss-score``: ``L_root(step(w, x_i)) - L_root(w)``, what the row alone does to the loss of
+- ``loss-score``: ``L_root(step(w, x_i / n)) - L_root(w)``, what the row alone, at its share of the mean, does to the loss of
   the coordinator's root samples (``nodes.engine.loss_ratings``; only where it holds a root set,
   ``root = N``). One-sided: a row that raises the held-out loss, or lowers it less than the
   others, is suspicious whatever its geometry.

@@ -34,7 +34,7 @@ the CPU's (float sums run in another order there), so its record names the devic
 Rules that need more than the rows (``aggregators.RoundInputs``) get the rows' node ids, the
 global model the rows were computed from, and, for ``fltrust``, the coordinator's own update on
 its root data (``nodes.engine.root``), computed once per round that steps. Where it holds a root
-set, the engine also measures what each row alone does to the root data's loss (the
+set, the engine also measures what each row alone (at its share of the mean) does to the root data's loss (the
 ``loss-score`` detector) and rates the nodes by it across rounds, the ratings the
 ``loss-score`` rule reads (``nodes.engine.loss_ratings``).
 
