@@ -171,10 +171,13 @@ class Results:
         return [g for g in self.groups.values() if g.key.sweep is not None]
 
     def label(self, name: str, scenario: Scenario) -> str:
-        """``name``, followed by the varying scenario keys' values when there are any."""
+        """``name``, followed by the varying scenario keys' values when there are any (a key at
+        its derived default, ``null``, is left out: ``tolerate`` where the defence assumes
+        ``byzantine``)."""
         config = dict(scenario)
         shown = ", ".join(
             f"{k}={show(json.loads(config[k])) if k in config else '—'}" for k in self.varying
+            if k not in config or json.loads(config[k]) is not None
         )
         return f"{name} ({shown})" if shown else name
 
