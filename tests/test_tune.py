@@ -44,12 +44,15 @@ def test_candidates_start_with_the_spec_as_written_and_stay_within_the_declared_
 
 def test_the_choice_is_the_best_worst_case_and_ties_keep_the_spec_as_written():
     def cand(spec, **accuracy):
-        return tune.Candidate(spec, 5, None, accuracy, 1.0, True)
+        return tune.Candidate(spec, 5, None, accuracy, True, 1.0, True)
 
     tried = [cand("a", none=0.9, alie=0.5), cand("b", none=0.8, alie=0.7), cand("c", none=0.95, alie=0.6),
              tune.Candidate("d", 5)]  # d never ran
     assert tune.choose(tried).spec == "b" and tried[1].worst_attack == "alie"
     assert tune.choose([cand("a", none=0.9, alie=0.5), cand("b", none=0.5, alie=0.9)]).spec == "a"
+    losses = [tune.Candidate("a", 5, None, {"none": 2.5, "alie": 2.9}, False, 1.0, True),  # a text set: held-out loss
+              tune.Candidate("b", 5, None, {"none": 2.6, "alie": 2.7}, False, 1.0, True)]
+    assert tune.choose(losses).spec == "b" and losses[0].worst == 2.9 and losses[0].worst_attack == "alie"
 
 
 def test_the_rules_share_the_budget_and_stop_before_a_candidate_that_would_pass_it(tmp_path):

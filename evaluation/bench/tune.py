@@ -19,20 +19,22 @@ time; the spec as written comes first. Not tuned: a parameter whose default the 
 **Objective.** A candidate's cells are the scenario's grid with the rule replaced by the
 candidate, every attack (``none`` included), on the validation seeds (``--tune-seeds N``:
 ``VALIDATION + i``, none of them a seed of the scenario). Its score is its worst case: the lowest,
-over the attacks, of the final accuracy averaged over the validation seeds (a backdoor's success
-is not in it). The chosen candidate has the highest score; ties go to the earlier candidate, so
+over the attacks, of the final accuracy averaged over the validation seeds (on a text set the
+report's metric, the highest held-out loss; a backdoor's success is not in it). The chosen candidate has the highest score; ties go to the earlier candidate, so
 the spec as written stays unless another is strictly better.
 
 **Budget.** ``--tune-budget SECONDS`` bounds the tuning's wall time. The rules with something to
 tune share it: each in turn gets what is left divided by the rules left, so a rule that finishes
 early leaves its time to the next. Before a candidate starts, a rule stops if its seconds so far
 plus the mean seconds of its candidates would pass its share (the spec as written always runs);
-the candidates not run are reported as such. Finished
-tuning cells are kept in ``DIR/tune/results.jsonl``: running the command again reuses them.
+the candidates not run are reported as such. A rule with one candidate (nothing to tune) plays
+no tuning cell. Finished tuning cells are kept in ``DIR/tune/results.jsonl``: running the command
+again reuses them.
 
-The grid then runs with each rule replaced by its choice on the scenario's own seeds, never
-used to choose (a rule with one candidate, nothing to tune, plays no tuning cell), and ``DIR/tune.json`` keeps every candidate's worst case and worst attack, the
-value chosen and the spec as written, which the report's Tuning section shows.
+The grid then runs with each rule replaced by its choice (its spec, and ``tolerate`` where ``f``
+moved) on the scenario's own seeds, never used to choose, and ``DIR/tune.json`` keeps every
+candidate's worst case and worst attack, the choice and the spec as written, which the report's
+Tuning section shows.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ from pathlib import Path
 import aggregators
 from aggregators.base import REGISTRY
 from robust.spec import Component, format_spec, parse
+
+from evaluation.reports.objective import metric_of
 
 from .cell import Cell
 
@@ -107,14 +111,16 @@ def candidates(spec: str, nodes: int, f: int) -> list[tuple[str, int]]:
 
 @dataclass
 class Candidate:
-    """One candidate, a rule's ``spec`` assuming ``f``, and its cells as run: its per-attack mean
-    accuracy over the validation seeds. ``tolerate``: the scenario key that sets ``f`` (``None``:
-    the scenario's own)."""
+    """One candidate, a rule's ``spec`` assuming ``f``, and its cells as run: each attack's final
+    value of the report's metric (``evaluation.reports.objective``: accuracy, or a text set's
+    held-out loss), the mean over the validation seeds. ``tolerate``: the scenario key that sets
+    ``f`` (``None``: the scenario's own)."""
 
     spec: str
     f: int
     tolerate: int | None = None
-    accuracy: dict[str, float] = field(default_factory=dict)
+    values: dict[str, float] = field(default_factory=dict)
+    higher_is_better: bool = True
     seconds: float = 0.0
     ran: bool = False
 
@@ -123,27 +129,31 @@ class Candidate:
         return self.spec if self.tolerate is None else f"{self.spec} (f={self.f})"
 
     @property
-    def worst(self) -> float | None:
-        return min(self.accuracy.values()) if self.accuracy else None
+    def worst_attack(self) -> str | None:
+        sign = -1 if self.higher_is_better else 1
+        return max(self.values, key=lambda a: sign * self.values[a]) if self.values else None
 
     @property
-    def worst_attack(self) -> str | None:
-        return min(self.accuracy, key=self.accuracy.get) if self.accuracy else None
+    def worst(self) -> float | None:
+        return self.values[self.worst_attack] if self.values else None
 
-    def score(self, records: Sequence[dict]) -> dict[str, float]:
-        """Each attack's final accuracy, averaged over the seeds, of this candidate's records."""
+    def score(self, records: Sequence[dict]) -> None:
+        """Keep each attack's final value of the metric, averaged over the seeds, of this
+        candidate's ``records`` (among others)."""
+        mine = [r for r in records if r["aggregator"] == self.spec and r["config"].get("tolerate") == self.tolerate]
+        metric = metric_of(mine)
         by_attack: dict[str, list[float]] = {}
-        for r in records:
-            if r["aggregator"] == self.spec and r["config"].get("tolerate") == self.tolerate:
-                by_attack.setdefault(r["attack"], []).append(r["final_accuracy"])
-        return {attack: statistics.fmean(v) for attack, v in by_attack.items()}
+        for r in mine:
+            by_attack.setdefault(r["attack"], []).append(r[metric.final])
+        self.values = {attack: statistics.fmean(v) for attack, v in by_attack.items()}
+        self.higher_is_better = metric.higher_is_better
 
 
 def choose(tried: Sequence[Candidate]) -> Candidate:
     """The candidate of the highest worst case; ties to the earlier (the spec as written first,
     which is also the choice where none ran: a rule with nothing to tune)."""
     ran = [c for c in tried if c.ran]
-    return max(ran, key=lambda c: (c.worst, -ran.index(c))) if ran else tried[0]
+    return max(ran, key=lambda c: (c.worst if c.higher_is_better else -c.worst, -ran.index(c))) if ran else tried[0]
 
 
 def validation_seeds(scenario: dict, count: int) -> list[int]:
@@ -182,7 +192,8 @@ def tune(scenario: dict, grid: Callable[[dict], list[Cell]], play: Callable[[lis
             began = clock()
             keys = {"aggregators": [candidate.spec], "tolerate": candidate.tolerate}
             records = play(grid({**validation, **keys}), out / "tune" / "results.jsonl")
-            candidate.accuracy, candidate.seconds, candidate.ran = candidate.score(records), clock() - began, True
+            candidate.score(records)
+            candidate.seconds, candidate.ran = clock() - began, True
         best = choose(tried)
         chosen[rule] = {"aggregators": [best.spec], "tolerate": best.tolerate}
         report["rules"][rule] = {"chosen": best.label, "candidates": [{**asdict(c), "label": c.label, "worst": c.worst,
