@@ -30,7 +30,7 @@ def tune_section(out_dir: str | Path) -> list[str]:
             continue
         lines += [f"`{rule}`: " + ("kept as written" if chosen == written else f"**`{chosen}`** chosen"), ""]
         rows = [(f"`{c['label']}`" + (" (as written)" if c["label"] == written else "") + (" **chosen**" if c["label"] == chosen else ""),
-                 (ACCURACY if c["higher_is_better"] else LOSS).show(c["worst"]) if c["ran"] else "not run (budget)", f"`{c['worst_attack']}`" if c["ran"] else "—",
+                 (ACCURACY if c.get("higher_is_better", True) else LOSS).show(c["worst"]) if c["ran"] else "not run (budget)", f"`{c['worst_attack']}`" if c["ran"] else "—",
                  f"{c['seconds']:.0f}" if c["ran"] else "—") for c in entry["candidates"]]
         lines += table(("candidate", "worst case", "worst attack", "seconds"), rows)
     return lines
