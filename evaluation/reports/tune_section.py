@@ -29,8 +29,15 @@ def tune_section(out_dir: str | Path) -> list[str]:
             lines += [f"`{rule}`: nothing to tune", ""]
             continue
         lines += [f"`{rule}`: " + ("kept as written" if chosen == written else f"**`{chosen}`** chosen"), ""]
-        rows = [(f"`{c['label']}`" + (" (as written)" if c["label"] == written else "") + (" **chosen**" if c["label"] == chosen else ""),
-                 (ACCURACY if c.get("higher_is_better", True) else LOSS).show(c["worst"]) if c["ran"] else "not run (budget)", f"`{c['worst_attack']}`" if c["ran"] else "—",
-                 f"{c['seconds']:.0f}" if c["ran"] else "—") for c in entry["candidates"]]
+        rows = [_row(c, written, chosen) for c in entry["candidates"]]
         lines += table(("candidate", "worst case", "worst attack", "seconds"), rows)
     return lines
+
+
+def _row(c: dict, written: str, chosen: str) -> tuple[str, str, str, str]:
+    """A candidate's row: its label (marked as written, chosen), worst case, worst attack, seconds."""
+    label = f"`{c['label']}`" + (" (as written)" if c["label"] == written else "") + (" **chosen**" if c["label"] == chosen else "")
+    if not c["ran"]:
+        return label, "not run (budget)", "—", "—"
+    metric = ACCURACY if c.get("higher_is_better", True) else LOSS  # a tune.json from before the field: accuracy
+    return label, metric.show(c["worst"]), f"`{c['worst_attack']}`", f"{c['seconds']:.0f}"
