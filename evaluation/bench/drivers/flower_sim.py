@@ -70,7 +70,7 @@ def server_app(cells: list[Cell], root: Path, save: Callable[[Cell, dict], None]
             folder = root / federation.run_id(setup)
             shutil.rmtree(folder, ignore_errors=True)  # a run killed mid-cell left it behind
             coord_dir, nodes = federation.build(setup, folder, port=free_port(), deadline=WAIT_SECONDS,
-                                            wait_nodes=WAIT_SECONDS, in_flight=NO_WINDOW)
+                                                wait_nodes=WAIT_SECONDS, in_flight=NO_WINDOW)
             threat = ThreatModel(cell.attack, setup.byzantine, cell.seed)
             coord, start = Coordinator(coord_dir, hook=threat), time.perf_counter()
             clock = clock_of(setup, coord)
