@@ -140,7 +140,6 @@ class Sight:
 
     model: torch.nn.Module
     params: Params
-    w: torch.Tensor
     last: Memory | None
     kept: dict = field(default_factory=dict)
 

@@ -33,7 +33,7 @@ QUICK = "a3fl:iters=10"
 
 
 def sight(last: Memory | None = None) -> Sight:
-    return Sight(MODEL, unflatten(W, MODEL), W, last)
+    return Sight(MODEL, unflatten(W, MODEL), last)
 
 
 def task(round: int, **kw) -> Task:

@@ -9,6 +9,7 @@ cell already in ``results.jsonl``.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import multiprocessing
 import os
@@ -163,14 +164,10 @@ class Player:
 
     def run(self, todo: list[Cell], folder: Path, save) -> None:
         args, engine = self.args, self.engine
-        if engine == "flower":
-            from evaluation.bench.drivers.flower_sim import run_cells  # imports Flower and Ray
-
-            run_cells(todo, folder / "federations", lambda cell, record: save({"cell": record_id(cell, engine), **record}))
-        elif engine == "deploy":
-            from evaluation.bench.drivers.deploy import run_cells
-
-            run_cells(todo, folder / "federations", lambda cell, record: save({"cell": record_id(cell, engine), **record}))
+        if engine in ("flower", "deploy"):  # imported when used: flower_sim imports Flower and Ray
+            driver = importlib.import_module(f"evaluation.bench.drivers.{'flower_sim' if engine == 'flower' else 'deploy'}")
+            driver.run_cells(todo, folder / "federations",
+                             lambda cell, record: save({"cell": record_id(cell, engine), **record}))
         elif args.cluster:
             from .ray_cluster import run_cells
 

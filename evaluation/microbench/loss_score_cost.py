@@ -48,14 +48,14 @@ def measure(dataset: str, model: str, protocol: str, n: int, root: int, repeats:
     settings = Settings(dataset=dataset, model=model, protocol=protocol, root=root, aggregator=RULE, tolerate=n // 5)
     data = load(dataset, seed=0)
     net = build_model(model, data.shape, data.classes, 0)
-    w, scorer, steps, kept = flat_params(net), Scorer(net), Protocol.of(settings), Root(settings, data)
+    w, scorer, protocol, kept = flat_params(net), Scorer(net), Protocol.of(settings), Root(settings, data)
     chain = aggregators.build(RULE, n // 5)
     loss, rule = [], []
     gen = torch.Generator().manual_seed(0)
     with profile(settings.threads):
         for _ in range(repeats):
             X = 1e-3 * torch.randn(n, w.numel(), generator=gen)
-            loss.append(timed(lambda: loss_ratings.effects(scorer, steps, kept, w, None, as_rows(X))))
+            loss.append(timed(lambda: loss_ratings.effects(scorer, protocol, kept, w, None, as_rows(X))))
             X = 1e-3 * torch.randn(n, w.numel(), generator=gen)
             rule.append(timed(lambda: assess(chain, X, True)))
     loss_s, rule_s = statistics.median(loss), statistics.median(rule)

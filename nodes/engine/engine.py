@@ -34,9 +34,9 @@ the CPU's (float sums run in another order there), so its record names the devic
 Rules that need more than the rows (``aggregators.RoundInputs``) get the rows' node ids, the
 global model the rows were computed from, and, for ``fltrust``, the coordinator's own update on
 its root data (``nodes.engine.root``), computed once per round that steps. Where it holds a root
-set, the engine also measures what each row alone (at its share of the mean) does to the root data's loss (the
-``loss-score`` detector) and rates the nodes by it across rounds, the ratings the
-``loss-score`` rule reads (``nodes.engine.loss_ratings``).
+set, the engine also measures what each row alone, at its share of the mean, does to the root
+data's loss (the ``loss-score`` detector) and rates the nodes by it across rounds, the ratings
+the ``loss-score`` rule reads (``nodes.engine.loss_ratings``).
 
 Every row comes with its task (``nodes.engine.ledger.Ticket``: its number, the model it carried and
 that model's version). Asynchronous rounds (``round = async``, FedBuff) and carried late
@@ -188,7 +188,7 @@ def record(t: int, asked: list, ids: list, rejected: dict, failed: dict, flags: 
     after the round (``nodes.engine.flags``), ``own`` the flagged nodes' own where that was
     higher. With a ``false_alarm`` target, ``evidence`` holds the threshold ``h`` and the CUSUM
     ``S`` of each node scored this round (``nodes.engine.evidence``), and ``loss_evidence`` the
-    same of the loss score's where the run holds a root set."""
+    same of the loss score's with ``loss-evidence`` on."""
     return {
         "round": t, "asked": len(asked), "accepted": len(ids), "ids": ids,
         "rejected": dict(sorted(rejected.items())), "failed": dict(sorted(failed.items())),
@@ -299,8 +299,8 @@ class Engine:
         return aggregators.RoundInputs(ids=tuple(ids), w=self.w, reference=reference, ratings=ratings)
 
     def loss_effects(self, X: Rows) -> torch.Tensor | None:
-        """What each row of ``X`` alone does to the loss of the root samples, the ``loss-score``
-        (``nodes.engine.loss_ratings``); ``None`` without a root set."""
+        """What each row of ``X`` alone, at its share of the mean, does to the loss of the root
+        samples, the ``loss-score`` (``nodes.engine.loss_ratings``); ``None`` without a root set."""
         if self.root is None:
             return None
         return loss_ratings.effects(self.scorer, self.protocol, self.root, self.w, self.buffer, X)

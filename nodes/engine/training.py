@@ -139,7 +139,7 @@ def compute(task: Task, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, class
         model, params = _model(task, w, x, classes, node, device)
         shaping = None
         if played is not None:
-            sight = None if not played.sees_model else Sight(model, params, w.to(device), last,
+            sight = None if not played.sees_model else Sight(model, params, last,
                                                              {} if kept is None else kept)
             x, y = played.poison(x, y, classes, generator(task.seed, node, "poison"), sight)
             shaping = played.shaping(task.round, w.to(device), last)
