@@ -118,7 +118,7 @@ def _run(folder: Path, settings: Settings, found: dict, on_ready: Callable[[], N
         run_id = launch.submit_run(folder)
         if settings.round == "async":  # `rounds` counts buffers
             print(f"run {run_id} submitted: {settings.rounds} asynchronous buffers of "
-                  f"{settings.buffer or settings.quorum_needed} replies, {settings.aggregator} (f={settings.tolerate}), "
+                  f"{settings.buffer_for(len(found))} replies, {settings.aggregator} (f={settings.tolerate}), "
                   f"staleness {settings.staleness}" + (f", max-staleness {settings.max_staleness}"
                                                        if settings.max_staleness else ""), flush=True)
         else:

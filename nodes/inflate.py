@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 from flwr.app import Array
 from flwr.app.message.arraychunk import ArrayChunk
@@ -37,10 +37,18 @@ def inflate(cls, object_content: bytes, children: dict | None = None) -> Array:
     return cls(dtype=meta["dtype"], shape=tuple(meta["shape"]), stype=meta["stype"], data=data)
 
 
-def assemble(object_content: bytes, fetch: Callable[[str], bytes], most: int) -> Array:
+Fetch = Callable[[str], "bytes | None"]  # object id -> its deflated content, None while it is still on its way
+Waiting = Generator[str, None, "Array"]  # an assembly: yields the id of each object not there yet, returns the array
+
+
+def assemble(object_content: bytes, fetch: Fetch, most: int) -> Waiting:
     """The array of ``object_content`` (a deflated ``Array``), its chunks fetched one at a time
     (``fetch``: object id -> deflated content) and written into its bytes, each let go once
     written: the array's bytes plus one chunk at a time, where :func:`inflate` needs them all.
+
+    A generator, so that a reply still on its way holds up nobody: where ``fetch`` says a chunk
+    is not there yet (``None``: the node is still sending it), it yields that chunk's id; resumed,
+    it asks again. It returns the array.
 
     Flower cuts an array into chunks of one size but the last (``Array.slice_array``), so the
     first and the last give the whole size; a chunk of another size (a node's doing, not
@@ -52,19 +60,19 @@ def assemble(object_content: bytes, fetch: Callable[[str], bytes], most: int) ->
     if set(order) != set(ids):
         raise ValueError(f"an array names {len(set(ids))} chunks but is cut into {len(set(order))}")
     if len(order) < 2:
-        data = _chunk(fetch, order[0]) if order else b""
+        data = (yield from _chunk(fetch, order[0])) if order else b""
     else:
-        bodies = {order[0]: _chunk(fetch, order[0])}
+        bodies = {order[0]: (yield from _chunk(fetch, order[0]))}
         step = len(bodies[order[0]])
         if order[-1] not in bodies:
-            bodies[order[-1]] = _chunk(fetch, order[-1])
+            bodies[order[-1]] = yield from _chunk(fetch, order[-1])
         size = step * (len(order) - 1) + len(bodies[order[-1]])
         if size > most:
             raise ValueError(f"an array of {size} bytes, where a reply holds at most {most}")
         data = _new_bytes(None, size)
         start = _bytes_address(data)
         for chunk in dict.fromkeys(order):  # each distinct chunk fetched once, written where it goes
-            body = bodies.pop(chunk) if chunk in bodies else _chunk(fetch, chunk)
+            body = bodies.pop(chunk) if chunk in bodies else (yield from _chunk(fetch, chunk))
             places = [k for k, c in enumerate(order) if c == chunk]
             if any(len(body) != step for k in places if k < len(order) - 1):
                 raise ValueError(f"an array's chunks are not of one size ({len(body)} bytes after {step})")
@@ -80,8 +88,15 @@ def _layout(object_content: bytes) -> tuple[dict, list[str], list[str]]:
     return meta, ids, [ids[i] for i in meta["arraychunk_ids"]]
 
 
-def _chunk(fetch: Callable[[str], bytes], object_id: str) -> bytes:
-    return get_object_body(fetch(object_id), ArrayChunk)
+def fetched(fetch: Fetch, object_id: str) -> Generator[str, None, bytes]:
+    """``object_id``'s content, yielding its id for as long as ``fetch`` says it is not there yet."""
+    while (content := fetch(object_id)) is None:
+        yield object_id
+    return content
+
+
+def _chunk(fetch: Fetch, object_id: str) -> Generator[str, None, bytes]:
+    return get_object_body((yield from fetched(fetch, object_id)), ArrayChunk)
 
 
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import tomllib
 from pathlib import Path
 
@@ -141,7 +142,8 @@ RUN = table(
     Param("late", OneOf(("drop", "carry")), "drop",
           "sync: a reply after the round's deadline is dropped, or carried into the round it arrives in, weighted "
           "by its staleness (its node gets no new task meanwhile)"),
-    Param("buffer", Interval(int, 0, None), 0, "async: valid replies per aggregation (0: the fewest the aggregator serves)"),
+    Param("buffer", Interval(int, 0, None), 0, "async: valid replies per aggregation (0: half the nodes, at least the "
+          "fewest the aggregator serves)"),
     Param("staleness", Spec(_staleness, "a staleness spec"), "sqrt",
           "async: a reply's weight by its staleness tau: constant, sqrt (1/sqrt(1+tau)) or poly:a=0.5"),
     Param("max-staleness", Interval(int, 0, None), 0, "async: replies staler than this are rejected (0: no limit)"),
@@ -263,10 +265,14 @@ class _Checked:
         """Buffered asynchronous rounds (``round = async``)."""
         return self.round == "async"
 
-    @property
-    def buffer_size(self) -> int:
-        """Valid replies per asynchronous aggregation: ``buffer``, or if 0 the fewest the aggregator serves."""
-        return self.buffer or self.quorum_needed
+    def buffer_for(self, nodes: int) -> int:
+        """Valid replies per asynchronous aggregation among ``nodes`` that may be asked:
+        ``buffer``, or if 0 half of them, at least the fewest the aggregator serves. Half, not
+        the fewest: in the field lab (10 volunteers, 2 on 2 Mbit/s uplinks, ``trimmed-mean``
+        serving 1) buffers of one never reached 90% (each step a lone reply, and one step per
+        reply queued at the coordinator), buffers of five reached it 1.1-1.3x as late as the
+        all-fast synchronous federation (docs: Asynchronous rounds)."""
+        return self.buffer or max(self.quorum_needed, math.ceil(nodes / 2))
 
     @functools.cached_property
     def quorum_needed(self) -> int:

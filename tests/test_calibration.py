@@ -13,6 +13,7 @@ import pytest
 from evaluation.simtime import timeline
 from evaluation.simtime.arrivals import CLOCK
 from evaluation.simtime.calibration import Calibration, load, measure
+from evaluation.simtime.serve_clock import SimClock
 
 IDS = ["a" * 64, "b" * 64, "c" * 64]
 SETTINGS = SimpleNamespace(compression="none", downlink="none")
@@ -63,10 +64,15 @@ def test_the_clock_adds_what_the_field_adds(tmp_path):
     for k, node in enumerate(IDS):
         base = plain.volunteers
         wire = base.arrival(node, 10.0, 2, 0.1, 4_400_000, 4_800_000)  # the wire's bytes each way
-        added = [t - wire - 0.75 for t in got[0][3 * k : 3 * k + 3]]
+        added = [t - wire - 0.25 for t in got[0][3 * k : 3 * k + 3]]  # between, then a task's sample
         assert all(any(a == pytest.approx(s) for s in cal.task_seconds) for a in added), added
     assert len({round(t, 6) for t in got[0]}) > 1  # the tasks' overheads are drawn, not one constant
     assert statistics.mean(got[0]) > plain.arrival(IDS[0], 10.0, 4_000_000)
+    clocks = [SimClock(line, True, 60.0, IDS) for line in (plain, lines[0])]
+    for clock in clocks:
+        clock.stepping()  # each step of the engine: the coordinator's collect, one after the other
+        clock.stepping()
+    assert [c.now() for c in clocks] == [0.0, 4.0 + 2 * 0.5]
 
 
 def test_a_lab_runs_observations_are_read_from_its_logs():

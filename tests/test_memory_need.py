@@ -170,10 +170,18 @@ def test_the_clientapp_assembles_a_pulled_array_once_and_as_flower_does(monkeypa
     assert "lean()" in (codetrust.install_gate(tmp_path) / "flwr-clientapp").read_text()  # in every task's process
 
 
+def _assembled(waiting):
+    """What a paused assembly (``nodes.inflate.assemble``) returns, run to its end."""
+    with pytest.raises(StopIteration) as end:
+        next(waiting)
+    return end.value.value
+
+
 def test_the_serverapp_assembles_a_reply_one_chunk_at_a_time_as_flower_does():
     """``nodes.inflate.assemble``: chunks fetched one at a time, each written where it goes
     (a chunk used twice written twice), the same array as Flower's; a chunk of another size
-    or an array bigger than allowed is refused before anything that big is allocated."""
+    or an array bigger than allowed is refused before anything that big is allocated; a chunk
+    not there yet pauses the assembly, which then ends with the same array."""
     import numpy as np
     from flwr.app import Array
     from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
@@ -186,21 +194,28 @@ def test_the_serverapp_assembles_a_reply_one_chunk_at_a_time_as_flower_does():
     for array in (Array(data), Array(data[:100])):  # many chunks, one chunk
         contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(array).items()}
         fetched = []
-        ours = assemble(contents[array.object_id], lambda oid: fetched.append(oid) or contents[oid], 2**25)
+        ours = _assembled(assemble(contents[array.object_id], lambda oid: fetched.append(oid) or contents[oid], 2**25))
         flowers = inflate_object_from_contents(array.object_id, dict(contents))
         assert isinstance(ours.data, bytes) and ours.data == flowers.data == array.data
         assert (ours.dtype, ours.shape, ours.stype, ours.object_id) == (flowers.dtype, flowers.shape, flowers.stype,
                                                                          array.object_id)
         assert sorted(fetched) == sorted(set(contents) - {array.object_id})  # each distinct chunk once
-    contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(Array(data)).items()}
+    array = Array(data)
+    contents = {oid: obj.deflate() for oid, obj in get_all_nested_objects(array).items()}
+    last = array.slice_array()[-1][0]
+    there = {oid: c for oid, c in contents.items() if oid != last}  # the last chunk is still on its way
+    waiting = assemble(contents[array.object_id], there.get, 2**25)
+    assert next(waiting) == last and next(waiting) == last  # asked again at each resumption
+    there[last] = contents[last]
+    assert _assembled(waiting).data == array.data
     with pytest.raises(ValueError, match="at most"):
-        assemble(contents[Array(data).object_id], contents.__getitem__, 2**20)
+        _assembled(assemble(contents[array.object_id], contents.__getitem__, 2**20))
     cut = Array(data)
     first, *_ = [obj for _, obj in cut.slice_array()]
     short = type(first)(first.data[:100])  # a node's own cut: a first chunk shorter than the others
     contents[cut.slice_array()[0][0]] = short.deflate()
     with pytest.raises(ValueError, match="not of one size"):
-        assemble(contents[cut.object_id], contents.__getitem__, 2**25)
+        _assembled(assemble(contents[cut.object_id], contents.__getitem__, 2**25))
 
 
 def test_flowers_servers_run_with_their_reference_cycles_collected(tmp_path):

@@ -61,7 +61,7 @@ def cell_settings(cell: Cell, **deployment: object) -> Settings:
                         tolerate=int(cell.config["byzantine"] if f is None else f),
                         **shared, **deployment)
     if settings.round == "async":
-        buffers = math.ceil(int(cell.config["nodes"]) / (settings.buffer or settings.quorum_needed))
+        buffers = math.ceil(int(cell.config["nodes"]) / settings.buffer_for(int(cell.config["nodes"])))
         settings = settings.replace(rounds=settings.rounds * buffers)
     return settings
 

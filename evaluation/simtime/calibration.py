@@ -20,9 +20,12 @@ nothing but Flower and the coordinator takes time:
   message) over the bytes of arrays a reply or a task carries.
 
 With ``calibration = "FILE"`` in a scenario, the clock's run starts at ``start_seconds``. Each
-reply arrives ``between + task + collect`` later than the links and compute say, where ``task``
-is one of ``task_seconds`` drawn by ``(seed, node, the node's task count)``; a synchronous
-round so ends when its record would appear. Each transfer carries
+reply arrives ``between + task`` later than the links and compute say, where ``task`` is one of
+``task_seconds`` drawn by ``(seed, node, the node's task count)``. Each step of the engine (a
+round, or a buffer) then takes the coordinator ``collect`` seconds, one after the other: the
+replies that arrive meanwhile are read after it, and the next tasks leave after it
+(``SimClock.stepping``). So a synchronous round ends when its record would appear, and an
+asynchronous run's buffers queue at a coordinator that is busy. Each transfer carries
 ``wire_*`` times its bytes. The schedule stays a pure function of the scenario, the seed and
 the file.
 """
@@ -62,10 +65,10 @@ class Calibration:
                 raise ValueError(f"a calibration's {key} is wire bytes per byte sent: >= 1 (got {getattr(self, key)!r})")
 
     def delay(self, seed: int, node: str, count: int) -> float:
-        """What the deployment adds to one reply: ``between + task + collect``, its ``task`` a
-        sample drawn by ``(seed, node, count)``."""
+        """What the deployment adds to one reply: ``between + task``, its ``task`` a sample drawn
+        by ``(seed, node, count)``; the coordinator's ``collect`` is the step's (``SimClock.stepping``)."""
         task = self.task_seconds[derive(seed, "field-task", node, count) % len(self.task_seconds)]
-        return self.between_seconds + task + self.collect_seconds
+        return self.between_seconds + task
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1) + "\n")
@@ -106,7 +109,7 @@ def measure(observed: list[dict], source: str) -> Calibration:
     if not tasks or not collect or not between:
         raise ValueError("the calibration run observed no two complete rounds: give it at least 3 rounds")
     total = {k: sum(o[k] for o in observed) for k in ("wire_up_bytes", "up_bytes", "wire_down_bytes", "down_bytes")}
-    gap = statistics.median(between)
+    gap = max(0.0, statistics.median(between))  # the next tasks may be made before the lab sees the record
     return Calibration(tuple(sorted(round(max(s, 0.0), 4) for s in tasks)), round(statistics.median(collect), 4),
                        round(gap, 4), round(max(0.0, statistics.median(o["first_task_seconds"] for o in observed) - gap), 4),
                        round(max(1.0, total["wire_up_bytes"] / max(total["up_bytes"], 1)), 4),

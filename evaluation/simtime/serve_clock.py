@@ -97,6 +97,11 @@ class SimClock:
         self.t = barrier.end
         return True
 
+    def stepping(self) -> None:
+        """The coordinator's seconds for the step (a calibration's ``collect_seconds``; none without
+        one): replies that arrive meanwhile are read after it, and the next tasks leave after it."""
+        self.t += self.line.coordinator_seconds
+
     def missed(self, ticket: Ticket, barrier: Barrier, carried: bool) -> str | None:
         late = self.arrivals[ticket.handle] - barrier.start
         return (f"{LATE}arrived {late:.3g} s after the task, deadline {self.line.deadline:g} s"

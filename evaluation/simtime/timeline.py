@@ -106,6 +106,12 @@ class Timeline:
                 out[k] = self.codec.decode(self.codec.encode(rows[k].float(), (self.seed, task_round, node)), self.d)
         return out
 
+    @property
+    def coordinator_seconds(self) -> float:
+        """What the coordinator spends on each step (round or buffer), the serve loop's clock
+        moving on by it (``SimClock.stepping``): a calibration's ``collect_seconds``, else 0."""
+        return self.calibration.collect_seconds if self.calibration else 0.0
+
     def arrival(self, node: str, start: float, up: int) -> float:
         """When ``node``'s reply of ``up`` bytes to a task sent at ``start`` arrives (with a
         calibration, later by what the deployment adds, its transfers as many bytes as the wire

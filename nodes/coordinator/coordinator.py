@@ -399,7 +399,7 @@ class Coordinator:
         return tensor, sha
 
     def finish_round(self, asked: list[str], inbox: Inbox, started: float, checkers: Checkers | None = None,
-                     held: list[str] | None = None, missed: dict[str, str] | None = None) -> dict:
+                     held: list[str] | None = None, missed: dict[str, str] | None = None, size: int = 0) -> dict:
         """The engine's round on the accepted rows, then checkpoint and log; the round's record.
 
         Rejected replies (bad content) count as flags; failed ones (a transport error, or a
@@ -422,7 +422,7 @@ class Coordinator:
             record = self.engine.step(asked, ids, X, inbox.rejected, {**(missed or {}), **inbox.failed},
                                       tasks=inbox.tasks)
         if self.settings.asynchronous:
-            record["buffer"] = self.settings.buffer_size
+            record["buffer"] = size
             record["held"] = held or []  # valid replies of this buffer's nodes, left for the next buffer
         record["prev"] = self._tip  # the SHA-256 of the last record's log line
         with self.timed("audit"):

@@ -84,7 +84,7 @@ from ..engine.serve import Landed, Loop
 from ..wire import Task, introduction_content, model_record, read_identity, task_content
 from .admission import short
 from .coordinator import Coordinator
-from .pull import pull
+from .pull import Replies
 from .verifier import Checkers
 
 log = logging.getLogger("robust.coordinator")
@@ -103,6 +103,7 @@ class FlowerTransport:
 
     def __init__(self, grid: Grid, coord: Coordinator, poll: float) -> None:
         self.grid, self.coord, self.poll = grid, coord, poll
+        self.replies = Replies(grid)
         self.model: tuple[str, ArrayRecord] | None = None  # the model pushed last: (its SHA-256, its record)
         self.unknown: list[int] = []
 
@@ -150,23 +151,21 @@ class FlowerTransport:
         return self.model[1]
 
     def pull(self, handles: list[str]) -> list[Landed]:
-        """The replies that came in to ``handles``, at most :data:`PULL_BYTES` of rows a call:
-        each is filed (checked, spooled, let go) before the next is pulled, the others wait in
-        the SuperLink (one 400 MB reply at a time in the ServerApp at 100M parameters, where
-        one pull brought every reply that had come in). Big rows are asked for one handle at a
-        time, so that each call brings at most one."""
+        """The replies that came in to ``handles``, at most :data:`PULL_BYTES` of rows in the
+        ServerApp at once (one, if a row is bigger): each is filed (checked, spooled, let go)
+        before the next is pulled, the others wait in the SuperLink (one 400 MB reply at a time
+        in the ServerApp at 100M parameters, where one pull brought every reply that had come
+        in). A reply still coming up its node's link holds up none of the others
+        (:class:`nodes.coordinator.pull.Replies`)."""
         d, protocol = self.coord.engine.w.numel(), self.coord.engine.protocol
         size = max(1, PULL_BYTES // self.coord.codec.nbytes(d))
         most = 4 * d * (protocol.steps + 1) * protocol.width + 2**20  # a dispute's states, the most a reply holds
-        landed: list[Landed] = []
-        for start in range(0, len(handles), size):
-            landed += [Landed(reply.metadata.reply_to_message_id, reply.metadata.src_node_id,
-                              None if reply.has_error() else reply.content,
-                              str(reply.error.reason) if reply.has_error() else "")
-                       for reply in pull(self.grid, handles[start:start + size], most)]
-            if landed:
-                self.model = None  # the tasks it was built for are out: another wave builds it again (1 s at 1e8)
-                break
+        landed = [Landed(reply.metadata.reply_to_message_id, reply.metadata.src_node_id,
+                         None if reply.has_error() else reply.content,
+                         str(reply.error.reason) if reply.has_error() else "")
+                  for reply in self.replies.pull(handles, most, size)]
+        if landed:
+            self.model = None  # the tasks it was built for are out: another wave builds it again (1 s at 1e8)
         return landed
 
     def pause(self) -> None:

@@ -55,6 +55,10 @@ class Clock(Interface):
         """Why ``ticket``, of ``barrier``'s round and still out at its end, is missing from it
         (the record's ``failed``); ``None``: just missing."""
 
+    def stepping(self) -> None:
+        """The engine steps on a round (or buffer) now: what the coordinator spends on it passes
+        (on the wall, it just does; a calibrated simulated clock moves on by it)."""
+
 
 class WallClock:
     """Real time, for a deployment: see the module."""
@@ -83,3 +87,6 @@ class WallClock:
 
     def missed(self, ticket: Ticket, barrier: Barrier, carried: bool) -> str | None:
         return None  # a node that did not answer in time is the record's ``missing``
+
+    def stepping(self) -> None:
+        pass

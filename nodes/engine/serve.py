@@ -111,8 +111,9 @@ class Desk(Interface):
         """File the reply to ``ticket`` in ``inbox``; whether it is a valid update."""
 
     def finish_round(self, asked: list[str], inbox: Inbox, started: float, checkers=None,
-                     held: list[str] | None = None, missed: dict[str, str] | None = None) -> dict:
-        """The engine's round on ``inbox``; its record."""
+                     held: list[str] | None = None, missed: dict[str, str] | None = None, size: int = 0) -> dict:
+        """The engine's round on ``inbox``; its record (an asynchronous buffer's: the nodes
+        ``held`` for the next, and the buffer's ``size``)."""
 
     def gave_up(self, tickets: list[Ticket]) -> None:
         """``tickets`` reached their TTL unanswered."""
@@ -143,7 +144,8 @@ class Loop:
         self.alone_since, self.last_look = time.monotonic(), -math.inf
         self.given: dict[str, float] = {}  # node -> when it was last given a task (the idlest go first)
         self.cap = desk.in_flight
-        self.buffers = Buffers(desk.settings.buffer_size) if desk.settings.asynchronous else None  # async: each reply a one-node inbox
+        self.buffers = (Buffers(desk.settings.buffer_for(len(desk.candidates()))) if desk.settings.asynchronous
+                        else None)  # async: each reply a one-node inbox
         self.started = time.monotonic()  # async: when the buffer being filled began
         self.disputes = None  # async: nodes -> the desk's way to ask for disputes (play_async's)
 
@@ -328,6 +330,7 @@ class Loop:
             ledger.cancel(barrier.number)
         self.tend()
         asked = sorted(set(nodes.values()) | late)
+        clock.stepping()
         return desk.finish_round(asked, inbox, started, checkers(nodes) if checkers else None, missed=missed)
 
     def receive(self, handle: object) -> list[dict]:
@@ -344,8 +347,10 @@ class Loop:
             if desk.engine.done:
                 break
             inbox, started, self.started = Inbox.of(full.replies.values()), self.started, time.monotonic()
+            self.clock.stepping()
             records.append(desk.finish_round(sorted(full.replies), inbox, started,
-                                             self.disputes(self.online) if self.disputes else None, held=full.held))
+                                             self.disputes(self.online) if self.disputes else None, held=full.held,
+                                             size=self.buffers.size))
         return records
 
     def play_async(self, disputes=None) -> None:

@@ -85,7 +85,7 @@ class BenchDesk:
         return True
 
     def finish_round(self, asked: list[str], inbox: Inbox, started: float, checkers=None,
-                     held: list[str] | None = None, missed: dict[str, str] | None = None) -> dict:
+                     held: list[str] | None = None, missed: dict[str, str] | None = None, size: int = 0) -> dict:
         """The engine's step on the round's rows (the threat model's hook crafts in it)."""
         ids, X = stacked(inbox.rows, self.engine.w.numel())
         record = self.engine.step(asked, ids, X, inbox.rejected, missed, tasks=inbox.tasks)
