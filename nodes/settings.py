@@ -270,8 +270,8 @@ class _Checked:
         ``buffer``, or if 0 half of them, at least the fewest the aggregator serves. Half, not
         the fewest: in the field lab (10 volunteers, 2 on 2 Mbit/s uplinks, ``trimmed-mean``
         serving 1) buffers of one never reached 90% (each step a lone reply, and one step per
-        reply queued at the coordinator), buffers of five reached it 1.1-1.3x as late as the
-        all-fast synchronous federation (docs: Asynchronous rounds)."""
+        reply queued at the coordinator), buffers of five reached it 1.01-1.08x as late as the
+        all-fast synchronous federation (docs: The field lab)."""
         return self.buffer or max(self.quorum_needed, math.ceil(nodes / 2))
 
     @functools.cached_property

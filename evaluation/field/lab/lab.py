@@ -96,9 +96,7 @@ def run_cell(cell: Cell, root: Path, cpu: float = 1.0) -> dict:
     predicted = predict(cell)  # before the run, from the scenario and its calibration alone
     folder = root.resolve() / federation.run_id(setup)
     shutil.rmtree(folder, ignore_errors=True)  # a killed run's
-    deployment = {"bind": "0.0.0.0", "port": PORT, "wait_nodes": DEADLINE,
-                  **({} if cell.config.get("deadline") else {"deadline": DEADLINE})}
-    coord, folders = federation.build(setup, folder, **deployment)
+    coord, folders = federation.build(setup, folder, **deployment(cell))
     net = netns.Network(setup.n)
     groups: list[Group] = []
     volunteers: list[Volunteer] = []
@@ -133,6 +131,12 @@ def run_cell(cell: Cell, root: Path, cpu: float = 1.0) -> dict:
                   cpu_share={v.fp[:12]: v.group.share for v in volunteers})
     shutil.rmtree(folder, ignore_errors=True)
     return record
+
+
+def deployment(cell: Cell) -> dict:
+    """The coordinator's deployment settings for ``cell``: listening on its ends of the pairs, its
+    deadline the scenario's (as the simulated clock has it; none given: only a broken node is late)."""
+    return {"bind": "0.0.0.0", "port": PORT, "wait_nodes": DEADLINE, "deadline": float(cell.config.get("deadline") or DEADLINE)}
 
 
 def predict(cell: Cell) -> list[float] | None:
@@ -247,15 +251,16 @@ class Run:
     def lost(self, rounds: list[dict]) -> int:
         """Finished replies that never counted: handed to a volunteer's SuperNode while the run
         went on, not just before churn or a fault stopped the volunteer, and never read by the
-        coordinator (accepted, rejected, or failed for a reason of its own). An asynchronous
-        run's last buffer closes with other replies in flight: those handed after the buffer
-        before it are moot, not lost."""
+        coordinator (accepted, rejected, or failed for a reason of its own), though it could be
+        in, up its node's link, by the run's end. An asynchronous run's last buffer closes with
+        other replies in flight: those not in by the buffer before it are moot, not lost."""
         last = self.ended[-2] if self.asynchronous and len(self.ended) > 1 else self.ended[-1] if self.ended else 0.0
         end = self.t0 + last
         out = 0
         for v in self.volunteers:
             handed = [e for e in v.replies(self.run_id)
-                      if e["time"] <= end and not any(0 <= stop - e["time"] <= STOP_GRACE for stop in v.stopped_at)]
+                      if e["time"] + self.crowd.upload_seconds(v.fp, e["bytes"]) <= end
+                      and not any(0 <= stop - e["time"] <= STOP_GRACE for stop in v.stopped_at)]
             read = sum(v.fp in r["ids"] or v.fp in r["rejected"]
                        or (v.fp in r["failed"] and not r["failed"][v.fp].startswith("node error")) for r in rounds)
             out += max(0, len(handed) - read)
