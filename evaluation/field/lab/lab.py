@@ -136,7 +136,8 @@ def run_cell(cell: Cell, root: Path, cpu: float = 1.0) -> dict:
 def deployment(cell: Cell) -> dict:
     """The coordinator's deployment settings for ``cell``: listening on its ends of the pairs, its
     deadline the scenario's (as the simulated clock has it; none given: only a broken node is late)."""
-    return {"bind": "0.0.0.0", "port": PORT, "wait_nodes": DEADLINE, "deadline": float(cell.config.get("deadline") or DEADLINE)}
+    return {"bind": "0.0.0.0", "port": PORT, "wait_nodes": DEADLINE,
+            "deadline": float(cell.config.get("deadline") or DEADLINE)}
 
 
 def predict(cell: Cell) -> list[float] | None:
