@@ -83,7 +83,7 @@ class Grid(HttpGrid):
 def test_a_reply_on_its_way_holds_up_none_of_the_others_and_comes_whole():
     link = Link()
     slow, fast = reply("t-slow", 2, 2_000_000), reply("t-fast", 3, 1000)
-    replies = Replies(Grid(link))
+    replies = Replies(Grid(link), life=3600.0)
     assert link.announce(slow, missing={"ArrayChunk"})  # its row is still coming up a slow link
     link.announce(fast)
     got = replies.pull(["t-slow", "t-fast"], most=2**24, size=8)
@@ -93,6 +93,8 @@ def test_a_reply_on_its_way_holds_up_none_of_the_others_and_comes_whole():
     assert replies.pull(["t-slow"], most=2**24, size=8) == []  # asked once per pull, not waited for
     assert len(link.asked) == 1  # handed over already: resumed, not asked for again
     link.arrive(slow)
+    assert replies.pull(["t-check"], most=2**24, size=8) == []  # a pull for other tasks (a spot check's)
+    assert "t-slow" in replies.arriving and link.confirmed == [fast.object_id]  # neither hands it on nor drops it
     (whole,) = replies.pull(["t-slow"], most=2**24, size=8)
     assert whole.metadata.reply_to_message_id == "t-slow" and whole.object_id == slow.object_id
     assert np.array_equal(whole.content["update"]["row"].numpy(), slow.content["update"]["row"].numpy())
@@ -102,19 +104,19 @@ def test_a_reply_on_its_way_holds_up_none_of_the_others_and_comes_whole():
 def test_arriving_replies_count_against_the_room_and_one_given_up_is_let_go():
     link = Link()
     first, second = reply("t1", 2, 1000), reply("t2", 3, 1000)
-    replies = Replies(Grid(link))
+    replies = Replies(Grid(link), life=0.0)  # a task's life is over as soon as it is handed over
     link.announce(first, missing={"ArrayChunk"})
     link.announce(second)
     assert replies.pull(["t1", "t2"], most=2**24, size=1) == []  # t1 holds the one place: t2 waits in the link
     assert link.asked == [["t1"]] and "t2" in link.announced
-    (got,) = replies.pull(["t2"], most=2**24, size=1)  # t1's task given up: it is let go, its place freed
+    (got,) = replies.pull(["t1", "t2"], most=2**24, size=1)  # t1 still arriving past its life: let go, its place freed
     assert got.metadata.reply_to_message_id == "t2" and not replies.arriving
     assert link.confirmed == [first.object_id, second.object_id]
 
 
 def test_a_reply_whose_objects_are_gone_or_malformed_is_an_error_message():
     link = Link()
-    replies = Replies(Grid(link))
+    replies = Replies(Grid(link), life=3600.0)
     gone = reply("t1", 2, 1000)
     proto, tree = message_to_proto(gone), get_object_tree(gone)
     link.announced["t1"] = (proto, ObjectTree(object_id=tree.object_id, children=tree.children))  # never stored

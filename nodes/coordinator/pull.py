@@ -18,13 +18,16 @@ message; a malformed one an error message too, where Flower's pull raised) but a
 array with :func:`nodes.inflate.assemble`, which lets each chunk go once it is written (the
 reply's bytes plus one chunk), and asks once for each object: a reply whose objects are not all
 there yet is kept *arriving* (its assembly paused where the first missing object is) and
-resumed at the next pull, while the replies that are complete are handed on. A reply whose task
-is no longer waited for (given up at its TTL) is let go. Flower's simulation grid moves
-messages as they are, with no objects to pull: it is handed to Flower.
+resumed at the next pull that asks for it, while the replies that are complete are handed on
+(a pull for other tasks, a round's spot checks say, neither hands it on nor drops it). A reply
+still arriving a task's whole life after it was handed over is let go: its task was given up.
+Flower's simulation grid moves messages as they are, with no objects to pull: it is handed to
+Flower.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator
 from typing import cast
 
@@ -47,10 +50,11 @@ from ..inflate import Fetch, assemble, fetched
 
 
 class Replies:
-    """The replies pulled from ``grid``, at most ``size`` in the ServerApp at a time (see the module)."""
+    """The replies pulled from ``grid``, at most ``size`` in the ServerApp at a time; a task lives
+    ``life`` seconds (see the module)."""
 
-    def __init__(self, grid: Grid) -> None:
-        self.grid = grid
+    def __init__(self, grid: Grid, life: float) -> None:
+        self.grid, self.life = grid, life
         self.arriving: dict[str, _Arriving] = {}  # task (message) id -> its reply, objects still coming
 
     def pull(self, message_ids: list[str], most: int, size: int) -> list[Message]:
@@ -62,11 +66,12 @@ class Replies:
                 if replies := list(self.grid.pull_messages(message_ids[start:start + size])):
                     return replies
             return []
-        waited = set(message_ids)
-        for task in [t for t in self.arriving if t not in waited]:  # given up: the SuperLink may let it go
+        now = time.monotonic()
+        for task in [t for t, reply in self.arriving.items() if now - reply.since > self.life]:  # given up
             self.arriving.pop(task).drop()
-        out = [m for task in list(self.arriving) if (m := self._resume(task)) is not None]
-        fresh = [t for t in message_ids if t not in self.arriving]
+        handed = set(self.arriving)  # handed over already: resumed, never asked for again
+        out = [m for task in message_ids if task in handed and (m := self._resume(task)) is not None]
+        fresh = [t for t in message_ids if t not in handed]
         while fresh and (room := size - len(self.arriving) - len(out)) > 0:
             asked, fresh = fresh[:room], fresh[room:]
             res = self.grid._runtime_client.PullMessages(PullAppMessagesRequest(message_ids=asked))  # noqa: SLF001
@@ -93,6 +98,7 @@ class _Arriving:
     def __init__(self, grid: HttpGrid, proto, tree: ObjectTree, most: int) -> None:
         self.client, self.node, self.run_id = grid._runtime_client, grid.node, grid.run.run_id  # noqa: SLF001
         self.msg_id, self.reply_to = proto.metadata.message_id, proto.metadata.reply_to_message_id
+        self.since = time.monotonic()  # when the SuperLink handed it over
         fetch_one = make_pull_object_fn_protobuf(pull_object_protobuf=self.client.PullObject, node=self.node,
                                                  run_id=self.run_id)
 

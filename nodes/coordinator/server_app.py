@@ -103,7 +103,7 @@ class FlowerTransport:
 
     def __init__(self, grid: Grid, coord: Coordinator, poll: float) -> None:
         self.grid, self.coord, self.poll = grid, coord, poll
-        self.replies = Replies(grid)
+        self.replies = Replies(grid, ttl(coord.settings.deadline))
         self.model: tuple[str, ArrayRecord] | None = None  # the model pushed last: (its SHA-256, its record)
         self.unknown: list[int] = []
 
