@@ -61,7 +61,8 @@ def cell_settings(cell: Cell, **deployment: object) -> Settings:
                         tolerate=int(cell.config["byzantine"] if f is None else f),
                         **shared, **deployment)
     if settings.round == "async":
-        buffers = math.ceil(int(cell.config["nodes"]) / settings.buffer_for(int(cell.config["nodes"])))
+        nodes = int(cell.config["nodes"])
+        buffers = math.ceil(nodes / settings.buffer_for(nodes))
         settings = settings.replace(rounds=settings.rounds * buffers)
     return settings
 
