@@ -58,3 +58,17 @@ def test_its_split_times_the_training_and_the_rule_within_the_whole():
     assert 0 < parts["training_seconds"] and 0 < parts["rule_seconds"]
     assert parts["training_seconds"] + parts["rule_seconds"] < parts["hand_seconds"]
     assert parts["bound"] == parts["hand_seconds"] / (parts["training_seconds"] + parts["rule_seconds"]) > 1
+
+
+def test_the_lockstep_microbench_times_each_kernel_alone_and_batched_with_the_same_results():
+    """``evaluation.microbench.lockstep_gain``: each batched kernel computes what its one-by-one
+    calls do (float rounding aside), and every row has its times."""
+    from evaluation.microbench.lockstep_gain import measure
+
+    rows = measure(cells=2, nodes=6, repeats=1)
+    assert [r["kernel"] for r in rows] == ["trimmed-mean", "gram", "training", "detectors"]
+    for r in rows:
+        assert r["d"] == 4810 and r["alone_us"] > 0
+        if r["together_us"] is not None:
+            assert r["gap"] < 1e-5 and r["saved"] == pytest.approx(1 - r["together_us"] / r["alone_us"])
+    assert rows[-1]["together_us"] is None and rows[-1]["fixed_us"] > 0  # the detectors: alone, and their fixed cost
