@@ -1,14 +1,15 @@
 """What playing S cells in lockstep would save, kernel by kernel (issue 46, item 5).
 
-    python -m evaluation.microbench.lockstep_gain [--cells 12] [--nodes 25] [--repeats 5]
+    python -m evaluation.microbench.lockstep_gain [--cells 12] [--nodes 25] [--repeats 5] [--device auto]
 
 Lockstep plays S cells of a grid side by side, each of a round's kernels called once for the
 S cells instead of once per cell, as the issue lays it out: coordinate-wise work on the
 cells' rows side by side ``(n, S * d)``, their Gram matrices in one batched product, their
 nodes trained in one call. That takes away each call's fixed cost, S - 1 times in S; not its
 arithmetic. This times each such kernel at the speed grid's size (``speed.toml``: 25 rows of
-the digits MLP's 4,810 parameters, float32, one thread), in turns, on rows drawn afresh
-each turn:
+the digits MLP's 4,810 parameters, float32, one CPU thread) on the device the bench would
+train on (``auto``: a GPU where torch sees one, where a call's launch may cost more than its
+arithmetic), in turns, on rows drawn afresh each turn:
 
 - ``trimmed-mean``: the rule on each cell's ``(n, d)`` rows, and once on the ``(n, S * d)``
   rows side by side (their concatenation included: lockstep would have to make it);
@@ -38,7 +39,7 @@ import torch
 import aggregators
 from nodes.engine.detectors import score_round
 from robust.allocator import reuse_freed_memory
-from robust.compute import profile
+from robust.compute import device_name, profile, resolve_device, synced
 from robust.models import build_model
 from robust.params import flat_params
 
@@ -47,15 +48,16 @@ from evaluation.bench.drivers.batched_dense import DenseNet
 BATCH, BETA, TINY = 32, 0.9, 8  # speed.toml's batch size and momentum; the detectors' tiny d
 
 
-def median_us(calls: list[Callable[[], object]], repeats: int, fresh: Callable[[], None]) -> list[float]:
+def median_us(calls: list[Callable[[], object]], repeats: int, fresh: Callable[[], None],
+              device: torch.device) -> list[float]:
     """Each call's median microseconds over ``repeats`` turns (the calls in turn, ``fresh``
-    drawing new inputs before each turn)."""
+    drawing new inputs before each turn), until ``device`` has finished it."""
     times: list[list[float]] = [[] for _ in calls]
     for _ in range(repeats):
         fresh()
         for spent, call in zip(times, calls):
             start = time.perf_counter()
-            call()
+            synced(device, call())
             spent.append(1e6 * (time.perf_counter() - start))
     return [statistics.median(t) for t in times]
 
@@ -63,8 +65,8 @@ def median_us(calls: list[Callable[[], object]], repeats: int, fresh: Callable[[
 class Kernels:
     """The kernels of one size: S cells' rows, data and models, drawn afresh by :meth:`fresh`."""
 
-    def __init__(self, cells: int, nodes: int, seed: int = 0) -> None:
-        self.S, self.n = cells, nodes
+    def __init__(self, cells: int, nodes: int, device: torch.device, seed: int = 0) -> None:
+        self.S, self.n, self.device = cells, nodes, device
         model = build_model("mlp", (8, 8), 10, 0)
         self.net, self.d = DenseNet.of(model), flat_params(model).numel()
         self.features = model[1].in_features
@@ -73,13 +75,13 @@ class Kernels:
         self.fresh()
 
     def fresh(self) -> None:
-        S, n, g = self.S, self.n, self.gen
-        self.rows = [1e-2 * torch.randn(n, self.d, generator=g) for _ in range(S)]
-        self.tiny = [torch.randn(n, TINY, generator=g) for _ in range(S)]
-        self.w = [1e-1 * torch.randn(self.d, generator=g) for _ in range(S)]
-        self.x = [torch.randn(n, BATCH, self.features, generator=g) for _ in range(S)]
-        self.y = [torch.randint(0, 10, (n, BATCH), generator=g) for _ in range(S)]
-        self.m = [torch.zeros(n, self.d) for _ in range(S)]
+        S, n, g, on = self.S, self.n, self.gen, self.device
+        self.rows = [1e-2 * torch.randn(n, self.d, generator=g).to(on) for _ in range(S)]
+        self.tiny = [torch.randn(n, TINY, generator=g).to(on) for _ in range(S)]
+        self.w = [1e-1 * torch.randn(self.d, generator=g).to(on) for _ in range(S)]
+        self.x = [torch.randn(n, BATCH, self.features, generator=g).to(on) for _ in range(S)]
+        self.y = [torch.randint(0, 10, (n, BATCH), generator=g).to(on) for _ in range(S)]
+        self.m = [torch.zeros(n, self.d, device=on) for _ in range(S)]
 
     # each kernel: (one cell at a time, the S cells in one call or None, the one-by-one calls on
     # rows of TINY values or None, the batched results' distance from the one-by-one ones or None)
@@ -118,17 +120,18 @@ def _gap(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max() / a.double().abs().max().clamp_min(1e-30))
 
 
-def measure(cells: int = 12, nodes: int = 25, repeats: int = 5) -> list[dict]:
+def measure(cells: int = 12, nodes: int = 25, repeats: int = 5, device: str = "cpu") -> list[dict]:
     """A row per kernel: per-cell microseconds alone, together (where lockstep has a batched
     form) and on rows of 8 values (the fixed cost, where it can be had), and how far the
-    batched results are from the one-by-one ones (see the module)."""
-    kernels, rows = Kernels(cells, nodes), []
-    with profile(1), torch.no_grad():
+    batched results are from the one-by-one ones (see the module); on ``device`` (auto, cpu or cuda)."""
+    on = resolve_device(device, "--device ")
+    kernels, rows = Kernels(cells, nodes, on), []
+    with profile(1, on), torch.no_grad():
         for name in ("trimmed_mean", "gram", "training", "detectors"):
             alone, together, tiny, gap = getattr(kernels, name)()
             calls = [c for c in (alone, together, tiny) if c is not None]
-            spent = iter(t / cells for t in median_us(calls, repeats, kernels.fresh))
-            row = {"kernel": name.replace("_", "-"), "cells": cells, "n": nodes, "d": kernels.d, "alone_us": next(spent),
+            spent = iter(t / cells for t in median_us(calls, repeats, kernels.fresh, on))
+            row = {"kernel": name.replace("_", "-"), "device": device_name(on), "cells": cells, "n": nodes, "d": kernels.d, "alone_us": next(spent),
                    "together_us": None if together is None else next(spent),
                    "fixed_us": None if tiny is None else next(spent), "gap": None if gap is None else gap()}
             row["saved"] = None if together is None else 1 - row["together_us"] / row["alone_us"]
@@ -141,10 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cells", type=int, default=12, help="S, the cells in lockstep (default 12)")
     parser.add_argument("--nodes", type=int, default=25)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="where the kernels run (default auto: a GPU where torch sees one)")
     args = parser.parse_args(argv)
     reuse_freed_memory()  # as in the processes that run cells
-    rows = measure(args.cells, args.nodes, args.repeats)
-    print(f"{args.cells} cells of {args.nodes} rows x {rows[0]['d']:,} values; microseconds per cell "
+    rows = measure(args.cells, args.nodes, args.repeats, args.device)
+    print(f"{rows[0]['device']}, {args.cells} cells of {args.nodes} rows x {rows[0]['d']:,} values; microseconds per cell "
           f"(fixed: the same calls on rows of {TINY} values, the most batching could take away):")
     print(f"{'kernel':<14} {'alone':>7} {'together':>9} {'saved':>7} {'fixed':>7}  batched against one by one")
     for r in rows:
