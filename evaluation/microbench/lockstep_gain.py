@@ -1,6 +1,6 @@
 """What playing S cells in lockstep would save, kernel by kernel (issue 46, item 5).
 
-    python -m evaluation.microbench.lockstep_gain [--cells 12] [--nodes 25] [--repeats 5] [--device auto]
+    python -m evaluation.microbench.lockstep_gain [--cells 12] [--nodes 25] [--repeats 9] [--device auto]
 
 Lockstep plays S cells of a grid side by side, each of a round's kernels called once for the
 S cells instead of once per cell, as the issue lays it out: coordinate-wise work on the
@@ -120,7 +120,7 @@ def _gap(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max() / a.double().abs().max().clamp_min(1e-30))
 
 
-def measure(cells: int = 12, nodes: int = 25, repeats: int = 5, device: str = "cpu") -> list[dict]:
+def measure(cells: int = 12, nodes: int = 25, repeats: int = 9, device: str = "cpu") -> list[dict]:
     """A row per kernel: per-cell microseconds alone, together (where lockstep has a batched
     form) and on rows of 8 values (the fixed cost, where it can be had), and how far the
     batched results are from the one-by-one ones (see the module); on ``device`` (auto, cpu or cuda)."""
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=12, help="S, the cells in lockstep (default 12)")
     parser.add_argument("--nodes", type=int, default=25)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                         help="where the kernels run (default auto: a GPU where torch sees one)")
     args = parser.parse_args(argv)
