@@ -50,8 +50,8 @@ from ..inflate import Fetch, assemble, fetched
 
 
 class Replies:
-    """The replies pulled from ``grid``, at most ``size`` in the ServerApp at a time; a task lives
-    ``life`` seconds (see the module)."""
+    """The replies pulled from ``grid``, at most a pull's ``size`` in the ServerApp at a time; a
+    task lives ``life`` seconds (see the module)."""
 
     def __init__(self, grid: Grid, life: float) -> None:
         self.grid, self.life = grid, life
